@@ -1,0 +1,1 @@
+"""KFP pipeline definitions; the compiled YAML lives beside them."""

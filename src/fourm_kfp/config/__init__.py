@@ -1,0 +1,1 @@
+"""Typed configuration: dataclasses, presets, linked YAML files and command-line overrides."""

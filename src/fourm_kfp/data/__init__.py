@@ -1,0 +1,1 @@
+"""Data: the modality registry, sample sources (synthetic scenes, real images), shards and dataset reports."""

@@ -1,0 +1,179 @@
+"""The modality registry: what each modality is in memory and how it is stored in a shard.
+
+A *sample* is a dict ``{modality_name: value}``; a modality a source lacks is simply not in the dict.
+In-memory values (what sources produce and later stages consume):
+
+=========  ==============================================  ==========================================
+modality   in memory                                       in a shard (member ``<key>.<ext>``)
+=========  ==============================================  ==========================================
+rgb        uint8 ``[H, W, 3]``                             ``png`` (8-bit RGB)
+depth      float32 ``[H, W]`` metres along the camera      ``png`` (16-bit, millimetres; 0 = invalid)
+           axis, 0 where invalid (sky, no data)
+normal     float32 ``[H, W, 3]`` unit vectors, camera      ``png`` (8-bit RGB of ``(n + 1) / 2``;
+           frame (x right, y up, z towards the camera),    black = invalid)
+           zero vector where invalid
+semseg     uint8 ``[H, W]`` class ids (``CLASS_NAMES``)    ``png`` (8-bit grey)
+edge       uint8 ``[H, W]`` 0/1                            ``png`` (8-bit grey, 0/255)
+det        str: boxes as ``v0=.. v1=.. v2=.. v3=.. name``  ``txt`` (UTF-8)
+           (xmin ymin xmax ymax in ``COORD_BINS`` bins)
+caption    str                                             ``txt`` (UTF-8)
+=========  ==============================================  ==========================================
+
+Encoders and decoders are looked up by name (``MODALITIES["depth"].encode(x)``), so stages treat modalities
+as data rather than ``if`` chains.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from PIL import Image
+
+#: Semantic classes of the synthetic scenes (index = class id in ``semseg``).
+CLASS_NAMES: tuple[str, ...] = ("background", "ground", "sphere", "cube", "cylinder", "cone")
+#: Object classes that appear in ``det`` and captions.
+OBJECT_CLASSES: tuple[str, ...] = CLASS_NAMES[2:]
+#: Box coordinates are quantised to this many bins (tokens ``v0=0`` .. ``v3=999``).
+COORD_BINS = 1000
+#: Depth is stored in millimetres in a 16-bit PNG, so this is the largest depth a shard can hold.
+MAX_DEPTH_M = 65.535
+
+
+@dataclass(frozen=True)
+class Modality:
+    """One modality: its kind, its file extension in shards, and its byte codec."""
+
+    name: str
+    kind: str  # "image" (a pixel grid, tokenized by a VQ-VAE) or "sequence" (text, tokenized by WordPiece)
+    ext: str
+    encode: Callable[[Any], bytes]
+    decode: Callable[[bytes], Any]
+
+
+def _png_bytes(array: np.ndarray, mode: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(array, mode=mode).save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def _png_array(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im)
+
+
+def _check(array: Any, name: str, ndim: int, channels: int | None = None) -> np.ndarray:
+    array = np.asarray(array)
+    if array.ndim != ndim or (channels is not None and array.shape[-1] != channels):
+        want = f"[H, W, {channels}]" if channels else "[H, W]"
+        raise ValueError(f"modality {name!r}: expected an array of shape {want}, got {array.shape}")
+    return array
+
+
+def encode_rgb(rgb: np.ndarray) -> bytes:
+    return _png_bytes(_check(rgb, "rgb", 3, 3).astype(np.uint8, copy=False))
+
+
+def decode_rgb(data: bytes) -> np.ndarray:
+    return _png_array(data)[..., :3]
+
+
+def encode_depth(depth: np.ndarray) -> bytes:
+    depth = _check(depth, "depth", 2).astype(np.float32, copy=False)
+    mm = np.clip(np.round(np.nan_to_num(depth, nan=0.0) * 1000.0), 0, 65535).astype(np.uint16)
+    return _png_bytes(mm)
+
+
+def decode_depth(data: bytes) -> np.ndarray:
+    return _png_array(data).astype(np.float32) / 1000.0
+
+
+def encode_normal(normal: np.ndarray) -> bytes:
+    normal = _check(normal, "normal", 3, 3).astype(np.float32, copy=False)
+    valid = np.any(normal != 0, axis=-1, keepdims=True)
+    # Valid normals map to 1..255 per channel so that pure black stays reserved for "invalid".
+    pixels = np.clip(np.round((normal + 1.0) * 127.0) + 1, 1, 255)
+    return _png_bytes(np.where(valid, pixels, 0).astype(np.uint8))
+
+
+def decode_normal(data: bytes) -> np.ndarray:
+    pixels = _png_array(data)[..., :3].astype(np.float32)
+    valid = np.any(pixels != 0, axis=-1, keepdims=True)
+    normal = (pixels - 1.0) / 127.0 - 1.0
+    norm = np.linalg.norm(normal, axis=-1, keepdims=True)
+    return np.where(valid, normal / np.maximum(norm, 1e-6), 0.0).astype(np.float32)
+
+
+def encode_semseg(classes: np.ndarray) -> bytes:
+    return _png_bytes(_check(classes, "semseg", 2).astype(np.uint8, copy=False))
+
+
+def decode_semseg(data: bytes) -> np.ndarray:
+    return _png_array(data).astype(np.uint8)
+
+
+def encode_edge(edges: np.ndarray) -> bytes:
+    return _png_bytes((_check(edges, "edge", 2) > 0).astype(np.uint8) * 255)
+
+
+def decode_edge(data: bytes) -> np.ndarray:
+    return (_png_array(data) > 127).astype(np.uint8)
+
+
+def encode_text(text: str) -> bytes:
+    if not isinstance(text, str):
+        raise ValueError(f"text modality: expected str, got {type(text).__name__}")
+    return text.encode("utf-8")
+
+
+def decode_text(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+MODALITIES: dict[str, Modality] = {
+    m.name: m
+    for m in (
+        Modality("rgb", "image", "png", encode_rgb, decode_rgb),
+        Modality("depth", "image", "png", encode_depth, decode_depth),
+        Modality("normal", "image", "png", encode_normal, decode_normal),
+        Modality("semseg", "image", "png", encode_semseg, decode_semseg),
+        Modality("edge", "image", "png", encode_edge, decode_edge),
+        Modality("det", "sequence", "txt", encode_text, decode_text),
+        Modality("caption", "sequence", "txt", encode_text, decode_text),
+    )
+}
+
+IMAGE_MODALITIES: tuple[str, ...] = tuple(n for n, m in MODALITIES.items() if m.kind == "image")
+SEQUENCE_MODALITIES: tuple[str, ...] = tuple(n for n, m in MODALITIES.items() if m.kind == "sequence")
+
+
+def get_modality(name: str) -> Modality:
+    """The registered modality called ``name``; a clear error lists the known ones."""
+    try:
+        return MODALITIES[name]
+    except KeyError:
+        raise KeyError(f"unknown modality {name!r}; known modalities: {', '.join(MODALITIES)}") from None
+
+
+def format_det(boxes: list[tuple[float, float, float, float]], names: list[str], width: int, height: int) -> str:
+    """Boxes in pixels ``(xmin, ymin, xmax, ymax)`` → the det text ``v0=.. v1=.. v2=.. v3=.. name ...``."""
+    parts = []
+    for (x0, y0, x1, y1), name in zip(boxes, names, strict=True):
+        q = [
+            int(np.clip(np.floor(v / size * COORD_BINS), 0, COORD_BINS - 1))
+            for v, size in ((x0, width), (y0, height), (x1, width), (y1, height))
+        ]
+        parts.append(f"v0={q[0]} v1={q[1]} v2={q[2]} v3={q[3]} {name}")
+    return " ".join(parts)
+
+
+def parse_det(text: str) -> list[tuple[tuple[int, int, int, int], str]]:
+    """Inverse of :func:`format_det` (coordinates stay in bins)."""
+    tokens = text.split()
+    boxes = []
+    for i in range(0, len(tokens) - 4, 5):
+        coords = tuple(int(t.split("=", 1)[1]) for t in tokens[i : i + 4])
+        boxes.append((coords, tokens[i + 4]))
+    return boxes

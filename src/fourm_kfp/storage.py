@@ -1,0 +1,356 @@
+"""Storage that speaks URIs: local paths and ``s3://bucket/prefix`` behind one small interface.
+
+Every large artifact (shards, tokenizers, checkpoints) goes through a :class:`Store`. A store is rooted at a URI and
+addresses objects by ``/``-separated keys below it; :meth:`Store.child` narrows the root. Writes are atomic per
+object (a temp file plus ``os.replace`` locally; a single PUT on S3), so a reader never sees half an object.
+
+S3 goes through the ``minio`` client. The endpoint comes from ``open_store(..., s3_endpoint=...)`` or the
+``AWS_ENDPOINT_URL`` environment variable; credentials only from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
+(a Kubernetes Secret fills them in the cluster) and are never logged or put in configs. Transient errors
+(connection resets, 5xx, throttling) are retried with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator, TypeVar
+from urllib.parse import urlparse
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: S3 error codes worth retrying (the server is busy or briefly unavailable).
+TRANSIENT_S3_CODES = frozenset({"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling"})
+
+
+class StorageError(RuntimeError):
+    """A storage operation failed for good (after retries); the message names the URI."""
+
+
+def is_s3_uri(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def join_uri(base: str, *parts: str) -> str:
+    """Join URI path parts with ``/`` (no normalisation of ``..``)."""
+    out = base.rstrip("/")
+    for part in parts:
+        part = part.strip("/")
+        if part:
+            out = f"{out}/{part}"
+    return out
+
+
+class Store:
+    """Objects under a root URI. Keys are relative, ``/``-separated; ``""`` is the root itself."""
+
+    uri: str
+
+    def child(self, *parts: str) -> "Store":
+        raise NotImplementedError
+
+    def uri_of(self, key: str = "") -> str:
+        return join_uri(self.uri, key)
+
+    def exists(self, key: str) -> bool:
+        raise NotImplementedError
+
+    def size(self, key: str) -> int:
+        raise NotImplementedError
+
+    def get_bytes(self, key: str) -> bytes:
+        raise NotImplementedError
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def put_file(self, key: str, path: str | os.PathLike) -> None:
+        raise NotImplementedError
+
+    def get_file(self, key: str, path: str | os.PathLike) -> None:
+        raise NotImplementedError
+
+    def open_read(self, key: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        """A streaming, file-like reader of one object (use as a context manager)."""
+        raise NotImplementedError
+
+    def list(self, prefix: str = "") -> list[str]:
+        """All keys below ``prefix`` (recursive), sorted, relative to this store's root."""
+        raise NotImplementedError
+
+    def delete_prefix(self, prefix: str = "") -> int:
+        """Delete every object below ``prefix``; returns how many were deleted."""
+        raise NotImplementedError
+
+    def get_text(self, key: str) -> str:
+        return self.get_bytes(key).decode("utf-8")
+
+    def put_text(self, key: str, text: str) -> None:
+        self.put_bytes(key, text.encode("utf-8"))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri!r})"
+
+
+class LocalStore(Store):
+    """A folder on the local file system."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).expanduser().resolve()
+        self.uri = str(self.root)
+
+    def child(self, *parts: str) -> "LocalStore":
+        return LocalStore(self.root.joinpath(*[p.strip("/") for p in parts if p.strip("/")]))
+
+    def _path(self, key: str) -> Path:
+        return self.root / key if key else self.root
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def size(self, key: str) -> int:
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError:
+            raise StorageError(f"no such object: {self.uri_of(key)}") from None
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise StorageError(f"no such object: {self.uri_of(key)}") from None
+
+    def _atomic_write(self, key: str, write: Callable[[BinaryIO], None]) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._atomic_write(key, lambda fh: fh.write(data))
+
+    def put_file(self, key: str, path: str | os.PathLike) -> None:
+        def copy(fh: BinaryIO) -> None:
+            with open(path, "rb") as src:
+                shutil.copyfileobj(src, fh, 1 << 20)
+
+        self._atomic_write(key, copy)
+
+    def get_file(self, key: str, path: str | os.PathLike) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(self._path(key), path)
+        except FileNotFoundError:
+            raise StorageError(f"no such object: {self.uri_of(key)}") from None
+
+    @contextlib.contextmanager
+    def open_read(self, key: str) -> Iterator[BinaryIO]:
+        try:
+            fh = open(self._path(key), "rb")
+        except FileNotFoundError:
+            raise StorageError(f"no such object: {self.uri_of(key)}") from None
+        with fh:
+            yield fh
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = self._path(prefix.rstrip("/")) if prefix else self.root
+        if base.is_file():
+            return [prefix]
+        if not base.is_dir():
+            return []
+        keys = []
+        for path in base.rglob("*"):
+            if path.is_file() and not (path.name.startswith(".") and path.name.endswith(".tmp")):
+                keys.append(path.relative_to(self.root).as_posix())
+        return sorted(keys)
+
+    def delete_prefix(self, prefix: str = "") -> int:
+        keys = self.list(prefix)
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)
+        return len(keys)
+
+
+class S3Store(Store):
+    """``s3://bucket/prefix`` through the minio client (any S3 endpoint: MinIO, SeaweedFS, AWS, rclone)."""
+
+    def __init__(self, uri: str, client, retries: int = 5, backoff_s: float = 0.5):
+        parsed = urlparse(uri)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise ValueError(f"not an s3:// URI: {uri!r}")
+        self.bucket = parsed.netloc
+        self.prefix = parsed.path.strip("/")
+        self.uri = join_uri(f"s3://{self.bucket}", self.prefix)
+        self.client = client
+        self.retries = retries
+        self.backoff_s = backoff_s
+
+    def child(self, *parts: str) -> "S3Store":
+        return S3Store(join_uri(self.uri, *parts), self.client, self.retries, self.backoff_s)
+
+    def _key(self, key: str) -> str:
+        return join_uri(self.prefix, key).lstrip("/")
+
+    def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
+        return with_retries(fn, f"{what} {self.uri_of(key)}", self.retries, self.backoff_s)
+
+    def ensure_bucket(self) -> None:
+        def make() -> None:
+            if not self.client.bucket_exists(self.bucket):
+                try:
+                    self.client.make_bucket(self.bucket)
+                except Exception as exc:  # another writer may have created it meanwhile
+                    if not self.client.bucket_exists(self.bucket):
+                        raise exc
+
+        self._call("create bucket", "", make)
+
+    def exists(self, key: str) -> bool:
+        from minio.error import S3Error
+
+        def stat() -> bool:
+            try:
+                self.client.stat_object(self.bucket, self._key(key))
+                return True
+            except S3Error as exc:
+                if exc.code in ("NoSuchKey", "NoSuchObject", "ResourceNotFound", "NoSuchBucket"):
+                    return False
+                raise
+
+        return self._call("stat", key, stat)
+
+    def size(self, key: str) -> int:
+        return self._call("stat", key, lambda: self.client.stat_object(self.bucket, self._key(key)).size)
+
+    def get_bytes(self, key: str) -> bytes:
+        def get() -> bytes:
+            response = self.client.get_object(self.bucket, self._key(key))
+            try:
+                return response.read()
+            finally:
+                response.close()
+                response.release_conn()
+
+        return self._call("get", key, get)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._call("put", key, lambda: self.client.put_object(self.bucket, self._key(key), io.BytesIO(data), len(data)))
+
+    def put_file(self, key: str, path: str | os.PathLike) -> None:
+        self._call("put", key, lambda: self.client.fput_object(self.bucket, self._key(key), str(path)))
+
+    def get_file(self, key: str, path: str | os.PathLike) -> None:
+        self._call("get", key, lambda: self.client.fget_object(self.bucket, self._key(key), str(path)))
+
+    @contextlib.contextmanager
+    def open_read(self, key: str) -> Iterator[BinaryIO]:
+        response = self._call("get", key, lambda: self.client.get_object(self.bucket, self._key(key)))
+        try:
+            yield response
+        finally:
+            response.close()
+            response.release_conn()
+
+    def list(self, prefix: str = "") -> list[str]:
+        full = self._key(prefix)
+        if full and not full.endswith("/") and prefix:
+            full += "/"
+        strip = len(self.prefix) + 1 if self.prefix else 0
+
+        def listing() -> list[str]:
+            objects = self.client.list_objects(self.bucket, prefix=full or None, recursive=True)
+            return sorted(obj.object_name[strip:] for obj in objects if not obj.is_dir)
+
+        return self._call("list", prefix, listing)
+
+    def delete_prefix(self, prefix: str = "") -> int:
+        keys = self.list(prefix)
+        for key in keys:
+            self._call("delete", key, lambda k=key: self.client.remove_object(self.bucket, self._key(k)))
+        return len(keys)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether an error from the S3 client is worth retrying."""
+    from minio.error import S3Error, ServerError
+    from urllib3.exceptions import HTTPError as Urllib3Error
+
+    if isinstance(exc, ServerError):
+        return True
+    if isinstance(exc, S3Error):
+        return exc.code in TRANSIENT_S3_CODES
+    return isinstance(exc, (Urllib3Error, ConnectionError, TimeoutError))
+
+
+def with_retries(fn: Callable[[], T], what: str, retries: int = 5, backoff_s: float = 0.5) -> T:
+    """Call ``fn``; on a transient error wait ``backoff_s * 2**attempt`` (with jitter) and try again."""
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise StorageError(f"{what}: {type(exc).__name__}: {exc}") from exc
+            if attempt == retries:
+                raise StorageError(f"{what}: still failing after {retries + 1} attempts: {exc}") from exc
+            delay = backoff_s * (2**attempt) * (0.5 + random.random())
+            log.warning("%s: transient error (%s), retrying in %.1fs", what, type(exc).__name__, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def s3_client(endpoint: str | None = None):
+    """A minio client for ``endpoint`` (or ``AWS_ENDPOINT_URL``) with credentials from the environment."""
+    from minio import Minio
+
+    endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("MLFLOW_S3_ENDPOINT_URL")
+    if not endpoint:
+        raise StorageError("s3:// URI given but no S3 endpoint: pass --s3-endpoint or set AWS_ENDPOINT_URL")
+    parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
+    access_key = os.environ.get("AWS_ACCESS_KEY_ID")
+    secret_key = os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if not access_key or not secret_key:
+        raise StorageError("S3 credentials missing: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    # An explicit region avoids a GetBucketLocation call, which some S3 servers answer in a form minio can't parse.
+    return Minio(
+        parsed.netloc,
+        access_key=access_key,
+        secret_key=secret_key,
+        secure=parsed.scheme == "https",
+        region=os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1",
+    )
+
+
+_CLIENTS: dict[str, object] = {}
+
+
+def open_store(uri: str, s3_endpoint: str | None = None, create: bool = False) -> Store:
+    """The store rooted at ``uri``: ``s3://bucket/prefix``, ``file:///path`` or a plain path.
+
+    One minio client is shared per endpoint within a process. ``create=True`` makes the bucket if needed.
+    """
+    if is_s3_uri(uri):
+        endpoint = s3_endpoint or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("MLFLOW_S3_ENDPOINT_URL") or ""
+        if endpoint not in _CLIENTS:
+            _CLIENTS[endpoint] = s3_client(endpoint or None)
+        store = S3Store(uri, _CLIENTS[endpoint])
+        if create:
+            store.ensure_bucket()
+        return store
+    if uri.startswith("file://"):
+        uri = urlparse(uri).path
+    return LocalStore(uri)
