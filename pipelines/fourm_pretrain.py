@@ -1,0 +1,67 @@
+"""The fourm-pretrain KFP v2 pipeline: prepare-data → train-tokenizers → pretokenize → pretrain → evaluate.
+
+Stages exchange URIs of committed, content-addressed outputs, never the bytes (KFP would copy every input
+artifact in full). Every stage opens an MLflow child run under the parent run opened by the first step; an exit
+handler closes the parent run with the pipeline's final state.
+
+Parameters are flat. The shared ones configure every stage; the ``<stage>_*`` ones touch one stage only.
+"""
+
+from kfp import dsl, kubernetes
+
+from fourm_kfp.components.lineage import close_lineage_run, open_lineage_run
+from fourm_kfp.components.prepare_data import prepare_data
+
+PIPELINE_NAME = "fourm-pretrain"
+#: Kubernetes Secret holding the S3 credentials (manifests/base); never a pipeline parameter.
+S3_SECRET = "fourm-s3-credentials"
+S3_SECRET_ENV = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
+#: Optional ConfigMap with cluster-wide defaults (MLflow server, S3 endpoint).
+SETTINGS_CONFIG_MAP = "fourm-settings"
+SETTINGS_ENV = {"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL"}
+
+
+def _with_cluster_env(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """Credentials from the Secret and defaults from the ConfigMap (ignored by kfp.local)."""
+    kubernetes.use_secret_as_env(task, secret_name=S3_SECRET, secret_key_to_env=S3_SECRET_ENV, optional=True)
+    kubernetes.use_config_map_as_env(task, config_map_name=SETTINGS_CONFIG_MAP, config_map_key_to_env=SETTINGS_ENV,
+                                     optional=True)
+    return task
+
+
+@dsl.pipeline(name=PIPELINE_NAME, description="Pre-train a 4M-style massively multimodal masked model.")
+def fourm_pretrain(
+    preset: str = "demo",
+    config_overrides: str = "",
+    store_uri: str = "s3://fourm-kfp",
+    s3_endpoint: str = "",
+    mlflow_tracking_uri: str = "",
+    run_label: str = "",
+    prepare_data_force: bool = False,
+):
+    """Pre-train a 4M-style model.
+
+    Args:
+        preset: Named config preset (smoke, demo, 4m-b); default "demo", the README's main job.
+        config_overrides: Whitespace-separated ``section.key=value`` overrides, e.g. ``data.image_size=96``;
+            default none. They beat the preset's files.
+        store_uri: Root of all stage outputs (``s3://bucket/prefix`` or a local path); default the ``fourm-kfp``
+            bucket. Outputs land at ``<store_uri>/<stage>/<content hash>``.
+        s3_endpoint: S3 endpoint URL; default empty = ``AWS_ENDPOINT_URL`` from the ``fourm-settings`` ConfigMap.
+        mlflow_tracking_uri: MLflow tracking URI; default empty = ``MLFLOW_TRACKING_URI`` from the environment.
+        run_label: Label of this run in MLflow; default empty = the KFP run id.
+        prepare_data_force: Recompute prepare-data even if its output is committed; default false.
+    """
+    closer = _with_cluster_env(close_lineage_run(run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                                                 mlflow_tracking_uri=mlflow_tracking_uri))
+    with dsl.ExitHandler(closer, name="stages"):
+        opener = _with_cluster_env(open_lineage_run(
+            run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, preset=preset,
+            config_overrides=config_overrides, store_uri=store_uri, mlflow_tracking_uri=mlflow_tracking_uri))
+        opener.set_caching_options(False)  # a new parent run every time
+        opener.set_display_name("open-lineage-run")
+        shared = dict(preset=preset, config_overrides=config_overrides, store_uri=store_uri,
+                      s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri, parent_run_id=opener.output)
+        data = _with_cluster_env(prepare_data(force=prepare_data_force, **shared))
+        data.set_display_name("prepare-data")
+        data.set_cpu_limit("8").set_memory_limit("16Gi")

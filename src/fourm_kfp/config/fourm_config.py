@@ -1,0 +1,178 @@
+"""The configs of fourm-kfp: the three linked training configs (main, data, alphas) and one config per stage.
+
+On disk a config set is a folder (a preset under ``fourm_kfp/configs/<preset>/`` or a user's own) holding:
+
+* ``train.yaml`` — the main training config (model, token budgets, optimizer, schedule, steps, logging,
+  checkpointing); its ``data:`` key names the data config file;
+* ``data.yaml`` — what the dataset is (image size, modalities, input and target modalities); its ``alphas:`` key
+  names the alphas config file;
+* ``alphas.yaml`` — the Dirichlet mixture that splits token budgets across modalities;
+* ``prepare_data.yaml`` — how the ``prepare-data`` stage makes the dataset.
+
+Each file's top-level mapping is one *section* of :class:`FourMConfig`; dotted overrides address a section first
+(``data.image_size=96``, ``train.model.dim=256``). Every field documents itself (``fourm-kfp config --describe``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from fourm_kfp.config.schema import option
+from fourm_kfp.data.modalities import MODALITIES
+
+ALL_MODALITIES = tuple(MODALITIES)
+
+
+def _check_modalities(names: tuple[str, ...], field: str) -> None:
+    unknown = [m for m in names if m not in MODALITIES]
+    if unknown:
+        raise ValueError(f"{field}: unknown modalities {unknown}; known: {list(MODALITIES)}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Transformer encoder-decoder sizes (reference: tiny 6+6/384/6, B 12+12/768/12, L 24+24/1024/16)."""
+
+    encoder_layers: int = option(6, "encoder blocks", min=1)
+    decoder_layers: int = option(6, "decoder blocks", min=1)
+    dim: int = option(384, "model width", min=8)
+    heads: int = option(6, "attention heads (dim must divide evenly)", min=1)
+
+    def __post_init__(self) -> None:
+        if self.dim % self.heads:
+            raise ValueError(f"model.dim={self.dim} is not divisible by model.heads={self.heads}")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with linear warmup then cosine decay; lr = base_lr * global_batch_size / 256."""
+
+    base_lr: float = option(1e-4, "learning rate per 256 samples of global batch", min=0.0)
+    betas: tuple[float, ...] = option((0.9, 0.95), "AdamW betas", min=0.0, max=1.0)
+    weight_decay: float = option(0.05, "AdamW weight decay (none on norms and biases)", min=0.0)
+    warmup_steps: int = option(0, "linear warmup steps", min=0)
+    min_lr_ratio: float = option(0.0, "final lr as a fraction of the peak", min=0.0, max=1.0)
+    grad_clip: float = option(1.0, "max gradient norm (0 disables clipping)", min=0.0)
+
+    def __post_init__(self) -> None:
+        if len(self.betas) != 2:
+            raise ValueError(f"optimizer.betas must have two values, got {list(self.betas)}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The main training config."""
+
+    data: str = option("data.yaml", "data config file, relative to this file", versioned=False)
+    model: ModelConfig = option(ModelConfig(), "model sizes")
+    input_budget: int = option(128, "input tokens per sample, split across modalities", min=1)
+    target_budget: int = option(128, "target tokens per sample, split across modalities", min=1)
+    optimizer: OptimizerConfig = option(OptimizerConfig(), "optimizer and schedule")
+    steps: int = option(1000, "optimizer steps", min=1)
+    global_batch_size: int = option(256, "samples per step over all ranks", min=1)
+    precision: Literal["bf16", "fp32"] = option("bf16", "autocast dtype on GPU (CPU runs fp32)")
+    seed: int = option(0, "training seed")
+    log_every: int = option(10, "steps between metric lines", versioned=False, min=1)
+    checkpoint_every: int = option(500, "steps between checkpoints", versioned=False, min=1)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What the dataset is: image size and modalities."""
+
+    alphas: str = option("alphas.yaml", "alphas config file, relative to this file", versioned=False)
+    image_size: int = option(64, "side of every image modality in pixels", min=16, max=1024)
+    modalities: tuple[str, ...] = option(ALL_MODALITIES, "modalities the dataset holds (a source may lack some)")
+    input_modalities: tuple[str, ...] = option(ALL_MODALITIES, "modalities the encoder may see")
+    target_modalities: tuple[str, ...] = option(ALL_MODALITIES, "modalities the decoder predicts")
+
+    def __post_init__(self) -> None:
+        for field in ("modalities", "input_modalities", "target_modalities"):
+            _check_modalities(getattr(self, field), field)
+        extra = sorted(set(self.input_modalities + self.target_modalities) - set(self.modalities))
+        if extra:
+            raise ValueError(f"input/target modalities {extra} are not in modalities {list(self.modalities)}")
+
+
+@dataclass(frozen=True)
+class DirichletComponent:
+    """One Dirichlet of the mixture: concentration per modality for the input and the target budget."""
+
+    name: str = option(doc="component name, e.g. all-to-all")
+    weight: float = option(1.0, "mixture weight", min=0.0)
+    input_alphas: dict[str, float] = option({}, "input concentration per modality (0 = never an input)", min=0.0)
+    target_alphas: dict[str, float] = option({}, "target concentration per modality (0 = never a target)", min=0.0)
+
+    def __post_init__(self) -> None:
+        _check_modalities(tuple(self.input_alphas) + tuple(self.target_alphas), f"mixture component {self.name!r}")
+        for kind, alphas in (("input_alphas", self.input_alphas), ("target_alphas", self.target_alphas)):
+            bad = {m: a for m, a in alphas.items() if a < 0}
+            if bad:
+                raise ValueError(f"{kind} of {self.name!r} must be >= 0, got {bad}")
+
+
+@dataclass(frozen=True)
+class AlphasConfig:
+    """A mixture of Dirichlet distributions over modalities (DESIGN.md §1, multimodal masking)."""
+
+    mixture: tuple[DirichletComponent, ...] = option((), "the mixture components")
+
+    def __post_init__(self) -> None:
+        if not self.mixture:
+            raise ValueError("mixture: at least one component is needed")
+        if sum(c.weight for c in self.mixture) <= 0:
+            raise ValueError("mixture: the weights must not all be zero")
+
+
+@dataclass(frozen=True)
+class PrepareDataConfig:
+    """The prepare-data stage: where samples come from and how they are sharded."""
+
+    source: Literal["synthetic", "image_folder", "webdataset"] = option(
+        "synthetic", "synthetic scenes, a folder of images, or an image-text WebDataset")
+    source_uri: str = option("", "folder or WebDataset location (local path or s3://) for real data")
+    captions_file: str = option("", "image_folder only: JSONL/CSV of file -> caption (else <name>.txt files)")
+    num_train: int = option(1000, "synthetic: train scenes", min=1)
+    num_val: int = option(100, "synthetic: val scenes", min=0)
+    val_fraction: float = option(0.05, "real data: fraction of samples put in val (by key hash)", min=0.0, max=0.5)
+    seed: int = option(0, "synthetic: scene seed")
+    samples_per_shard: int = option(1000, "samples per tar shard", min=1)
+    max_bad_fraction: float = option(0.05, "fail when more than this fraction of samples is unreadable",
+                                     min=0.0, max=1.0)
+    min_image_side: int = option(16, "real data: skip images smaller than this", min=1)
+    preview_samples: int = option(6, "samples in the preview grid", versioned=False, min=1, max=64)
+    workers: int = option(0, "processes rendering/decoding samples (0 = one per core)", versioned=False, min=0)
+
+    def __post_init__(self) -> None:
+        if self.source != "synthetic" and not self.source_uri:
+            raise ValueError(f"source_uri is required when source is {self.source!r}")
+
+
+#: Config sections in load order (train links data, data links alphas): name -> dataclass.
+SECTIONS: dict[str, type] = {
+    "train": TrainConfig,
+    "data": DataConfig,
+    "alphas": AlphasConfig,
+    "prepare_data": PrepareDataConfig,
+}
+
+
+@dataclass(frozen=True)
+class FourMConfig:
+    """Everything a pipeline run needs, resolved: the preset it came from and one typed section per file."""
+
+    preset: str
+    train: TrainConfig
+    data: DataConfig
+    alphas: AlphasConfig
+    prepare_data: PrepareDataConfig
+
+    def __post_init__(self) -> None:
+        for component in self.alphas.mixture:
+            for kind, allowed in (("input_alphas", self.data.input_modalities),
+                                  ("target_alphas", self.data.target_modalities)):
+                extra = sorted(set(getattr(component, kind)) - set(allowed))
+                if extra:
+                    raise ValueError(f"alphas component {component.name!r}: {kind} names {extra}, "
+                                     f"which data.{kind.split('_')[0]}_modalities does not list")

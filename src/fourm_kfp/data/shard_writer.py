@@ -1,0 +1,96 @@
+"""Write aligned per-modality WebDataset shards: ``<split>/<modality>/shard-000000.tar``.
+
+Shard ``i`` of every modality holds the same samples (``[i * samples_per_shard, (i + 1) * samples_per_shard)`` in
+write order) with the same ``__key__`` order; a sample lacking a modality simply has no member in that modality's
+shard. Tars are built in a local spool file with fixed metadata (so equal content gives equal bytes) and uploaded
+through the :class:`~fourm_kfp.storage.Store` in one atomic put.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import tempfile
+from collections import Counter
+from typing import Mapping
+
+from fourm_kfp.data.modalities import get_modality
+from fourm_kfp.storage import Store
+
+SHARD_PATTERN = "shard-{index:06d}.tar"
+
+
+def shard_key(split: str, modality: str, index: int) -> str:
+    return f"{split}/{modality}/{SHARD_PATTERN.format(index=index)}"
+
+
+def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode, info.uname, info.gname = len(data), 0, 0o644, "", ""
+    tar.addfile(info, io.BytesIO(data))
+
+
+class ShardWriter:
+    """Streams encoded samples of one split into aligned per-modality shards.
+
+    ``write(key, encoded)`` takes ``{modality: bytes}`` (see :func:`encode_sample`). Call :meth:`close` to flush
+    the last shard; it returns counts per modality and the number of shards.
+    """
+
+    def __init__(self, store: Store, split: str, modalities: tuple[str, ...], samples_per_shard: int):
+        self.store, self.split, self.modalities = store, split, modalities
+        self.samples_per_shard = samples_per_shard
+        self.counts: Counter[str] = Counter()
+        self.samples = 0
+        self.shards = 0
+        self._spool = tempfile.TemporaryDirectory(prefix="fourm-shards-")
+        self._open: dict[str, tarfile.TarFile] = {}
+        self._seen: set[str] = set()
+
+    def write(self, key: str, encoded: Mapping[str, bytes]) -> None:
+        if self.samples and self.samples % self.samples_per_shard == 0:
+            self._flush()
+        for modality, data in encoded.items():
+            if modality not in self.modalities:
+                continue
+            if modality not in self._open:
+                path = os.path.join(self._spool.name, f"{modality}.tar")
+                self._open[modality] = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
+            add_member(self._open[modality], f"{key}.{get_modality(modality).ext}", data)
+            self.counts[modality] += 1
+            self._seen.add(modality)
+        self.samples += 1
+
+    def _flush(self) -> None:
+        """Upload the current shard of every modality seen so far (an empty tar where a shard lacks it)."""
+        for modality in sorted(self._seen):
+            path = os.path.join(self._spool.name, f"{modality}.tar")
+            tar = self._open.pop(modality, None) or tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
+            tar.close()
+            self.store.put_file(shard_key(self.split, modality, self.shards), path)
+            os.unlink(path)
+        self.shards += 1
+
+    def close(self) -> dict:
+        if self.samples > self.shards * self.samples_per_shard:
+            self._flush()
+        self._backfill()
+        self._spool.cleanup()
+        return {"samples": self.samples, "shards": self.shards, "modalities": dict(sorted(self.counts.items()))}
+
+    def _backfill(self) -> None:
+        """A modality first seen after shard 0 gets empty tars for the earlier shards, so indices align."""
+        existing = set(self.store.list(self.split))
+        empty = os.path.join(self._spool.name, "empty.tar")
+        tarfile.open(empty, "w", format=tarfile.USTAR_FORMAT).close()
+        for modality in sorted(self._seen):
+            for index in range(self.shards):
+                key = shard_key(self.split, modality, index)
+                if key not in existing:
+                    self.store.put_file(key, empty)
+
+
+def encode_sample(sample: Mapping[str, object], modalities: tuple[str, ...]) -> dict[str, bytes]:
+    """``{modality: value}`` → ``{modality: bytes}`` for the modalities kept (absent ones stay absent)."""
+    return {m: get_modality(m).encode(sample[m]) for m in modalities if m in sample}

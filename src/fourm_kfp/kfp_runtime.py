@@ -1,0 +1,80 @@
+"""What the KFP components call: the same code runs in a cluster pod and under ``kfp.local``.
+
+Component bodies stay one-liners around these functions, so every behaviour lives (and is tested) in the package.
+Parameters arrive as plain strings/bools: the preset, whitespace-separated ``section.key=value`` overrides, the
+store URI, and the MLflow tracking URI and parent run id (empty = take the environment).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+from fourm_kfp import lineage
+from fourm_kfp.config.loader import load_config
+from fourm_kfp.config.schema import to_dict
+from fourm_kfp.stage_runner import StageOutcome, run_stage
+from fourm_kfp.stages import get_stage
+from fourm_kfp.storage import open_store
+
+TAG_RUN_LABEL = "fourm.run_label"
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def parse_overrides(text: str) -> list[str]:
+    """``"data.image_size=96 train.steps=10"`` (spaces or newlines) → a list of overrides."""
+    return text.split()
+
+
+def _apply_endpoint(s3_endpoint: str) -> None:
+    if s3_endpoint:
+        os.environ["AWS_ENDPOINT_URL"] = s3_endpoint
+
+
+def open_pipeline_run(run_label: str, kfp_run_id: str, preset: str, config_overrides: str, store_uri: str,
+                      mlflow_tracking_uri: str) -> str:
+    """Validate the config (fail fast, before any stage) and open the MLflow parent run; returns its id or ``""``."""
+    setup_logging()
+    config = load_config(preset, overrides=parse_overrides(config_overrides))
+    label = run_label or kfp_run_id
+    tracking = lineage.resolve_tracking_uri(mlflow_tracking_uri, None)
+    run_id = lineage.start_pipeline_run(
+        tracking, f"fourm-pretrain {label}",
+        params={"preset": preset, "config_overrides": config_overrides or "-", "store_uri": store_uri,
+                **to_dict(config)},
+        tags={TAG_RUN_LABEL: label, "fourm.kfp_run_id": kfp_run_id})
+    return run_id or ""
+
+
+def close_pipeline_run(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str, state: str) -> None:
+    """Close the parent run opened for this pipeline run, as FINISHED when the pipeline succeeded, else FAILED."""
+    tracking = lineage.resolve_tracking_uri(mlflow_tracking_uri, None)
+    if tracking is None:
+        return
+    run = lineage.find_run_by_tag(tracking, TAG_RUN_LABEL, run_label or kfp_run_id)
+    if run is not None:
+        lineage.finish_run(tracking, run.info.run_id, "FINISHED" if state == "SUCCEEDED" else "FAILED")
+
+
+def run_stage_component(stage: str, preset: str, config_overrides: str, store_uri: str, s3_endpoint: str,
+                        mlflow_tracking_uri: str, parent_run_id: str, force: bool,
+                        input_uris: dict[str, str] | None = None, report_path: str | None = None) -> StageOutcome:
+    """Run one stage as a pipeline step; optionally copy its Markdown report to a KFP output artifact."""
+    setup_logging()
+    _apply_endpoint(s3_endpoint)
+    config = load_config(preset, overrides=parse_overrides(config_overrides))
+    outcome = run_stage(get_stage(stage), config, open_store(store_uri, create=True), force=force,
+                        input_uris=input_uris, tracking_uri=lineage.resolve_tracking_uri(mlflow_tracking_uri, None),
+                        parent_run_id=parent_run_id or None)
+    if report_path:
+        reports = [k for k in open_store(outcome.output_uri).list("reports") if k.endswith(".md")]
+        text = "\n\n".join(open_store(outcome.output_uri).get_text(k) for k in reports) or f"# {stage}\n"
+        with open(report_path, "w") as fh:
+            fh.write(text)
+    print(json.dumps(outcome.to_dict()), flush=True)
+    return outcome

@@ -1,0 +1,197 @@
+"""Lineage in MLflow: one parent run per pipeline run, one child run per stage.
+
+The parent run id travels between stages as a plain string (a KFP parameter), so a stage running in another pod
+attaches its child run to the same parent. A child run holds the stage's resolved config as params, every input
+and output as an MLflow dataset (URI + manifest digest), metrics, and the stage's report artifacts. A stage whose
+output was reused is still recorded, tagged ``fourm.reused`` and pointing at the run that produced the output.
+
+Tracking URI: ``MLFLOW_TRACKING_URI`` (a server in the cluster), else the embedded default, a SQLite store at
+``<root>/mlflow.db`` with artifacts beside it. Everything goes through :class:`Tracker`, whose :class:`NullTracker`
+twin lets stages run with lineage switched off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT = os.environ.get("FOURM_MLFLOW_EXPERIMENT", "fourm-kfp")
+MAX_PARAM_LENGTH = 6000
+TAG_STAGE, TAG_STATUS, TAG_REUSED, TAG_PRODUCED_BY = "fourm.stage", "fourm.status", "fourm.reused", "fourm.produced_by"
+
+
+def default_tracking_uri(root: str | os.PathLike) -> str:
+    """The embedded default store for a local run folder: ``sqlite:///<root>/mlflow.db``."""
+    return f"sqlite:///{Path(root).resolve() / 'mlflow.db'}"
+
+
+def resolve_tracking_uri(explicit: str | None, root: str | os.PathLike | None) -> str | None:
+    """Explicit URI > ``MLFLOW_TRACKING_URI`` > SQLite in ``root``; ``"none"`` switches lineage off."""
+    uri = explicit or os.environ.get("MLFLOW_TRACKING_URI") or (default_tracking_uri(root) if root else None)
+    return None if uri in (None, "", "none") else uri
+
+
+def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": "1"}``, values cut to MLflow's length limit."""
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            text = str(value)
+            flat[name] = text if len(text) <= MAX_PARAM_LENGTH else text[: MAX_PARAM_LENGTH - 3] + "..."
+    return flat
+
+
+class Tracker:
+    """Where a run's lineage goes. This base class is the no-op sink."""
+
+    run_id: str | None = None
+
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+    def set_tags(self, tags: Mapping[str, str]) -> None: ...
+    def log_dataset(self, name: str, uri: str, digest: str, context: str) -> None: ...
+    def log_artifact(self, name: str, data: bytes) -> None: ...
+
+
+NullTracker = Tracker
+
+
+class MLflowTracker(Tracker):
+    """A tracker writing to one MLflow run through ``MlflowClient`` (no global active-run state)."""
+
+    def __init__(self, client, run_id: str):
+        self.client = client
+        self.run_id = run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in flatten(params).items()]
+        for start in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[start : start + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
+        if items:
+            self.client.log_batch(self.run_id, metrics=items)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_dataset(self, name: str, uri: str, digest: str, context: str) -> None:
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+
+        with _quiet_warnings():
+            source = resolve_dataset_source(uri)
+        dataset = MetaDataset(source=source, name=name, digest=digest.removeprefix("sha256:")[:36])
+        tags = [InputTag("mlflow.data.context", context)]
+        self.client.log_inputs(self.run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(), tags)])
+
+    def log_artifact(self, name: str, data: bytes) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / Path(name).name
+            path.write_bytes(data)
+            parent = str(Path(name).parent)
+            self.client.log_artifact(self.run_id, str(path), None if parent == "." else parent)
+
+
+@contextlib.contextmanager
+def _quiet_warnings() -> Iterator[None]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _experiment_id(client, tracking_uri: str) -> str:
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = None
+    if tracking_uri.startswith("sqlite:///"):
+        # Keep artifacts beside the database instead of in ./mlruns of whatever the current directory is.
+        location = (Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+    try:
+        return client.create_experiment(EXPERIMENT, artifact_location=location)
+    except Exception:  # created concurrently by another process
+        return client.get_experiment_by_name(EXPERIMENT).experiment_id
+
+
+def start_pipeline_run(tracking_uri: str | None, run_name: str, params: Mapping[str, Any],
+                       tags: Mapping[str, str] | None = None) -> str | None:
+    """Open the parent run of a pipeline run; returns its id (``None`` with lineage off)."""
+    if tracking_uri is None:
+        return None
+    client = _client(tracking_uri)
+    run = client.create_run(_experiment_id(client, tracking_uri), run_name=run_name,
+                            tags={"fourm.kind": "pipeline", **(tags or {})})
+    tracker = MLflowTracker(client, run.info.run_id)
+    tracker.log_params(params)
+    return run.info.run_id
+
+
+def finish_run(tracking_uri: str | None, run_id: str | None, status: str = "FINISHED") -> None:
+    """Close a run as ``FINISHED``, ``FAILED`` or ``KILLED``."""
+    if tracking_uri and run_id:
+        _client(tracking_uri).set_terminated(run_id, status=status)
+
+
+@contextlib.contextmanager
+def stage_run(tracking_uri: str | None, parent_run_id: str | None, stage: str) -> Iterator[Tracker]:
+    """A child run for one stage under ``parent_run_id``; closed FAILED if the body raises."""
+    if tracking_uri is None:
+        yield NullTracker()
+        return
+    client = _client(tracking_uri)
+    tags = {TAG_STAGE: stage, "fourm.kind": "stage"}
+    if parent_run_id:
+        tags["mlflow.parentRunId"] = parent_run_id
+    run = client.create_run(_experiment_id(client, tracking_uri), run_name=stage, tags=tags)
+    tracker = MLflowTracker(client, run.info.run_id)
+    try:
+        yield tracker
+    except BaseException:
+        client.set_terminated(run.info.run_id, status="FAILED")
+        raise
+    client.set_terminated(run.info.run_id, status="FINISHED")
+
+
+def child_runs(tracking_uri: str, parent_run_id: str) -> list:
+    """The stage runs under a pipeline run, oldest first."""
+    client = _client(tracking_uri)
+    experiment_id = _experiment_id(client, tracking_uri)
+    runs = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'")
+    return sorted(runs, key=lambda r: r.info.start_time)
+
+
+def find_run_by_tag(tracking_uri: str, key: str, value: str):
+    """The newest run carrying tag ``key=value`` (``None`` if there is none)."""
+    client = _client(tracking_uri)
+    runs = client.search_runs([_experiment_id(client, tracking_uri)], filter_string=f"tags.`{key}` = '{value}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None

@@ -1,0 +1,101 @@
+"""``fourm-kfp run``: the whole pipeline on one machine through KFP's own local engine (``kfp.local``).
+
+The identical pipeline definition that runs in the cluster runs here with ``SubprocessRunner(use_venv=False)``
+(components execute in this Python environment), KFP caching on, and the KFP pipeline root inside the run folder.
+The MLflow store defaults to ``<root>/mlflow.db``. Afterwards a summary JSON is assembled from the MLflow runs:
+``{"run_id", "mlflow": {"tracking_uri", "parent_run_id"}, "stages": [{"name", "status", "output_uri", "seconds"}]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+from fourm_kfp import lineage
+from fourm_kfp.config.loader import load_config
+from fourm_kfp.config.schema import ConfigError
+from fourm_kfp.kfp_runtime import TAG_RUN_LABEL
+from fourm_kfp.stages import STAGES
+
+log = logging.getLogger(__name__)
+#: Where outputs go when an S3 endpoint is given but no --store.
+DEFAULT_S3_STORE = "s3://fourm-kfp"
+
+
+class PipelineFailed(RuntimeError):
+    """The local pipeline run failed; ``summary`` says which stages ran."""
+
+    def __init__(self, message: str, summary: dict[str, Any]):
+        super().__init__(message)
+        self.summary = summary
+
+
+def default_store(root: Path, s3_endpoint: str | None) -> str:
+    return DEFAULT_S3_STORE if s3_endpoint else str(root)
+
+
+def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | None = None,
+                         s3_endpoint: str | None = None, overrides: Sequence[str] = (),
+                         force: Sequence[str] = (), tracking_uri: str | None = None,
+                         summary_path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Run the pipeline with ``kfp.local``; returns (and optionally writes) the summary."""
+    from kfp import local
+
+    from fourm_kfp.pipelines.fourm_pretrain import fourm_pretrain
+
+    root = Path(root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    load_config(preset, overrides=overrides)  # fail here, with the config error, before KFP starts
+    unknown = sorted(set(force) - set(STAGES))
+    if unknown:
+        raise ConfigError(f"--force names unknown stages {unknown}; stages: {', '.join(STAGES)}")
+    tracking = lineage.resolve_tracking_uri(tracking_uri, root)
+    if tracking is None:
+        raise ConfigError("fourm-kfp run needs MLflow lineage: MLFLOW_TRACKING_URI=none is not supported here")
+    if s3_endpoint:
+        os.environ["AWS_ENDPOINT_URL"] = s3_endpoint  # the component subprocesses inherit it
+    label = f"local-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    arguments = dict(preset=preset, config_overrides=" ".join(overrides), store_uri=store or default_store(root, s3_endpoint),
+                     s3_endpoint=s3_endpoint or "", mlflow_tracking_uri=tracking, run_label=label,
+                     **{f"{name.replace('-', '_')}_force": name in force for name in STAGES})
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root / "kfp"),
+               enable_caching=True, raise_on_error=True)
+    error = None
+    try:
+        fourm_pretrain(**arguments)
+    except RuntimeError as exc:
+        error = exc
+    summary = build_summary(label, tracking)
+    if summary_path:
+        Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
+    if error is not None:
+        raise PipelineFailed(f"pipeline run {label} failed: {error}", summary) from error
+    return summary
+
+
+def build_summary(run_label: str, tracking_uri: str) -> dict[str, Any]:
+    """The run summary, read back from the MLflow parent run (found by its label) and its stage runs."""
+    parent = lineage.find_run_by_tag(tracking_uri, TAG_RUN_LABEL, run_label)
+    stages = []
+    if parent is not None:
+        for run in lineage.child_runs(tracking_uri, parent.info.run_id):
+            tags = run.data.tags
+            stages.append({
+                "name": tags.get(lineage.TAG_STAGE),
+                "status": tags.get(lineage.TAG_STATUS, "failed"),
+                "output_uri": tags.get("fourm.output_uri"),
+                "seconds": round(run.data.metrics.get("seconds", 0.0), 3),
+                "mlflow_run_id": run.info.run_id,
+            })
+    return {
+        "run_id": run_label,
+        "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent.info.run_id if parent else None},
+        "stages": stages,
+    }

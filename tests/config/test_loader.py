@@ -1,0 +1,97 @@
+"""Config loading: presets, linked files, overrides, and errors that name the key and the file."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from fourm_kfp.config.loader import PRESETS_DIR, available_presets, load_config
+from fourm_kfp.config.schema import ConfigError, to_dict
+
+
+def test_presets_load_and_differ_in_scale():
+    assert {"smoke", "demo", "4m-b"} <= set(available_presets())
+    smoke, demo, base = (load_config(p) for p in ("smoke", "demo", "4m-b"))
+    assert smoke.data.image_size == demo.data.image_size == 64
+    assert base.data.image_size == 224
+    assert smoke.prepare_data.num_train < demo.prepare_data.num_train < base.prepare_data.num_train
+    assert (base.train.model.encoder_layers, base.train.model.dim, base.train.model.heads) == (12, 768, 12)
+    assert (base.train.input_budget, base.train.target_budget) == (128, 128)
+    assert [c.name for c in smoke.alphas.mixture] == ["all-to-all", "rgb-to-all"]
+
+
+def test_overrides_beat_files_and_are_typed():
+    config = load_config("smoke", overrides=["data.image_size=96", "train.model.dim=128",
+                                              "prepare_data.max_bad_fraction=0.5"])
+    assert config.data.image_size == 96
+    assert config.train.model.dim == 128
+    assert config.prepare_data.max_bad_fraction == 0.5
+
+
+def test_config_is_frozen_and_round_trips_to_plain_data():
+    config = load_config("smoke")
+    with pytest.raises(Exception):
+        config.data.image_size = 32
+    plain = to_dict(config)
+    assert plain["data"]["modalities"][0] == "rgb"
+    assert plain["alphas"]["mixture"][1]["input_alphas"] == {"rgb": 1.0}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.image_size=abc", "data.image_size: expected an integer, got str 'abc'"),
+    ("data.image_sz=3", "unknown key(s) 'image_sz'"),
+    ("data.image_size=8", "data.image_size: 8 is below the minimum 16"),
+    ("prepare_data.max_bad_fraction=1.5", "prepare_data.max_bad_fraction: 1.5 is above the maximum 1.0"),
+    ("prepare_data.source=s3", "prepare_data.source: expected one of ['synthetic', 'image_folder', 'webdataset']"),
+    ("prepare_data.source=image_folder", "source_uri is required"),
+    ("train.model.heads=5", "not divisible by model.heads=5"),
+    ("data.modalities=[rgb,sound]", "unknown modalities ['sound']"),
+    ("nope.x=1", "unknown section 'nope'"),
+    ("image_size=3", "expected SECTION.KEY=VALUE"),
+])
+def test_bad_overrides_name_the_override_and_key(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config("smoke", overrides=[override])
+    assert message in str(err.value)
+    if "." in override.split("=")[0] and not override.startswith("nope"):
+        assert f"override {override!r}" in str(err.value)
+
+
+def test_errors_in_files_name_the_file(tmp_path):
+    folder = tmp_path / "cfg"
+    shutil.copytree(PRESETS_DIR / "smoke", folder)
+    data = folder / "data.yaml"
+    data.write_text(data.read_text().replace("image_size: 64", "image_size: 64.5"))
+    with pytest.raises(ConfigError) as err:
+        load_config(config_dir=folder)
+    assert str(data) in str(err.value) and "data.image_size: expected an integer" in str(err.value)
+
+    data.write_text("image_size: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(config_dir=folder)
+
+
+def test_linked_files_are_followed(tmp_path):
+    folder = tmp_path / "cfg"
+    shutil.copytree(PRESETS_DIR / "smoke", folder)
+    (folder / "data.yaml").rename(folder / "my_data.yaml")
+    train = folder / "train.yaml"
+    train.write_text(train.read_text().replace("data: data.yaml", "data: my_data.yaml"))
+    assert load_config(config_dir=folder).data.image_size == 64
+    train.write_text(train.read_text().replace("data: my_data.yaml", "data: missing.yaml"))
+    with pytest.raises(ConfigError, match="missing.yaml: config file not found"):
+        load_config(config_dir=folder)
+
+
+def test_cross_file_checks_name_both_files(tmp_path):
+    folder = tmp_path / "cfg"
+    shutil.copytree(PRESETS_DIR / "smoke", folder)
+    with pytest.raises(ConfigError) as err:
+        load_config(config_dir=folder, overrides=["data.input_modalities=[depth]"])
+    assert "input_alphas names" in str(err.value) and "alphas.yaml" in str(err.value)
+
+
+def test_unknown_preset_lists_the_available_ones():
+    with pytest.raises(ConfigError, match="unknown preset 'huge'.*smoke"):
+        load_config("huge")

@@ -1,0 +1,102 @@
+"""The storage module against local disk and a real S3 server (rclone serve s3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fourm_kfp import storage
+from fourm_kfp.storage import StorageError, open_store
+
+
+def test_put_get_list_delete(any_store_uri, tmp_path):
+    store = open_store(any_store_uri, create=True)
+    store.put_bytes("a/one.bin", b"1" * 10)
+    store.put_text("a/b/two.txt", "two")
+    src = tmp_path / "three"
+    src.write_bytes(b"3" * 1000)
+    store.put_file("c/three", src)
+
+    assert store.list() == ["a/b/two.txt", "a/one.bin", "c/three"]
+    assert store.list("a") == ["a/b/two.txt", "a/one.bin"]
+    assert store.child("a").list() == ["b/two.txt", "one.bin"]
+    assert store.exists("a/one.bin") and not store.exists("a/nothing")
+    assert store.size("c/three") == 1000
+    assert store.get_text("a/b/two.txt") == "two"
+    with store.open_read("c/three") as fh:
+        assert fh.read() == b"3" * 1000
+    store.get_file("a/one.bin", tmp_path / "out" / "one")
+    assert (tmp_path / "out" / "one").read_bytes() == b"1" * 10
+    assert store.child("a", "b").uri == store.uri_of("a/b")
+
+    assert store.delete_prefix("a") == 2
+    assert store.list() == ["c/three"]
+
+
+def test_missing_object_error_names_the_uri(any_store_uri):
+    store = open_store(any_store_uri, create=True)
+    with pytest.raises(StorageError, match="nothing.bin"):
+        store.get_bytes("nothing.bin")
+
+
+def test_local_writes_are_atomic(tmp_path):
+    store = open_store(str(tmp_path))
+    store.put_bytes("x", b"old")
+
+    class Boom(Exception):
+        pass
+
+    def failing_write(fh):
+        fh.write(b"half")
+        raise Boom
+
+    with pytest.raises(Boom):
+        store._atomic_write("x", failing_write)
+    assert store.get_bytes("x") == b"old"
+    assert store.list() == ["x"]  # no temp file left behind
+
+
+def test_transient_errors_are_retried_then_reported(monkeypatch):
+    monkeypatch.setattr(storage.time, "sleep", lambda s: None)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("reset by peer")
+        return "ok"
+
+    assert storage.with_retries(flaky, "get s3://b/k", retries=5) == "ok"
+    assert len(calls) == 3
+
+    def always_down():
+        raise ConnectionRefusedError("refused")
+
+    with pytest.raises(StorageError, match=r"get s3://b/k: still failing after 3 attempts"):
+        storage.with_retries(always_down, "get s3://b/k", retries=2)
+
+    def permanent():
+        raise PermissionError("denied")
+
+    calls.clear()
+    with pytest.raises(StorageError, match="denied"):
+        storage.with_retries(lambda: calls.append(1) or permanent(), "put s3://b/k")
+    assert len(calls) == 1  # not retried
+
+
+def test_s3_needs_endpoint_and_credentials(monkeypatch):
+    storage._CLIENTS.clear()
+    for var in ("AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(StorageError, match="no S3 endpoint"):
+        open_store("s3://bucket/x")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    with pytest.raises(StorageError, match="AWS_ACCESS_KEY_ID"):
+        open_store("s3://bucket/x")
+    storage._CLIENTS.clear()
+
+
+def test_s3_objects_land_in_the_bucket(s3_uri, s3_env):
+    store = open_store(s3_uri)
+    store.put_bytes("k/v.txt", b"hello")
+    bucket, prefix = s3_uri.removeprefix("s3://").split("/", 1)
+    assert (s3_env.data_dir / bucket / prefix / "k" / "v.txt").read_bytes() == b"hello"
