@@ -34,12 +34,14 @@ class StageSpec:
     """What the runner needs to know about a stage."""
 
     name: str
-    entry: str  # "module:function" implementing run(ctx) -> StageResult (imported lazily: heavy deps)
+    entry: str | Callable[["StageContext"], "StageResult"]  # run(ctx), or "module:function" imported lazily
     config_keys: tuple[str, ...]  # dotted config keys whose versioned fields address the output
     inputs: tuple[str, ...] = ()  # upstream stages whose committed outputs this stage reads
     code_version: int = 1  # bump when the stage's code changes what it writes
 
     def function(self) -> Callable[["StageContext"], "StageResult"]:
+        if callable(self.entry):
+            return self.entry
         module, _, attr = self.entry.partition(":")
         return getattr(importlib.import_module(module), attr)
 

@@ -1,0 +1,101 @@
+"""The stage contract: manifest written last, committed outputs reused, --force, and lineage in MLflow."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fourm_kfp import lineage
+from fourm_kfp.config.loader import load_config
+from fourm_kfp.manifest import MANIFEST_NAME, IncompleteOutputError
+from fourm_kfp.stage_runner import StageResult, StageSpec, run_stage
+from fourm_kfp.storage import open_store
+
+CALLS: list[str] = []
+
+
+def _writes_two_files(ctx):
+    CALLS.append(ctx.output.uri)
+    ctx.output.put_bytes("data/a.bin", b"a" * 100)
+    ctx.output.child("data").put_bytes("b.bin", b"b" * 50)
+    ctx.write_report("report.md", b"# report")
+    return StageResult(counts={"files": 2}, metrics={"quality": 0.5})
+
+
+def _fails_midway(ctx):
+    ctx.output.put_bytes("data/partial.bin", b"x")
+    raise RuntimeError("disk on fire")
+
+
+SPEC = StageSpec("toy", _writes_two_files, config_keys=("prepare_data",))
+
+
+@pytest.fixture
+def config():
+    return load_config("smoke")
+
+
+def test_commit_then_reuse(any_store_uri, config):
+    CALLS.clear()
+    root = open_store(any_store_uri, create=True)
+    first = run_stage(SPEC, config, root)
+    assert first.status == "ran" and len(CALLS) == 1
+    out = open_store(first.output_uri)
+    assert first.output_uri == root.uri_of(f"toy/{first.output_uri.rsplit('/', 1)[1]}")
+    manifest = json.loads(out.get_bytes(MANIFEST_NAME))
+    assert manifest["stage"] == "toy" and manifest["counts"] == {"files": 2}
+    assert {f["key"]: f["bytes"] for f in manifest["files"]} == {
+        "data/a.bin": 100, "data/b.bin": 50, "reports/report.md": 8}
+    assert manifest["bytes_total"] == 158
+    assert manifest["config"]["prepare_data"]["num_train"] == config.prepare_data.num_train
+    assert manifest["code"]["package_version"]
+
+    second = run_stage(SPEC, config, root)
+    assert second.status == "skipped" and len(CALLS) == 1
+    assert second.output_uri == first.output_uri and second.manifest_digest == first.manifest_digest
+
+    forced = run_stage(SPEC, config, root, force=True)
+    assert forced.status == "ran" and len(CALLS) == 2
+
+
+def test_failed_stage_leaves_no_manifest_and_is_redone_cleanly(tmp_path, config):
+    root = open_store(str(tmp_path), create=True)
+    failing = StageSpec("toy", _fails_midway, config_keys=("prepare_data",))
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        run_stage(failing, config, root)
+    [prefix] = {key.rsplit("/", 1)[0] for key in root.list("toy")} - {""}
+    assert not root.exists(f"{prefix.rsplit('/data', 1)[0]}/{MANIFEST_NAME}")
+    outcome = run_stage(SPEC, config, root)
+    assert outcome.status == "ran"
+    assert open_store(outcome.output_uri).list() == ["_MANIFEST.json", "data/a.bin", "data/b.bin",
+                                                     "reports/report.md"]  # the partial file is gone
+
+
+def test_uncommitted_input_is_refused(tmp_path, config):
+    root = open_store(str(tmp_path), create=True)
+    root.put_bytes("half/done.bin", b"x")
+    consumer = StageSpec("consumer", _writes_two_files, config_keys=("data",), inputs=("toy",))
+    with pytest.raises(IncompleteOutputError, match="has no _MANIFEST.json"):
+        run_stage(consumer, config, root, input_uris={"toy": root.uri_of("half")})
+
+
+def test_lineage_records_ran_and_reused_runs(tmp_path, config):
+    tracking = lineage.default_tracking_uri(tmp_path)
+    parent = lineage.start_pipeline_run(tracking, "test", {"preset": "smoke"})
+    root = open_store(str(tmp_path / "store"), create=True)
+    ran = run_stage(SPEC, config, root, tracking_uri=tracking, parent_run_id=parent)
+    reused = run_stage(SPEC, config, root, tracking_uri=tracking, parent_run_id=parent)
+
+    runs = lineage.child_runs(tracking, parent)
+    assert [r.info.run_id for r in runs] == [ran.mlflow_run_id, reused.mlflow_run_id]
+    first, second = runs
+    assert first.data.tags["fourm.status"] == "ran" and first.data.tags["fourm.reused"] == "false"
+    assert second.data.tags["fourm.reused"] == "true"
+    assert second.data.tags["fourm.produced_by"] == ran.mlflow_run_id
+    assert first.data.params["prepare_data.num_train"] == str(config.prepare_data.num_train)
+    assert first.data.metrics["quality"] == 0.5
+    outputs = [d for d in first.inputs.dataset_inputs if d.tags[0].value == "output"]
+    assert outputs[0].dataset.source and ran.output_uri in outputs[0].dataset.source
+    client = lineage._client(tracking)
+    assert [a.path for a in client.list_artifacts(ran.mlflow_run_id, "reports")] == ["reports/report.md"]
