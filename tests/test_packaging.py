@@ -1,0 +1,42 @@
+"""Packaging: the wheel installs only the `fourm_kfp` namespace, with configs and the compiled pipeline."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_every_package_is_listed_in_pyproject():
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO / "src").parts) for p in (REPO / "src").rglob("__init__.py")}
+    found |= {"fourm_kfp.components", "fourm_kfp.pipelines"}
+    assert found == listed
+
+
+def test_wheel_has_no_generic_top_level_names(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(REPO)], check=True, capture_output=True)
+    [wheel] = tmp_path.glob("fourm_kfp-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"fourm_kfp", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert "fourm_kfp/components/prepare_data.py" in names
+    assert "fourm_kfp/pipelines/fourm_pretrain.yaml" in names
+    assert "fourm_kfp/configs/smoke/train.yaml" in names
+    entry_points = [n for n in names if n.endswith("entry_points.txt")]
+    assert "fourm-kfp = fourm_kfp.cli:main" in zipfile.ZipFile(wheel).read(entry_points[0]).decode()
+
+
+def test_cli_works_from_any_directory(tmp_path):
+    exe = Path(sys.executable).parent / "fourm-kfp"
+    out = subprocess.run([str(exe), "config", "--preset", "smoke", "--set", "data.image_size=32"], cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout
+    assert "image_size: 32" in out
+    bad = subprocess.run([str(exe), "config", "--set", "data.image_size=x"], cwd=tmp_path, capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "data.image_size: expected an integer" in bad.stderr
+    assert "Traceback" not in bad.stderr
