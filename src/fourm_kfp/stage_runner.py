@@ -22,8 +22,8 @@ from typing import Any, Callable
 from fourm_kfp import lineage
 from fourm_kfp.config.fourm_config import FourMConfig
 from fourm_kfp.content_address import config_view, output_hash
-from fourm_kfp.manifest import (MANIFEST_NAME, RecordingStore, code_version, commit_manifest, read_manifest,
-                                require_manifest)
+from fourm_kfp.manifest import (MANIFEST_NAME, RecordingStore, code_version, commit_manifest, manifest_bytes,
+                                read_manifest, require_manifest)
 from fourm_kfp.storage import Store, open_store
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,7 @@ def run_stage(spec: StageSpec, config: FourMConfig, store_root: Store, *, force:
             manifest, manifest_digest = _execute(spec, config, output, inputs, tracker, resolved, digest)
             tracker.set_tags({lineage.TAG_STATUS: status, lineage.TAG_REUSED: "false"})
         tracker.log_dataset(spec.name, output.uri, manifest_digest, context="output")
+        tracker.log_artifact(MANIFEST_NAME, manifest_bytes(manifest))
         tracker.log_metrics({**manifest.get("metrics", {}), "seconds": time.monotonic() - started})
         tracker.set_tags({"fourm.output_uri": output.uri, "fourm.content_hash": digest})
     return StageOutcome(spec.name, status, output.uri, round(time.monotonic() - started, 3), manifest_digest,

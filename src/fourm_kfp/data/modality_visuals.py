@@ -1,0 +1,214 @@
+"""Turn any modality value into a square RGB ``uint8`` tile for humans (preview grids, reconstruction grids).
+
+``visualize(modality, value, size, context)`` looks the modality up in :data:`VISUALIZERS` (one small function per
+modality) and returns ``[size, size, 3]`` ``uint8``:
+
+* ``rgb`` as-is, resized bilinearly (antialiased when shrinking); non-square images are stretched;
+* ``depth`` through a viridis colour map, normalised between the 2nd and 98th percentile of the valid pixels,
+  near = bright yellow, far = dark purple; invalid pixels (0) black;
+* ``normal`` as ``(n + 1) / 2`` colours, invalid (zero) vectors black;
+* ``semseg`` with a fixed palette per class id (:func:`class_color`, shared with the ``det`` box colours);
+* ``edge`` white on black;
+* ``det`` boxes with class names over ``context["rgb"]`` (the rest of the sample) when there is one, else grey;
+* ``caption`` the text word-wrapped onto a light tile, shrinking the font down to a legible minimum and ending
+  with an ellipsis when it still does not fit.
+
+Label-like images (semseg) are resized with nearest neighbour so their colours stay exact.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from fourm_kfp.data.modalities import CLASS_NAMES, COORD_BINS, parse_det
+
+#: Viridis sampled at 9 evenly spaced points; :func:`colormap` interpolates between them.
+_VIRIDIS = np.array(
+    [(68, 1, 84), (72, 40, 120), (62, 73, 137), (49, 104, 142), (38, 130, 142),
+     (31, 158, 137), (53, 183, 121), (110, 206, 88), (253, 231, 37)], dtype=np.float32)
+#: Distinct colours for the known classes, in ``CLASS_NAMES`` order.
+_CLASS_COLORS = ((48, 48, 56), (150, 120, 90), (230, 25, 75), (0, 130, 200), (60, 180, 75), (255, 190, 30))
+CAPTION_BACKGROUND = (250, 248, 240)
+ABSENT_BACKGROUND = (206, 206, 210)
+MIN_FONT = 9
+
+Visualizer = Callable[[Any, int, Mapping[str, Any]], np.ndarray]
+
+
+@functools.lru_cache(maxsize=32)
+def get_font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    """PIL's bundled font at ``size`` pixels (the fixed bitmap font where FreeType is unavailable)."""
+    try:
+        return ImageFont.load_default(size=size)
+    except (TypeError, ImportError, OSError):  # Pillow < 10.1, or built without FreeType
+        return ImageFont.load_default()
+
+
+def colormap(t: np.ndarray) -> np.ndarray:
+    """Values in ``[0, 1]`` → viridis colours, ``uint8 [..., 3]``."""
+    x = np.clip(np.nan_to_num(t), 0.0, 1.0) * (len(_VIRIDIS) - 1)
+    lo = np.minimum(np.floor(x).astype(np.int64), len(_VIRIDIS) - 2)
+    frac = (x - lo)[..., None]
+    return np.round(_VIRIDIS[lo] * (1 - frac) + _VIRIDIS[lo + 1] * frac).astype(np.uint8)
+
+
+def _hashed_color(key: str) -> tuple[int, int, int]:
+    """A stable, fairly saturated colour for anything without a fixed one."""
+    h = zlib.crc32(key.encode())
+    return (64 + h % 192, 64 + (h >> 8) % 192, 64 + (h >> 16) % 192)
+
+
+def class_color(class_id_or_name: int | str) -> tuple[int, int, int]:
+    """The palette colour of a class, by id (``semseg``) or name (``det``)."""
+    if isinstance(class_id_or_name, str):
+        if class_id_or_name not in CLASS_NAMES:
+            return _hashed_color(class_id_or_name)
+        class_id_or_name = CLASS_NAMES.index(class_id_or_name)
+    if class_id_or_name < len(_CLASS_COLORS):
+        return _CLASS_COLORS[class_id_or_name]
+    return _hashed_color(f"class-{class_id_or_name}")
+
+
+#: ``SEMSEG_PALETTE[class_id]`` → RGB, for every possible ``uint8`` id.
+SEMSEG_PALETTE = np.array([class_color(i) for i in range(256)], dtype=np.uint8)
+
+
+def _fit(image: np.ndarray, size: int, labels: bool = False) -> np.ndarray:
+    """``uint8 [H, W, 3]`` → ``[size, size, 3]``."""
+    if image.shape[:2] == (size, size):
+        return image
+    resample = Image.NEAREST if labels else Image.BILINEAR
+    return np.asarray(Image.fromarray(image).resize((size, size), resample))
+
+
+def _rgb(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
+    return _fit(np.clip(np.asarray(value), 0, 255).astype(np.uint8)[..., :3], size)
+
+
+def _depth(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
+    depth = np.nan_to_num(np.asarray(value, dtype=np.float32))
+    valid = depth > 0
+    if not valid.any():
+        return np.zeros((size, size, 3), np.uint8)
+    lo, hi = np.percentile(depth[valid], (2, 98))
+    near_is_one = 1.0 - (depth - lo) / (hi - lo) if hi > lo else np.full_like(depth, 0.5)
+    colors = np.where(valid[..., None], colormap(near_is_one), 0).astype(np.uint8)
+    return _fit(colors, size)
+
+
+def _normal(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
+    normal = np.asarray(value, dtype=np.float32)
+    valid = np.any(normal != 0, axis=-1, keepdims=True)
+    colors = np.clip(np.round((normal + 1.0) * 127.5), 0, 255)
+    return _fit(np.where(valid, colors, 0).astype(np.uint8), size)
+
+
+def _semseg(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
+    return _fit(SEMSEG_PALETTE[np.clip(np.asarray(value), 0, 255).astype(np.uint8)], size, labels=True)
+
+
+def _edge(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
+    white = (np.asarray(value) > 0).astype(np.uint8) * 255
+    return _fit(np.repeat(white[..., None], 3, axis=-1), size)
+
+
+def _det(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
+    if context.get("rgb") is not None:
+        base = _rgb(context["rgb"], size, context)
+    else:
+        base = np.full((size, size, 3), 128, np.uint8)
+    image = Image.fromarray(base)
+    draw = ImageDraw.Draw(image)
+    font = get_font(max(MIN_FONT, size // 11))
+    width = max(1, size // 64)
+    for coords, name in parse_det(str(value)):
+        x0, y0, x1, y1 = (c / COORD_BINS * size for c in coords)
+        color = class_color(name)
+        draw.rectangle((x0, y0, max(x0, x1), max(y0, y1)), outline=color, width=width)
+        left, top, right, bottom = draw.textbbox((0, 0), name, font=font)
+        tx, ty = min(x0, size - (right - left) - 2), max(0.0, y0 - (bottom - top) - 3)
+        draw.rectangle((tx, ty, tx + right - left + 2, ty + bottom - top + 3), fill=color)
+        ink = (0, 0, 0) if sum(color) > 380 else (255, 255, 255)
+        draw.text((tx + 1 - left, ty + 1 - top), name, fill=ink, font=font)
+    return np.asarray(image)
+
+
+def wrap_text(text: str, font: Any, width: float) -> list[str]:
+    """Greedy word wrap to ``width`` pixels (a word longer than a line gets a line of its own)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and font.getlength(f"{lines[-1]} {word}") <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return lines
+
+
+def text_tile(text: str, size: int, background: tuple[int, int, int] = CAPTION_BACKGROUND,
+              ink: tuple[int, int, int] = (30, 30, 30)) -> np.ndarray:
+    """``text`` wrapped onto a ``size``-pixel tile, in the largest font (down to ``MIN_FONT``) that fits."""
+    image = Image.new("RGB", (size, size), background)
+    draw = ImageDraw.Draw(image)
+    pad = max(3, size // 24)
+    for font_size in range(max(MIN_FONT, size // 8), MIN_FONT - 1, -1):
+        font = get_font(font_size)
+        line_height = font_size + 2
+        lines = wrap_text(text, font, size - 2 * pad)
+        fits = (size - 2 * pad) // line_height
+        if len(lines) <= fits:
+            break
+    if len(lines) > fits:
+        lines = lines[: max(fits, 1)]
+        words = lines[-1].split()
+        while len(words) > 1 and font.getlength(" ".join(words) + "…") > size - 2 * pad:
+            words.pop()
+        lines[-1] = " ".join(words).rstrip(".,;:") + "…"
+    for i, line in enumerate(lines):
+        draw.text((pad, pad + i * line_height), line, fill=ink, font=font)
+    return np.asarray(image)
+
+
+def _caption(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
+    return text_tile(str(value), size)
+
+
+def absent_tile(size: int, text: str = "absent") -> np.ndarray:
+    """A neutral, hatched tile marking a modality a sample does not have."""
+    image = Image.new("RGB", (size, size), ABSENT_BACKGROUND)
+    draw = ImageDraw.Draw(image)
+    for offset in range(-size, size, max(6, size // 8)):
+        draw.line((offset, size, offset + size, 0), fill=(196, 196, 200), width=1)
+    draw_centered(draw, (size / 2, size / 2), text, get_font(max(MIN_FONT, size // 9)), (110, 110, 118))
+    return np.asarray(image)
+
+
+def draw_centered(draw: ImageDraw.ImageDraw, center: tuple[float, float], text: str, font: Any,
+                  fill: tuple[int, int, int]) -> None:
+    """Draw ``text`` centred on ``center`` (measured, so it works for bitmap fonts too)."""
+    left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+    draw.text((center[0] - (left + right) / 2, center[1] - (top + bottom) / 2), text, fill=fill, font=font)
+
+
+VISUALIZERS: dict[str, Visualizer] = {
+    "rgb": _rgb,
+    "depth": _depth,
+    "normal": _normal,
+    "semseg": _semseg,
+    "edge": _edge,
+    "det": _det,
+    "caption": _caption,
+}
+
+
+def visualize(modality: str, value: Any, size: int, context: Mapping[str, Any] | None = None) -> np.ndarray:
+    """``value`` of ``modality`` → an RGB ``uint8 [size, size, 3]`` tile; ``context`` is the rest of the sample."""
+    try:
+        visualizer = VISUALIZERS[modality]
+    except KeyError:
+        raise KeyError(f"no visualizer for modality {modality!r}; known: {', '.join(VISUALIZERS)}") from None
+    return visualizer(value, size, context or {})

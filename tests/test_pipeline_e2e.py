@@ -1,0 +1,99 @@
+"""End to end: `fourm-kfp run --preset smoke` through kfp.local, on local disk and on the S3 server.
+
+The second run with the same arguments must report every stage `skipped` (content-addressed reuse) and be quick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fourm_kfp import lineage
+from fourm_kfp.storage import open_store
+
+pytestmark = pytest.mark.slow
+CLI = str(Path(sys.executable).parent / "fourm-kfp")
+
+
+def _run(root: Path, *extra: str, env: dict | None = None) -> tuple[dict, float]:
+    summary_path = root / f"summary-{time.monotonic_ns()}.json"
+    start = time.monotonic()
+    proc = subprocess.run([CLI, "run", "--preset", "smoke", "--root", str(root), "--summary", str(summary_path),
+                           *extra], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    return json.loads(summary_path.read_text()), seconds
+
+
+def _check_mlflow(summary: dict, stage_status: str) -> None:
+    tracking = summary["mlflow"]["tracking_uri"]
+    parent = lineage._client(tracking).get_run(summary["mlflow"]["parent_run_id"])
+    assert parent.info.status == "FINISHED"  # closed by the pipeline's exit handler
+    assert parent.data.params["preset"] == "smoke"
+    [child] = lineage.child_runs(tracking, parent.info.run_id)
+    assert child.data.tags["fourm.stage"] == "prepare-data"
+    assert child.data.tags["fourm.status"] == stage_status
+    assert child.data.params["data.image_size"] == "64"
+    outputs = [d for d in child.inputs.dataset_inputs if d.tags[0].value == "output"]
+    assert outputs and outputs[0].dataset.digest
+    produced_by = child.info.run_id if stage_status == "ran" else child.data.tags["fourm.produced_by"]
+    artifacts = {a.path for a in lineage._client(tracking).list_artifacts(produced_by, "reports")}
+    assert {"reports/preview.png", "reports/dataset_report.json"} <= artifacts
+
+
+def _check_output(uri: str) -> None:
+    store = open_store(uri)
+    keys = store.list()
+    assert "_MANIFEST.json" in keys
+    for modality in ("rgb", "depth", "normal", "semseg", "edge", "det", "caption"):
+        assert f"train/{modality}/shard-000000.tar" in keys
+        assert f"val/{modality}/shard-000000.tar" in keys
+    manifest = json.loads(store.get_bytes("_MANIFEST.json"))
+    assert manifest["counts"]["splits"]["train"]["samples"] == 16
+    assert manifest["counts"]["splits"]["val"]["samples"] == 8
+
+
+def test_smoke_pipeline_local_then_skipped(tmp_path):
+    first, _ = _run(tmp_path)
+    assert [s["name"] for s in first["stages"]] == ["prepare-data"]
+    assert first["stages"][0]["status"] == "ran"
+    assert first["stages"][0]["output_uri"].startswith(str(tmp_path / "prepare-data"))
+    assert (tmp_path / "mlflow.db").exists()
+    _check_output(first["stages"][0]["output_uri"])
+    _check_mlflow(first, "ran")
+
+    second, seconds = _run(tmp_path)
+    assert second["stages"][0]["status"] == "skipped"
+    assert second["stages"][0]["output_uri"] == first["stages"][0]["output_uri"]
+    assert second["mlflow"]["parent_run_id"] != first["mlflow"]["parent_run_id"]
+    _check_mlflow(second, "skipped")
+    assert seconds < 60, f"a fully reused run took {seconds:.1f}s"
+
+
+def test_smoke_pipeline_on_s3(tmp_path, s3_env):
+    bucket = f"e2e-{time.monotonic_ns()}"
+    store = f"s3://{bucket}/runs"
+    first, _ = _run(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint)
+    [stage] = first["stages"]
+    assert stage["status"] == "ran" and stage["output_uri"].startswith(f"{store}/prepare-data/")
+    _check_output(stage["output_uri"])
+    # The objects really are in the bucket on the server's disk.
+    on_disk = s3_env.data_dir / bucket / stage["output_uri"].removeprefix(f"s3://{bucket}/")
+    assert (on_disk / "_MANIFEST.json").is_file() and (on_disk / "train/rgb/shard-000000.tar").is_file()
+
+    second, _ = _run(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint)
+    assert second["stages"][0]["status"] == "skipped"
+
+
+def test_bad_config_fails_before_kfp_with_a_clear_message(tmp_path):
+    proc = subprocess.run([CLI, "run", "--preset", "smoke", "--root", str(tmp_path), "--set",
+                           "prepare_data.num_train=zero"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "prepare_data.num_train: expected an integer" in proc.stderr
+    assert "Traceback" not in proc.stderr
