@@ -7,17 +7,18 @@ from fourm_kfp.components.images import CPU_IMAGE
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def open_lineage_run(run_label: str, kfp_run_id: str, preset: str, config_overrides: str, store_uri: str,
-                     mlflow_tracking_uri: str) -> str:
-    """Validate the config and open the MLflow parent run; returns its id (empty with lineage off)."""
-    from fourm_kfp.kfp_runtime import open_pipeline_run
+                     mlflow_tracking_uri: str, mlflow_parent_run_id: str) -> str:
+    """Validate the config and open the MLflow parent run (or pass the launcher's through); returns its id."""
+    from fourm_kfp.kfp_runtime import open_lineage_step
 
-    return open_pipeline_run(run_label, kfp_run_id, preset, config_overrides, store_uri, mlflow_tracking_uri)
+    return open_lineage_step(run_label, kfp_run_id, preset, config_overrides, store_uri, mlflow_tracking_uri,
+                             mlflow_parent_run_id)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def close_lineage_run(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str,
+def close_lineage_run(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str, mlflow_parent_run_id: str,
                       status: dsl.PipelineTaskFinalStatus):
     """Exit handler: mark the parent run FINISHED or FAILED from the pipeline's final state."""
-    from fourm_kfp.kfp_runtime import close_pipeline_run
+    from fourm_kfp.kfp_runtime import close_lineage_step
 
-    close_pipeline_run(run_label, kfp_run_id, mlflow_tracking_uri, status.state)
+    close_lineage_step(run_label, kfp_run_id, mlflow_tracking_uri, mlflow_parent_run_id, status.state)

@@ -37,6 +37,7 @@ def fourm_pretrain(
     s3_endpoint: str = "",
     mlflow_tracking_uri: str = "",
     run_label: str = "",
+    mlflow_parent_run_id: str = "",
     prepare_data_force: bool = False,
 ):
     """Pre-train a 4M-style model.
@@ -50,14 +51,18 @@ def fourm_pretrain(
         s3_endpoint: S3 endpoint URL; default empty = ``AWS_ENDPOINT_URL`` from the ``fourm-settings`` ConfigMap.
         mlflow_tracking_uri: MLflow tracking URI; default empty = ``MLFLOW_TRACKING_URI`` from the environment.
         run_label: Label of this run in MLflow; default empty = the KFP run id.
+        mlflow_parent_run_id: An MLflow run opened by whoever launched this run (``fourm-kfp run``, CI), which
+            then also closes it; default empty = the pipeline opens and closes its own parent run.
         prepare_data_force: Recompute prepare-data even if its output is committed; default false.
     """
     closer = _with_cluster_env(close_lineage_run(run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                                                 mlflow_tracking_uri=mlflow_tracking_uri))
+                                                 mlflow_tracking_uri=mlflow_tracking_uri,
+                                                 mlflow_parent_run_id=mlflow_parent_run_id))
     with dsl.ExitHandler(closer, name="stages"):
         opener = _with_cluster_env(open_lineage_run(
             run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, preset=preset,
-            config_overrides=config_overrides, store_uri=store_uri, mlflow_tracking_uri=mlflow_tracking_uri))
+            config_overrides=config_overrides, store_uri=store_uri, mlflow_tracking_uri=mlflow_tracking_uri,
+            mlflow_parent_run_id=mlflow_parent_run_id))
         opener.set_caching_options(False)  # a new parent run every time
         opener.set_display_name("open-lineage-run")
         shared = dict(preset=preset, config_overrides=config_overrides, store_uri=store_uri,

@@ -36,25 +36,37 @@ def _apply_endpoint(s3_endpoint: str) -> None:
         os.environ["AWS_ENDPOINT_URL"] = s3_endpoint
 
 
-def open_pipeline_run(run_label: str, kfp_run_id: str, preset: str, config_overrides: str, store_uri: str,
-                      mlflow_tracking_uri: str) -> str:
-    """Validate the config (fail fast, before any stage) and open the MLflow parent run; returns its id or ``""``."""
-    setup_logging()
+def open_pipeline_run(run_label: str, preset: str, config_overrides: str, store_uri: str, tracking_uri: str | None,
+                      tags: dict[str, str] | None = None) -> str:
+    """Validate the config (fail fast, before any stage) and open the MLflow parent run; returns its id or ``""``.
+
+    Called by the pipeline's first step, or by a launcher (``fourm-kfp run``, CI) that then passes the id in.
+    """
     config = load_config(preset, overrides=parse_overrides(config_overrides))
-    label = run_label or kfp_run_id
-    tracking = lineage.resolve_tracking_uri(mlflow_tracking_uri, None)
     run_id = lineage.start_pipeline_run(
-        tracking, f"fourm-pretrain {label}",
+        tracking_uri, f"fourm-pretrain {run_label}",
         params={"preset": preset, "config_overrides": config_overrides or "-", "store_uri": store_uri,
                 **to_dict(config)},
-        tags={TAG_RUN_LABEL: label, "fourm.kfp_run_id": kfp_run_id})
+        tags={TAG_RUN_LABEL: run_label, **(tags or {})})
     return run_id or ""
 
 
-def close_pipeline_run(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str, state: str) -> None:
-    """Close the parent run opened for this pipeline run, as FINISHED when the pipeline succeeded, else FAILED."""
+def open_lineage_step(run_label: str, kfp_run_id: str, preset: str, config_overrides: str, store_uri: str,
+                      mlflow_tracking_uri: str, mlflow_parent_run_id: str) -> str:
+    """The pipeline's first step: pass a launcher's parent run through, else open one labelled with the run id."""
+    setup_logging()
+    if mlflow_parent_run_id:
+        load_config(preset, overrides=parse_overrides(config_overrides))  # still fail fast on a bad config
+        return mlflow_parent_run_id
+    return open_pipeline_run(run_label or kfp_run_id, preset, config_overrides, store_uri,
+                             lineage.resolve_tracking_uri(mlflow_tracking_uri, None), {"fourm.kfp_run_id": kfp_run_id})
+
+
+def close_lineage_step(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str, mlflow_parent_run_id: str,
+                       state: str) -> None:
+    """Exit handler: close the parent run this pipeline opened (a launcher closes its own), by final state."""
     tracking = lineage.resolve_tracking_uri(mlflow_tracking_uri, None)
-    if tracking is None:
+    if mlflow_parent_run_id or tracking is None:
         return
     run = lineage.find_run_by_tag(tracking, TAG_RUN_LABEL, run_label or kfp_run_id)
     if run is not None:

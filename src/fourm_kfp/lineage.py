@@ -13,6 +13,7 @@ twin lets stages run with lineage switched off.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import tempfile
@@ -121,7 +122,9 @@ def _quiet_warnings() -> Iterator[None]:
         yield
 
 
+@functools.lru_cache(maxsize=None)
 def _client(tracking_uri: str):
+    """One client per tracking URI and process (creating one costs seconds with a SQLite store)."""
     from mlflow.tracking import MlflowClient
 
     logging.getLogger("alembic").setLevel(logging.WARNING)

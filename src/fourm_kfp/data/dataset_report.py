@@ -132,8 +132,9 @@ def _bar_chart(title: str, labels: list[str], values: list[float], colors: list[
     draw = ImageDraw.Draw(panel)
     title_font, label_font = get_font(14), get_font(11)
     draw.text((10, 6), title, fill=_INK, font=title_font)
-    left, right, top, bottom = 10, width - 10, 44, height - 24
-    slot = (right - left) / len(values)
+    top, bottom = 44, height - 24
+    slot = min((width - 20) / len(values), 80.0)
+    left = (width - slot * len(values)) / 2
     peak = max(max(values), 1e-12)
     widest = max(label_font.getlength(label) for label in labels) + 6
     every = max(1, math.ceil(widest / slot))
@@ -147,7 +148,7 @@ def _bar_chart(title: str, labels: list[str], values: list[float], colors: list[
             draw_centered(draw, (centre, y0 - 8), fmt.format(value), label_font, _INK)
         if i % every == 0:
             draw_centered(draw, (centre, bottom + 11), label, label_font, _INK)
-    draw.line((left, bottom, right, bottom), fill=(120, 120, 120))
+    draw.line((10, bottom, width - 10, bottom), fill=(120, 120, 120))
     return panel
 
 
@@ -169,7 +170,8 @@ def render_histograms(report: Mapping[str, Any]) -> Image.Image | None:
         if classes.get(key):
             names = list(classes[key])
             panels.append(_bar_chart(title, names, list(classes[key].values()), [class_color(n) for n in names], fmt))
-    for key, title in (("caption_length", "caption: words per caption"), ("det_boxes_per_sample", "det: boxes per sample")):
+    for key, title in (("caption_length", "caption: words per caption"),
+                       ("det_boxes_per_sample", "det: boxes per sample")):
         histogram = report.get(key, {}).get("histogram")
         if histogram:
             labels, values = _integer_bars(histogram)
@@ -198,9 +200,12 @@ def report_markdown(report: Mapping[str, Any]) -> str:
 
     splits = report.get("splits", {})
     modalities = list(next(iter(splits.values()))["modalities"]) if splits else []
-    rows = [[split, s["samples"], *(s["modalities"][m] for m in modalities)] for split, s in splits.items()]
-    rows.append(["**total**", *(sum(r[i] for r in rows) for i in range(1, len(modalities) + 2))])
-    lines += ["## Samples", "", *_table(["split", "samples", *modalities], rows), ""]
+    shards = report.get("shards", {})
+    extra = ["shards"] if shards else []
+    rows = [[split, s["samples"], *(shards[split]["shards"] for _ in extra), *(s["modalities"][m] for m in modalities)]
+            for split, s in splits.items()]
+    rows.append(["**total**", *(sum(r[i] for r in rows) for i in range(1, len(extra) + len(modalities) + 2))])
+    lines += ["## Samples", "", *_table(["split", "samples", *extra, *modalities], rows), ""]
     skipped = report.get("skipped", {})
     detail = ", ".join(f"{reason}: {n}" for reason, n in skipped.items())
     lines += [f"Skipped: {sum(skipped.values())} ({detail})." if skipped else "Skipped: none.", ""]

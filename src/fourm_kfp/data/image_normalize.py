@@ -57,8 +57,7 @@ def normalize_image(data: bytes, image_size: int, name: str, min_side: int = DEF
             raise BadSampleError("too_small", name, f"{image.width}x{image.height} px, minimum side is {min_side}")
         try:
             image.load()
-            image = ImageOps.exif_transpose(image)
-            rgb = _to_rgb(image)
+            rgb = _to_rgb(ImageOps.exif_transpose(image))
         except Exception as exc:
             raise BadSampleError(_load_failure_reason(exc), name, f"{type(exc).__name__}: {exc}") from exc
     return np.asarray(_resize_center_crop(rgb, image_size))

@@ -8,7 +8,7 @@ modality) and returns ``[size, size, 3]`` ``uint8``:
   near = bright yellow, far = dark purple; invalid pixels (0) black;
 * ``normal`` as ``(n + 1) / 2`` colours, invalid (zero) vectors black;
 * ``semseg`` with a fixed palette per class id (:func:`class_color`, shared with the ``det`` box colours);
-* ``edge`` white on black;
+* ``edge`` white on black (thickened before shrinking so thin edges stay visible);
 * ``det`` boxes with class names over ``context["rgb"]`` (the rest of the sample) when there is one, else grey;
 * ``caption`` the text word-wrapped onto a light tile, shrinking the font down to a legible minimum and ending
   with an ellipsis when it still does not fit.
@@ -23,7 +23,7 @@ import zlib
 from typing import Any, Callable, Mapping
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from fourm_kfp.data.modalities import CLASS_NAMES, COORD_BINS, parse_det
 
@@ -113,7 +113,11 @@ def _semseg(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
 
 
 def _edge(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
-    white = (np.asarray(value) > 0).astype(np.uint8) * 255
+    edges = Image.fromarray((np.asarray(value) > 0).astype(np.uint8) * 255)
+    shrink = max(edges.size) / size
+    if shrink > 1.5:  # thicken first, or one-pixel edges fade to grey when shrunk
+        edges = edges.filter(ImageFilter.MaxFilter(2 * int(shrink / 2) + 1))
+    white = np.asarray(edges)
     return _fit(np.repeat(white[..., None], 3, axis=-1), size)
 
 

@@ -18,6 +18,7 @@ NumPy (one ray through each pixel centre, no antialiasing) to the modalities of 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -70,7 +71,7 @@ class Camera:
     look_at: np.ndarray
     fov_deg: float  # horizontal = vertical field of view (images are square)
 
-    @property
+    @cached_property
     def rotation(self) -> np.ndarray:
         """The 3x3 world→camera rotation; its rows are the camera's right, up and backward axes in world."""
         back = self.position - self.look_at
@@ -105,13 +106,14 @@ class Scene:
 
 
 def sample_scene(rng: np.random.Generator) -> Scene:
-    """A random scene: 1–4 non-interpenetrating objects on the ground, mostly inside the camera's view."""
+    """A random scene: 1–4 non-interpenetrating objects on the ground, each bounding box inside the view."""
     azimuth = rng.uniform(0.0, 2.0 * np.pi)
-    distance, height = rng.uniform(6.5, 9.0), rng.uniform(2.0, 3.5)
+    distance, height = rng.uniform(5.5, 8.0), rng.uniform(2.0, 3.5)
     look_at = np.array([rng.uniform(-0.3, 0.3), 0.4, rng.uniform(-0.3, 0.3)])
     position = look_at * [1, 0, 1] + [distance * np.sin(azimuth), height, distance * np.cos(azimuth)]
     camera = Camera(position, look_at, float(rng.uniform(45.0, 55.0)))
     half_view = np.tan(np.radians(camera.fov_deg) / 2.0)
+    corners = np.array(np.meshgrid([-1, 1], [-1, 1], [-1, 1])).reshape(3, -1).T  # of the bounding box
 
     objects: list[SceneObject] = []
     for _ in range(rng.integers(1, 5)):
@@ -120,11 +122,11 @@ def sample_scene(rng: np.random.Generator) -> Scene:
         obj_height = 2.0 * radius if shape in ("sphere", "cube") else radius * rng.uniform(1.6, 3.0)
         yaw = float(rng.uniform(0.0, np.pi / 2.0)) if shape == "cube" else 0.0
         for _attempt in range(50):  # rejection sampling of the position; the object is dropped if none fits
-            xz = look_at[[0, 2]] + rng.uniform(-2.8, 2.8, size=2)
+            xz = look_at[[0, 2]] + rng.uniform(-2.5, 2.5, size=2)
             obj = SceneObject(str(shape), str(color), str(size), np.array([xz[0], obj_height / 2, xz[1]]),
                               radius, float(obj_height), yaw)
-            cam = camera.world_to_camera(obj.center)
-            in_view = cam[2] < 0.0 and np.all(np.abs(cam[:2] / -cam[2]) < 0.8 * half_view)
+            cam = camera.world_to_camera(obj.center + corners * [obj.footprint, obj_height / 2, obj.footprint])
+            in_view = np.all(cam[:, 2] < 0.0) and np.all(np.abs(cam[:, :2] / -cam[:, 2:]) < 0.95 * half_view)
             apart = all(np.linalg.norm((obj.center - o.center)[[0, 2]]) > obj.footprint + o.footprint + 0.05
                         for o in objects)
             if in_view and apart:
@@ -137,12 +139,22 @@ def sample_scene(rng: np.random.Generator) -> Scene:
     return Scene(tuple(objects), camera, light, int(rng.integers(0, 6)))
 
 
+def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Dot products of the vectors of two broadcastable ``[3, N]`` arrays."""
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+
+
+def _finite(t: np.ndarray) -> np.ndarray:
+    """``t`` with misses (inf) set to 0, for computing hit points that are then thrown away."""
+    return np.where(np.isfinite(t), t, 0.0)
+
+
 def _quadric_hits(a, b, c, o_y, d_y, y_max) -> np.ndarray:
     """Nearest root ``t > _EPS`` of ``a t² + b t + c = 0`` whose hit height lies in ``[0, y_max]`` (inf if none)."""
     disc = b * b - 4.0 * a * c
     ok = (disc >= 0.0) & (np.abs(a) > 1e-12)
     sq, denom = np.sqrt(np.where(ok, disc, 0.0)), np.where(ok, 2.0 * a, 1.0)
-    best = np.full(a.shape, np.inf)
+    best = np.full(disc.shape, np.inf)
     for t in ((-b + sq) / denom, (-b - sq) / denom):  # whichever is smaller wins the last np.minimum
         y = o_y + t * d_y
         best = np.minimum(best, np.where(ok & (t > _EPS) & (y >= 0.0) & (y <= y_max), t, np.inf))
@@ -150,91 +162,110 @@ def _quadric_hits(a, b, c, o_y, d_y, y_max) -> np.ndarray:
 
 
 def _intersect(obj: SceneObject, origins: np.ndarray, dirs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rays ``[N, 3]`` against one object → ray parameter (inf = miss), world normal ``[N, 3]``, face id ``[N]``."""
+    """Rays against one object → ray parameter ``[N]`` (inf = miss), world normal ``[3, N]``, face id ``[N]``.
+
+    Vectors are component-major ``[3, N]`` arrays (fast in NumPy); ``origins`` or ``dirs`` may be one ``[3, 1]``
+    vector shared by all rays. Only rays that pass the object's bounding sphere are intersected exactly.
+    """
+    n = np.broadcast_shapes(origins.shape, dirs.shape)[1]
+    t, normal, face = np.full(n, np.inf), np.zeros((3, n)), np.zeros(n, dtype=np.int64)
+    to_centre, radius2 = obj.center[:, None] - origins, obj.footprint**2 + (obj.height / 2.0) ** 2 + 1e-9
+    along, length2 = _dot(to_centre, dirs), _dot(dirs, dirs)
+    miss2 = _dot(to_centre, to_centre) - along**2 / length2  # squared distance of the centre from the ray's line
+    near = np.flatnonzero((miss2 <= radius2) & (along > -np.sqrt(radius2 * length2)))  # and not wholly behind
+    subset = [v if v.shape[1] == 1 else v[:, near] for v in (origins, dirs)]
+    t[near], normal[:, near], face[near] = _intersect_exactly(obj, *subset)
+    return t, normal, face
+
+
+def _intersect_exactly(obj: SceneObject, origins: np.ndarray, dirs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """:func:`_intersect` without the bounding-sphere test."""
     cos, sin = np.cos(obj.yaw), np.sin(obj.yaw)
     rot = np.array([[cos, 0.0, sin], [0.0, 1.0, 0.0], [-sin, 0.0, cos]])  # object→world, about the vertical
-    o = (origins - obj.center * [1, 0, 1]) @ rot  # object frame: origin at the centre of the base
-    d = dirs @ rot
+    o = rot.T @ (origins - obj.center[:, None] * [[1], [0], [1]])  # object frame: origin at the base's centre
+    d = rot.T @ dirs
     r, h = obj.radius, obj.height
-    face = np.zeros(len(d), dtype=np.int64)
+    face = np.zeros(np.broadcast_shapes(o.shape, d.shape)[1], dtype=np.int64)
     if obj.shape == "sphere":
-        oc = o - [0.0, r, 0.0]
-        t = _quadric_hits(np.sum(d * d, 1), 2.0 * np.sum(oc * d, 1), np.sum(oc * oc, 1) - r * r, o[:, 1], d[:, 1], h)
-        normal = (oc + t[:, None] * d) / r
+        oc = o - [[0.0], [r], [0.0]]
+        t = _quadric_hits(_dot(d, d), 2.0 * _dot(oc, d), _dot(oc, oc) - r * r, o[1], d[1], h)
+        normal = (oc + _finite(t) * d) / r
     elif obj.shape == "cube":
         with np.errstate(divide="ignore", invalid="ignore"):
-            t0, t1 = (-r - (o - [0.0, r, 0.0])) / d, (r - (o - [0.0, r, 0.0])) / d
+            t0, t1 = (-r - (o - [[0.0], [r], [0.0]])) / d, (r - (o - [[0.0], [r], [0.0]])) / d
         near, far = np.minimum(t0, t1), np.maximum(t0, t1)
-        axis = np.argmax(near, axis=1)
-        t = np.max(near, axis=1)
-        t = np.where((t <= np.min(far, axis=1)) & (t > _EPS), t, np.inf)
-        sign = -np.sign(d[np.arange(len(d)), axis])
-        normal = np.zeros_like(d)
-        normal[np.arange(len(d)), axis] = sign
+        axis, rays = np.argmax(near, axis=0), np.arange(len(face))
+        t = np.max(near, axis=0)
+        t = np.where((t <= np.min(far, axis=0)) & (t > _EPS), t, np.inf)
+        sign = -np.sign(np.broadcast_to(d, near.shape)[axis, rays])
+        normal = np.zeros(near.shape)
+        normal[axis, rays] = sign
         face = 2 * axis + (sign > 0)
     else:  # vertical cylinder or cone with its base on the ground; the base disc is never visible
         k2 = (r / h) ** 2 if obj.shape == "cone" else 0.0
-        apex = h - o[:, 1]  # cone: radius at height y is k (h - y)
-        a = d[:, 0] ** 2 + d[:, 2] ** 2 - k2 * d[:, 1] ** 2
-        b = 2.0 * (o[:, 0] * d[:, 0] + o[:, 2] * d[:, 2] + k2 * apex * d[:, 1])
-        c = o[:, 0] ** 2 + o[:, 2] ** 2 - (k2 * apex**2 if obj.shape == "cone" else r * r)
-        t = _quadric_hits(a, b, c, o[:, 1], d[:, 1], h)
-        p = o + np.where(np.isfinite(t), t, 0.0)[:, None] * d
-        rho = np.maximum(np.hypot(p[:, 0], p[:, 2]), 1e-12)
-        normal = np.stack([p[:, 0] / rho, np.full_like(rho, np.sqrt(k2)), p[:, 2] / rho], 1) / np.sqrt(1.0 + k2)
+        apex = h - o[1]  # cone: radius at height y is k (h - y)
+        a = d[0] ** 2 + d[2] ** 2 - k2 * d[1] ** 2
+        b = 2.0 * (o[0] * d[0] + o[2] * d[2] + k2 * apex * d[1])
+        c = o[0] ** 2 + o[2] ** 2 - (k2 * apex**2 if obj.shape == "cone" else r * r)
+        t = _quadric_hits(a, b, c, o[1], d[1], h)
+        p = o + _finite(t) * d
+        rho = np.maximum(np.hypot(p[0], p[2]), 1e-12)
+        normal = np.stack([p[0] / rho, np.full_like(rho, np.sqrt(k2)), p[2] / rho]) / np.sqrt(1.0 + k2)
         if obj.shape == "cylinder":  # the top cap
             with np.errstate(divide="ignore", invalid="ignore"):
-                t_cap = (h - o[:, 1]) / d[:, 1]
-            q = o + np.where(np.isfinite(t_cap), t_cap, 0.0)[:, None] * d
-            cap = (t_cap > _EPS) & (q[:, 0] ** 2 + q[:, 2] ** 2 <= r * r) & (t_cap < t)
+                t_cap = (h - o[1]) / d[1]
+            q = o + _finite(t_cap) * d
+            cap = (t_cap > _EPS) & (q[0] ** 2 + q[2] ** 2 <= r * r) & (t_cap < t)
             t = np.where(cap, t_cap, t)
-            normal = np.where(cap[:, None], [0.0, 1.0, 0.0], normal)
+            normal = np.where(cap, [[0.0], [1.0], [0.0]], normal)
             face = cap.astype(np.int64)
-    return t, normal @ rot.T, face
+    return t, rot @ normal, face
 
 
-def _cast(scene: Scene, origins: np.ndarray, dirs: np.ndarray) -> tuple[np.ndarray, ...]:
-    """First hit of each ray: ray parameter (inf = sky), world normal, instance id (0 sky, 1 ground, 2 + object
-    index) and face id."""
+def _cast(scene: Scene, origin: np.ndarray, dirs: np.ndarray) -> tuple[np.ndarray, ...]:
+    """First hit of rays from ``origin [3, 1]`` along ``dirs [3, N]``: ray parameter (inf = sky), world normal
+    ``[3, N]``, instance id (0 sky, 1 ground, 2 + object index) and face id."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        t = np.where(dirs[:, 1] < 0.0, -origins[:, 1] / dirs[:, 1], np.inf)
-    hit = origins + np.where(np.isfinite(t), t, 0.0)[:, None] * dirs
-    t = np.where(np.hypot(hit[:, 0], hit[:, 2]) < GROUND_RADIUS, t, np.inf)
-    normal = np.where(np.isfinite(t)[:, None], [0.0, 1.0, 0.0], 0.0)
+        t = np.where(dirs[1] < 0.0, -origin[1] / dirs[1], np.inf)
+    hit = origin + _finite(t) * dirs
+    t = np.where(np.hypot(hit[0], hit[2]) < GROUND_RADIUS, t, np.inf)
+    normal = np.where(np.isfinite(t), [[0.0], [1.0], [0.0]], 0.0)
     instance = np.isfinite(t).astype(np.int64)
-    face = np.zeros(len(dirs), dtype=np.int64)
+    face = np.zeros(len(t), dtype=np.int64)
     for i, obj in enumerate(scene.objects):
-        t_obj, n_obj, f_obj = _intersect(obj, origins, dirs)
+        t_obj, n_obj, f_obj = _intersect(obj, origin, dirs)
         closer = t_obj < t
         t, instance = np.where(closer, t_obj, t), np.where(closer, i + 2, instance)
-        normal, face = np.where(closer[:, None], n_obj, normal), np.where(closer, f_obj, face)
+        normal, face = np.where(closer, n_obj, normal), np.where(closer, f_obj, face)
     return t, normal, instance, face
 
 
-def _shade(scene: Scene, dirs: np.ndarray, points: np.ndarray, normal: np.ndarray, instance: np.ndarray) -> np.ndarray:
-    """Linear RGB ``[N, 3]``: sky gradient, or albedo × (ambient + unshadowed diffuse) + specular."""
-    light = scene.light_direction
+def _shade(scene: Scene, view: np.ndarray, points: np.ndarray, distance: np.ndarray, normal: np.ndarray,
+           instance: np.ndarray) -> np.ndarray:
+    """Linear RGB ``[3, N]`` of rays along unit ``view`` directions that hit ``points`` at ``distance``: a sky
+    gradient, or albedo × (ambient + unshadowed diffuse) + specular, fading towards the horizon colour."""
+    light = scene.light_direction[:, None]
     albedos = np.array([[0.0] * 3, GROUND_ALBEDO] + [COLORS[o.color] for o in scene.objects])
-    albedo = albedos[instance]
-    checker = (np.floor(points[:, 0]) + np.floor(points[:, 2])) % 2.0
-    fade = np.clip(np.linalg.norm(points - scene.camera.position, axis=1) / (GROUND_RADIUS + 10.0), 0.0, 1.0)
-    albedo = np.where((instance == 1)[:, None], albedo * (1.0 - 0.18 * checker * (1.0 - fade))[:, None], albedo)
+    albedo = albedos[instance].T
+    checker = (np.floor(points[0]) + np.floor(points[2])) % 2.0
+    fade = np.clip(distance / (GROUND_RADIUS + 10.0), 0.0, 1.0)
+    albedo = np.where(instance == 1, albedo * (1.0 - 0.18 * checker * (1.0 - fade)), albedo)
 
-    lit = np.clip(normal @ light, 0.0, None)
+    lit = np.clip(_dot(normal, light), 0.0, None)
     solid = np.flatnonzero((instance > 0) & (lit > 0.0))
-    shadow_origins = points[solid] + _SHADOW_OFFSET * normal[solid]
+    shadow_origins = points[:, solid] + _SHADOW_OFFSET * normal[:, solid]
     blocked = np.zeros(len(solid), dtype=bool)
     for obj in scene.objects:
-        blocked |= np.isfinite(_intersect(obj, shadow_origins, np.broadcast_to(light, shadow_origins.shape))[0])
+        blocked |= np.isfinite(_intersect(obj, shadow_origins, light)[0])
     lit[solid[blocked]] = 0.0
 
-    half = light - dirs / np.linalg.norm(dirs, axis=1, keepdims=True)
-    half /= np.linalg.norm(half, axis=1, keepdims=True)
-    specular = np.where((instance > 1) & (lit > 0.0), 0.25 * np.clip(np.sum(normal * half, 1), 0.0, 1.0) ** 40, 0.0)
-    color = albedo * (0.28 + 0.75 * lit)[:, None] + specular[:, None]
-    up = np.clip(dirs[:, 1] / np.linalg.norm(dirs, axis=1), 0.0, 1.0) ** 0.6
-    sky = SKY_HORIZON + (SKY_ZENITH - SKY_HORIZON) * up[:, None]
-    return np.where((instance == 0)[:, None], sky, color + 0.6 * fade[:, None] ** 2 * (SKY_HORIZON - color))
+    half = light - view
+    half /= np.sqrt(_dot(half, half))
+    specular = np.where((instance > 1) & (lit > 0.0), 0.25 * np.clip(_dot(normal, half), 0.0, 1.0) ** 40, 0.0)
+    color = albedo * (0.35 + 0.75 * lit) + specular
+    up = np.clip(view[1], 0.0, 1.0) ** 0.6
+    sky = SKY_HORIZON[:, None] + (SKY_ZENITH - SKY_HORIZON)[:, None] * up
+    return np.where(instance == 0, sky, color + 0.6 * fade**2 * (SKY_HORIZON[:, None] - color))
 
 
 def _edges(labels: np.ndarray, depth: np.ndarray) -> np.ndarray:
@@ -269,7 +300,7 @@ def _caption(scene: Scene, visible: list[tuple[SceneObject, float]], image_size:
         return [_describe(a), f"{_describe(a)} {where(xa)}", f"{_describe(a)} on the ground"][v % 3]
     (b, xb), extra = rest[0], rest[1:]
     za, zb = -scene.camera.world_to_camera(np.stack([a.center, b.center]))[:, 2]
-    if abs(za - zb) > 1.5 and abs(xa - xb) < 0.2 * image_size:  # one above the other in the image
+    if abs(za - zb) > 0.3 and abs(xa - xb) < 0.15 * image_size:  # one above the other in the image
         near, far = (a, b) if za < zb else (b, a)
         sentence = (f"{_describe(near)} in front of {_describe(far)}" if v % 2
                     else f"{_describe(far)} behind {_describe(near)}")
@@ -291,15 +322,16 @@ def render_scene(scene: Scene, image_size: int, return_instances: bool = False) 
     fx, fy, cx, cy = cam.intrinsics(image_size)
     centres = np.arange(image_size) + 0.5
     u, v = np.meshgrid((centres - cx) / fx, -(centres - cy) / fy)
-    dirs = np.stack([u, v, -np.ones_like(u)], -1).reshape(-1, 3) @ cam.rotation  # camera z-component is -1,
-    origins = np.broadcast_to(cam.position, dirs.shape)  # so the ray parameter t is the camera z-depth
-    t, normal, instance, face = _cast(scene, origins, dirs)
-    valid = instance > 0
-    points = origins + np.where(valid, t, 0.0)[:, None] * dirs
-    rgb = _shade(scene, dirs, points, normal, instance)
+    # World ray directions [3, N] whose camera z-component is -1, so that the ray parameter is the z-depth.
+    dirs = cam.rotation.T @ np.stack([u.ravel(), v.ravel(), -np.ones(u.size)])
+    origin = cam.position[:, None]
+    t, normal, instance, face = _cast(scene, origin, dirs)
+    t = np.where(instance > 0, t, 0.0)
+    length = np.sqrt(_dot(dirs, dirs))
+    rgb = _shade(scene, dirs / length, origin + t * dirs, t * length, normal, instance)
 
     shape2d = (image_size, image_size)
-    depth = np.where(valid, t, 0.0).reshape(shape2d)
+    depth = t.reshape(shape2d)
     instance = instance.reshape(shape2d)
     class_ids = np.array([0, 1] + [CLASS_NAMES.index(o.shape) for o in scene.objects], dtype=np.uint8)
     min_pixels = max(4, round(2e-3 * image_size**2))
@@ -311,9 +343,9 @@ def render_scene(scene: Scene, image_size: int, return_instances: bool = False) 
             visible.append((obj, float(cols.mean() + 0.5)))
     order = sorted(range(len(boxes)), key=lambda j: boxes[j][0][:2])
     sample = {
-        "rgb": (np.clip(rgb, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8).reshape(*shape2d, 3),
+        "rgb": (np.clip(rgb.T, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8).reshape(*shape2d, 3),
         "depth": depth.astype(np.float32),
-        "normal": (normal @ cam.rotation.T).astype(np.float32).reshape(*shape2d, 3),
+        "normal": (cam.rotation @ normal).T.astype(np.float32).reshape(*shape2d, 3),
         "semseg": class_ids[instance],
         "edge": _edges(instance * 8 + face.reshape(shape2d), depth),
         "det": format_det([boxes[j][0] for j in order], [boxes[j][1] for j in order], image_size, image_size),

@@ -1,0 +1,107 @@
+"""Reconstruction error metrics per image modality, and the trivial baseline each is compared against.
+
+Metrics compare in-memory arrays (a reconstruction vs the original), so they measure the whole round trip
+array → tokens → array. The baseline predicts one fixed image for every sample: the per-pixel mean of the
+training set (rgb; depth and normal over valid pixels) or the per-pixel majority class (semseg, edge).
+``primary`` names the error (lower is better) that :func:`~fourm_kfp.tokenizers.training.evaluate_tokenizer`
+divides by the baseline's to report ``error_ratio``.
+
+=========  ===================================================================  ==============
+modality   errors                                                               primary
+=========  ===================================================================  ==============
+rgb        ``mse`` (0..255 units), ``psnr`` (dB)                                 ``mse``
+depth      ``abs_rel``, ``rmse`` (metres) on valid pixels; ``valid_acc``           ``abs_rel``
+normal     ``angle_deg`` (mean angular error) on valid pixels; ``valid_acc``       ``angle_deg``
+semseg     ``pixel_acc``, ``miou``, ``pixel_err`` (= 1 - pixel_acc)                  ``pixel_err``
+edge       ``pixel_acc``, ``miou`` (edge / no-edge), ``pixel_err``                   ``pixel_err``
+=========  ===================================================================  ==============
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from fourm_kfp.data.modalities import CLASS_NAMES
+
+
+def rgb_errors(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
+    mse = float(np.mean((pred.astype(np.float64) - true.astype(np.float64)) ** 2))
+    return {"mse": mse, "psnr": float(10 * np.log10(255.0**2 / max(mse, 1e-10)))}
+
+
+def depth_errors(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
+    valid = true > 0
+    p, t = pred[valid].astype(np.float64), true[valid].astype(np.float64)
+    return {
+        "abs_rel": float(np.mean(np.abs(p - t) / t)),
+        "rmse": float(np.sqrt(np.mean((p - t) ** 2))),
+        "valid_acc": float(np.mean((pred > 0) == valid)),
+    }
+
+
+def normal_errors(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
+    valid = np.any(true != 0, axis=-1)
+    cosine = np.clip(np.sum(pred[valid].astype(np.float64) * true[valid], axis=-1), -1.0, 1.0)
+    return {
+        "angle_deg": float(np.degrees(np.arccos(cosine)).mean()),
+        "valid_acc": float(np.mean(np.any(pred != 0, axis=-1) == valid)),
+    }
+
+
+def _class_errors(num_classes: int) -> Callable[[np.ndarray, np.ndarray], dict[str, float]]:
+    def errors(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
+        pred, true = pred.astype(np.int64).ravel(), true.astype(np.int64).ravel()
+        confusion = np.bincount(true * num_classes + pred, minlength=num_classes**2).reshape(num_classes, -1)
+        intersection = np.diag(confusion)
+        union = confusion.sum(0) + confusion.sum(1) - intersection
+        accuracy = float(intersection.sum() / max(true.size, 1))
+        miou = float(np.mean(intersection[union > 0] / union[union > 0]))
+        return {"pixel_acc": accuracy, "miou": miou, "pixel_err": 1.0 - accuracy}
+
+    return errors
+
+
+def mean_image(train: np.ndarray) -> np.ndarray:
+    return np.round(train.astype(np.float64).mean(0)).astype(train.dtype)
+
+
+def mean_depth(train: np.ndarray) -> np.ndarray:
+    valid = train > 0
+    total, count = np.where(valid, train, 0).sum(0, dtype=np.float64), valid.sum(0)
+    fallback = train[valid].mean() if valid.any() else 0.0
+    return np.where(count > 0, total / np.maximum(count, 1), fallback).astype(np.float32)
+
+
+def mean_normal(train: np.ndarray) -> np.ndarray:
+    total = train.astype(np.float64).sum(0)
+    norm = np.linalg.norm(total, axis=-1, keepdims=True)
+    return np.where(norm > 1e-6, total / np.maximum(norm, 1e-6), (0.0, 0.0, 1.0)).astype(np.float32)
+
+
+def _majority(num_classes: int) -> Callable[[np.ndarray], np.ndarray]:
+    def baseline(train: np.ndarray) -> np.ndarray:
+        counts = np.stack([(train == c).sum(0) for c in range(num_classes)])
+        return counts.argmax(0).astype(train.dtype)
+
+    return baseline
+
+
+@dataclass(frozen=True)
+class ModalityMetrics:
+    """Error metrics of a modality, its trivial baseline (training arrays → one prediction) and primary error."""
+
+    errors: Callable[[np.ndarray, np.ndarray], dict[str, float]]
+    baseline: Callable[[np.ndarray], np.ndarray]
+    primary: str
+
+
+METRICS: dict[str, ModalityMetrics] = {
+    "rgb": ModalityMetrics(rgb_errors, mean_image, "mse"),
+    "depth": ModalityMetrics(depth_errors, mean_depth, "abs_rel"),
+    "normal": ModalityMetrics(normal_errors, mean_normal, "angle_deg"),
+    "semseg": ModalityMetrics(_class_errors(len(CLASS_NAMES)), _majority(len(CLASS_NAMES)), "pixel_err"),
+    "edge": ModalityMetrics(_class_errors(2), _majority(2), "pixel_err"),
+}

@@ -1,0 +1,183 @@
+"""Per-modality codecs between in-memory arrays (:mod:`fourm_kfp.data.modalities`) and VQ-VAE tensors.
+
+A codec says, for one image-like modality, how a batch of in-memory arrays becomes the network input
+``[B, in_channels, H, W]``, which reconstruction loss fits the decoder output ``[B, out_channels, H, W]``, and
+how that output becomes in-memory arrays again. The network input is also the reconstruction target.
+
+==========  ==============================================  ==============================================
+modality    input channels                                  output channels → arrays; loss
+==========  ==============================================  ==============================================
+rgb         3: ``(x / 255 - mean) / std`` per channel        3 → uint8 ``[H, W, 3]``; MSE + 0.5 * L1
+depth       2: normalised log-depth (0 where invalid),      2: log-depth + validity logit → metres, 0 where
+            validity                                        invalid; L1 on valid pixels + BCE on validity
+normal      3: unit vectors, zero where invalid              4: vector + validity logit → unit vectors or 0;
+                                                            (1 - cosine) on valid pixels + BCE on validity
+semseg      ``len(CLASS_NAMES)``: one-hot                    class logits → uint8 ids; cross-entropy
+edge        1: 0/1                                          1 logit → uint8 0/1; BCE with ``pos_weight``
+==========  ==============================================  ==============================================
+
+Normalisation statistics come from training data (:func:`fit_normalisation`; a few hundred images are plenty),
+are stored in :class:`~fourm_kfp.tokenizers.vqvae.VQVAEConfig` ``.norm_stats`` and hence saved with the
+tokenizer. Codecs are looked up by name in :data:`CODECS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fourm_kfp.data.modalities import CLASS_NAMES
+
+Stats = dict[str, list[float]]
+
+
+def _tensor(arrays: Any, device: torch.device | str | None) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(arrays) if not isinstance(arrays, torch.Tensor) else arrays, device=device)
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+class ImageCodec:
+    """Base class: one image-like modality's input format, loss and output format."""
+
+    name: str
+    in_channels: int
+    out_channels: int
+
+    def fit(self, arrays: np.ndarray) -> Stats:
+        """Normalisation statistics from a sample of training arrays ``[N, H, W(, C)]``."""
+        return {}
+
+    def to_input(self, arrays: Any, stats: Stats, device: torch.device | str | None = None) -> torch.Tensor:
+        """In-memory batch ``[B, H, W(, C)]`` (numpy or torch) → float input ``[B, in_channels, H, W]``."""
+        raise NotImplementedError
+
+    def loss(self, out: torch.Tensor, x: torch.Tensor, stats: Stats) -> torch.Tensor:
+        """Reconstruction loss of decoder output ``out`` for input ``x``."""
+        raise NotImplementedError
+
+    def to_arrays(self, out: torch.Tensor, stats: Stats) -> np.ndarray:
+        """Decoder output ``[B, out_channels, H, W]`` → in-memory batch (numpy, the modality's dtype)."""
+        raise NotImplementedError
+
+
+class RGBCodec(ImageCodec):
+    name, in_channels, out_channels = "rgb", 3, 3
+
+    def fit(self, arrays: np.ndarray) -> Stats:
+        pixels = np.asarray(arrays, dtype=np.float64).reshape(-1, 3) / 255.0
+        return {"mean": pixels.mean(0).tolist(), "std": np.maximum(pixels.std(0), 1e-3).tolist()}
+
+    def _mean_std(self, stats: Stats, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        return tuple(torch.tensor(stats[k], device=device).view(1, 3, 1, 1) for k in ("mean", "std"))
+
+    def to_input(self, arrays, stats, device=None):
+        x = _tensor(arrays, device).float().permute(0, 3, 1, 2) / 255.0
+        mean, std = self._mean_std(stats, x.device)
+        return (x - mean) / std
+
+    def loss(self, out, x, stats):
+        return F.mse_loss(out, x) + 0.5 * F.l1_loss(out, x)
+
+    def to_arrays(self, out, stats):
+        mean, std = self._mean_std(stats, out.device)
+        rgb = ((out.float() * std + mean) * 255.0).round().clamp(0, 255)
+        return rgb.to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+
+
+class DepthCodec(ImageCodec):
+    name, in_channels, out_channels = "depth", 2, 2
+
+    def fit(self, arrays: np.ndarray) -> Stats:
+        depth = np.asarray(arrays, dtype=np.float64)
+        logs = np.log(depth[np.isfinite(depth) & (depth > 0)])
+        if logs.size == 0:
+            raise ValueError("depth: no valid (positive) pixels to fit the normalisation on")
+        return {"log_mean": [float(logs.mean())], "log_std": [float(max(logs.std(), 1e-3))]}
+
+    def to_input(self, arrays, stats, device=None):
+        depth = _tensor(arrays, device).float()
+        valid = torch.isfinite(depth) & (depth > 0)
+        log = (torch.log(torch.where(valid, depth, 1.0)) - stats["log_mean"][0]) / stats["log_std"][0]
+        return torch.stack([torch.where(valid, log, 0.0), valid.float()], dim=1)
+
+    def loss(self, out, x, stats):
+        valid = x[:, 1]
+        return _masked_mean((out[:, 0] - x[:, 0]).abs(), valid) + F.binary_cross_entropy_with_logits(out[:, 1], valid)
+
+    def to_arrays(self, out, stats):
+        out = out.float()
+        depth = torch.exp(out[:, 0] * stats["log_std"][0] + stats["log_mean"][0])
+        return torch.where(out[:, 1] > 0, depth, 0.0).cpu().numpy().astype(np.float32)
+
+
+class NormalCodec(ImageCodec):
+    name, in_channels, out_channels = "normal", 3, 4
+
+    def to_input(self, arrays, stats, device=None):
+        return _tensor(arrays, device).float().permute(0, 3, 1, 2)
+
+    def loss(self, out, x, stats):
+        valid = (x.abs().sum(dim=1) > 0).float()
+        cosine = F.cosine_similarity(out[:, :3], x, dim=1, eps=1e-6)
+        return _masked_mean(1.0 - cosine, valid) + F.binary_cross_entropy_with_logits(out[:, 3], valid)
+
+    def to_arrays(self, out, stats):
+        out = out.float()
+        normal = F.normalize(out[:, :3], dim=1, eps=1e-6) * (out[:, 3:] > 0)
+        return normal.permute(0, 2, 3, 1).cpu().numpy().astype(np.float32)
+
+
+class SemsegCodec(ImageCodec):
+    name, in_channels, out_channels = "semseg", len(CLASS_NAMES), len(CLASS_NAMES)
+
+    def to_input(self, arrays, stats, device=None):
+        ids = _tensor(arrays, device).long().clamp(0, self.in_channels - 1)
+        return F.one_hot(ids, self.in_channels).permute(0, 3, 1, 2).float()
+
+    def loss(self, out, x, stats):
+        return F.cross_entropy(out, x.argmax(dim=1))
+
+    def to_arrays(self, out, stats):
+        return out.argmax(dim=1).to(torch.uint8).cpu().numpy()
+
+
+class EdgeCodec(ImageCodec):
+    """Edges are sparse: ``pos_weight = sqrt(negatives / positives)`` balances recall against false alarms."""
+
+    name, in_channels, out_channels = "edge", 1, 1
+
+    def fit(self, arrays: np.ndarray) -> Stats:
+        positive = float(np.clip((np.asarray(arrays) > 0).mean(), 1e-4, 0.5))
+        return {"pos_weight": [float(np.sqrt((1.0 - positive) / positive))]}
+
+    def to_input(self, arrays, stats, device=None):
+        return (_tensor(arrays, device) > 0).float().unsqueeze(1)
+
+    def loss(self, out, x, stats):
+        pos_weight = torch.tensor(stats["pos_weight"], device=out.device)
+        return F.binary_cross_entropy_with_logits(out, x, pos_weight=pos_weight)
+
+    def to_arrays(self, out, stats):
+        return (out[:, 0] > 0).to(torch.uint8).cpu().numpy()
+
+
+CODECS: dict[str, ImageCodec] = {c.name: c for c in (RGBCodec(), DepthCodec(), NormalCodec(), SemsegCodec(), EdgeCodec())}
+
+
+def get_codec(modality: str) -> ImageCodec:
+    """The codec of an image-like modality; a clear error lists the known ones."""
+    try:
+        return CODECS[modality]
+    except KeyError:
+        raise KeyError(f"no image tokenizer codec for {modality!r}; known: {', '.join(CODECS)}") from None
+
+
+def fit_normalisation(modality: str, arrays: np.ndarray) -> Stats:
+    """Normalisation statistics of ``modality`` from training arrays, for ``VQVAEConfig.norm_stats``."""
+    return get_codec(modality).fit(arrays)

