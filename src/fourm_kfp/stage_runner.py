@@ -38,12 +38,25 @@ class StageSpec:
     config_keys: tuple[str, ...]  # dotted config keys whose versioned fields address the output
     inputs: tuple[str, ...] = ()  # upstream stages whose committed outputs this stage reads
     code_version: int = 1  # bump when the stage's code changes what it writes
+    #: "module:function" mapping the config to a digest of data read from outside the pipeline (None = none);
+    #: part of the content address, so a changed source folder is not mistaken for the old one.
+    source_fingerprint: str | None = None
 
     def function(self) -> Callable[["StageContext"], "StageResult"]:
-        if callable(self.entry):
-            return self.entry
-        module, _, attr = self.entry.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return self.entry if callable(self.entry) else _import(self.entry)
+
+    def address_inputs(self, config: FourMConfig, inputs: dict[str, "StageInput"]) -> dict[str, str]:
+        """What besides the config the output's address covers: input manifests and external sources."""
+        digests = {name: item.digest for name, item in inputs.items()}
+        source = _import(self.source_fingerprint)(config) if self.source_fingerprint else None
+        if source:
+            digests["<source>"] = source
+        return digests
+
+
+def _import(entry: str) -> Callable:
+    module, _, attr = entry.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 @dataclass(frozen=True)
@@ -71,12 +84,23 @@ class StageContext:
         self.tracker.log_artifact(f"reports/{name}", data)
 
 
+@dataclass(frozen=True)
+class ExternalSource:
+    """Data a stage read from outside the pipeline (a user's image folder), recorded in its lineage."""
+
+    name: str
+    uri: str
+    digest: str
+
+
 @dataclass
 class StageResult:
-    """What a stage function returns: counts for the manifest, metrics for MLflow (and the manifest)."""
+    """What a stage function returns: counts for the manifest, metrics for MLflow (and the manifest), and the
+    external sources it read."""
 
     counts: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    sources: list[ExternalSource] = field(default_factory=list)
 
 
 @dataclass
@@ -117,8 +141,7 @@ def resolve_hash(name: str, config: FourMConfig, store_root: Store) -> str:
 
     spec = get_stage(name)
     inputs = _open_inputs(spec, config, store_root, None)
-    return output_hash(spec.name, spec.code_version, config, spec.config_keys,
-                       {n: i.digest for n, i in inputs.items()})
+    return output_hash(spec.name, spec.code_version, config, spec.config_keys, spec.address_inputs(config, inputs))
 
 
 def run_stage(spec: StageSpec, config: FourMConfig, store_root: Store, *, force: bool = False,
@@ -127,8 +150,7 @@ def run_stage(spec: StageSpec, config: FourMConfig, store_root: Store, *, force:
     """Run (or reuse) one stage; see the module docstring."""
     started = time.monotonic()
     inputs = _open_inputs(spec, config, store_root, input_uris)
-    digest = output_hash(spec.name, spec.code_version, config, spec.config_keys,
-                         {n: i.digest for n, i in inputs.items()})
+    digest = output_hash(spec.name, spec.code_version, config, spec.config_keys, spec.address_inputs(config, inputs))
     output = store_root.child(spec.name, digest)
     resolved = config_view(config, spec.config_keys, versioned_only=False)
 
@@ -147,6 +169,8 @@ def run_stage(spec: StageSpec, config: FourMConfig, store_root: Store, *, force:
             status = "ran"
             manifest, manifest_digest = _execute(spec, config, output, inputs, tracker, resolved, digest)
             tracker.set_tags({lineage.TAG_STATUS: status, lineage.TAG_REUSED: "false"})
+        for source in manifest.get("sources", []):
+            tracker.log_dataset(source["name"], source["uri"], source["digest"], context="source")
         tracker.log_dataset(spec.name, output.uri, manifest_digest, context="output")
         tracker.log_artifact(MANIFEST_NAME, manifest_bytes(manifest))
         tracker.log_metrics({**manifest.get("metrics", {}), "seconds": time.monotonic() - started})
@@ -174,6 +198,7 @@ def _execute(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[s
         "preset": config.preset,
         "config": resolved,
         "inputs": [{"name": i.name, "uri": i.uri, "manifest_digest": i.digest} for i in inputs.values()],
+        "sources": [asdict(source) for source in result.sources],
         "code": code_version(),
         "counts": result.counts,
         "metrics": result.metrics,

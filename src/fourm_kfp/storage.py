@@ -86,6 +86,10 @@ class Store:
         """All keys below ``prefix`` (recursive), sorted, relative to this store's root."""
         raise NotImplementedError
 
+    def list_sizes(self, prefix: str = "") -> list[tuple[str, int]]:
+        """``(key, size in bytes)`` of every object below ``prefix``, sorted by key."""
+        return [(key, self.size(key)) for key in self.list(prefix)]
+
     def delete_prefix(self, prefix: str = "") -> int:
         """Delete every object below ``prefix``; returns how many were deleted."""
         raise NotImplementedError
@@ -267,14 +271,17 @@ class S3Store(Store):
             response.release_conn()
 
     def list(self, prefix: str = "") -> list[str]:
+        return [key for key, _ in self.list_sizes(prefix)]
+
+    def list_sizes(self, prefix: str = "") -> list[tuple[str, int]]:
         full = self._key(prefix)
-        if full and not full.endswith("/") and prefix:
+        if full and prefix and not full.endswith("/"):
             full += "/"
         strip = len(self.prefix) + 1 if self.prefix else 0
 
-        def listing() -> list[str]:
+        def listing() -> list[tuple[str, int]]:
             objects = self.client.list_objects(self.bucket, prefix=full or None, recursive=True)
-            return sorted(obj.object_name[strip:] for obj in objects if not obj.is_dir)
+            return sorted((obj.object_name[strip:], obj.size) for obj in objects if not obj.is_dir)
 
         return self._call("list", prefix, listing)
 

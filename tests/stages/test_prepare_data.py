@@ -90,6 +90,8 @@ def test_image_folder_skips_and_counts_bad_files(tmp_path):
     assert splits["train"]["samples"] + splits["val"]["samples"] == 10
     assert splits["train"]["modalities"]["caption"] == splits["train"]["samples"]
     assert manifest["counts"]["skipped"]["total"] == 1
+    [source] = manifest["sources"]
+    assert source["uri"] == str(folder) and source["name"] == "image_folder" and len(source["digest"]) == 64
     assert not any(k.startswith("train/depth") for k in out.list())  # photos have no depth: absent, not faked
 
 
@@ -125,3 +127,15 @@ def test_killed_stage_leaves_no_manifest_and_is_redone(tmp_path):
     manifest = json.loads(open_store(outcome["output_uri"]).get_bytes(MANIFEST_NAME))
     listed = set(open_store(outcome["output_uri"]).list()) - {MANIFEST_NAME}
     assert listed == {f["key"] for f in manifest["files"]}  # nothing stale from the killed run
+
+
+def test_changed_source_folder_gets_a_new_address(tmp_path):
+    folder = tmp_path / "photos"
+    _photo_folder(folder, good=4, bad=0)
+    store = open_store(str(tmp_path / "store"), create=True)
+    config = _folder_config(folder, 0.0)
+    first = run_stage(SPEC, config, store)
+    assert run_stage(SPEC, config, store).status == "skipped"
+    Image.new("RGB", (32, 32), "red").save(folder / "new.png")
+    changed = run_stage(SPEC, config, store)
+    assert changed.status == "ran" and changed.output_uri != first.output_uri

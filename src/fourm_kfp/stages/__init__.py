@@ -16,6 +16,7 @@ STAGES: dict[str, StageSpec] = {
             name="prepare-data",
             entry="fourm_kfp.stages.prepare_data:run",
             config_keys=("data.image_size", "data.modalities", "prepare_data"),
+            source_fingerprint="fourm_kfp.stages.prepare_data:source_fingerprint",
         ),
     )
 }

@@ -27,7 +27,7 @@ from fourm_kfp.config.fourm_config import FourMConfig
 from fourm_kfp.data.dataset_report import DatasetStats, render_histograms, render_preview_grid, report_markdown
 from fourm_kfp.data.shard_writer import ShardWriter, encode_sample
 from fourm_kfp.progress import progress
-from fourm_kfp.stage_runner import StageContext, StageResult
+from fourm_kfp.stage_runner import ExternalSource, StageContext, StageResult
 from fourm_kfp.storage import open_store
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def _val_split(key: str, fraction: float) -> bool:
     return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) / 0x100000000 < fraction
 
 
-def _real(config: FourMConfig, skips) -> Iterator[tuple[str, str, dict[str, Any], dict[str, bytes]]]:
+def _real(config: FourMConfig, skips, listing) -> Iterator[tuple[str, str, dict[str, Any], dict[str, bytes]]]:
     from fourm_kfp.data.ingest import iter_image_folder, iter_webdataset
 
     cfg = config.prepare_data
@@ -69,12 +69,27 @@ def _real(config: FourMConfig, skips) -> Iterator[tuple[str, str, dict[str, Any]
     else:
         items = iter_webdataset(source, config.data.image_size, cfg.min_image_side)
     for item in items:
+        listing.update(f"{item.origin}\n".encode())
         if item.skipped is not None:
             skips.add(item.skipped)
             continue
         sample = {m: v for m, v in item.sample.items() if m in config.data.modalities}
         split = "val" if _val_split(item.key, cfg.val_fraction) else "train"
         yield split, item.key, sample, encode_sample(sample, config.data.modalities)
+
+
+def source_fingerprint(config: FourMConfig) -> str | None:
+    """Digest of a real-data source's listing (keys and sizes, plus the captions file): a changed folder gets a
+    new output address. Synthetic data is fully described by the config."""
+    cfg = config.prepare_data
+    if cfg.source == "synthetic":
+        return None
+    digest = hashlib.sha256()
+    for key, size in open_store(cfg.source_uri).list_sizes():
+        digest.update(f"{key}\t{size}\n".encode())
+    if cfg.captions_file:
+        digest.update(f"captions {cfg.captions_file}\n".encode())
+    return "sha256:" + digest.hexdigest()
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -99,8 +114,8 @@ def run(ctx: StageContext) -> StageResult:
     else:
         from fourm_kfp.data.ingest import SkipCounter
 
-        skips = SkipCounter()
-        for split, key, sample, encoded in progress(_real(config, skips), None, "prepare-data", "images"):
+        skips, listing = SkipCounter(), hashlib.sha256()
+        for split, key, sample, encoded in progress(_real(config, skips, listing), None, "prepare-data", "images"):
             consume(split, key, sample, encoded)
         seen = sum(w.samples for w in writers.values()) + skips.total
         stats.add_skipped(skips.as_dict()["by_reason"])
@@ -122,7 +137,8 @@ def run(ctx: StageContext) -> StageResult:
         "samples_per_second": total / max(seconds, 1e-9),
     }
     counts = {"splits": shards, "skipped": skips.as_dict() if skips else {"total": 0}}
-    return StageResult(counts=counts, metrics=metrics)
+    sources = [] if skips is None else [ExternalSource(cfg.source, cfg.source_uri, listing.hexdigest())]
+    return StageResult(counts=counts, metrics=metrics, sources=sources)
 
 
 def _write_reports(ctx: StageContext, report: dict[str, Any], preview: list[dict[str, Any]]) -> None:
