@@ -50,8 +50,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenes", type=int, default=300)
     parser.add_argument("--image-size", type=int, default=64)
-    parser.add_argument("--samples-per-shard", type=int, default=100)
-    parser.add_argument("--repeat-writes", type=int, default=10, help="write the rendered set this many times")
+    parser.add_argument("--samples-per-shard", type=int, default=1000)
+    parser.add_argument("--repeat-writes", type=int, default=20, help="write the rendered set this many times")
     parser.add_argument("--output", help="also write the JSON here")
     args = parser.parse_args()
 

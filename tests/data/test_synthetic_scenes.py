@@ -128,7 +128,7 @@ def test_ground_and_sky_pixels_are_exact():
     for scene in [SCENE] + [sample_scene(np.random.default_rng([5, i])) for i in range(5)]:
         sample = render_scene(scene, 48)
         ground, sky = sample["semseg"] == 1, sample["semseg"] == 0
-        assert ground.any() and sky.any()
+        assert ground.any() and (sky.any() or scene is not SCENE)  # a close camera may not see the horizon
         assert np.abs(_world_points(scene, sample["depth"])[ground][:, 1]).max() < 1e-3
         assert np.abs(sample["normal"][ground] - scene.camera.rotation @ UP).max() < 1e-5
         assert np.all(sample["depth"][sky] == 0) and np.all(sample["normal"][sky] == 0)

@@ -13,6 +13,8 @@ NumPy (one ray through each pixel centre, no antialiasing) to the modalities of 
 * ``det`` — the tight pixel box of every visible object, left to right; ``caption`` — one sentence about them.
 
 :func:`synthetic_sample` is the deterministic entry point: ``(seed, index, image_size)`` fixes every output bit.
+A change to what this module renders must bump prepare-data's ``code_version`` (``fourm_kfp/stages``), so committed
+datasets of the old renderer are not reused as if they were new ones.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ class Scene:
 def sample_scene(rng: np.random.Generator) -> Scene:
     """A random scene: 1–4 non-interpenetrating objects on the ground, each bounding box inside the view."""
     azimuth = rng.uniform(0.0, 2.0 * np.pi)
-    distance, height = rng.uniform(5.5, 8.0), rng.uniform(2.0, 3.5)
+    distance, height = rng.uniform(3.8, 5.5), rng.uniform(1.8, 3.0)
     look_at = np.array([rng.uniform(-0.3, 0.3), 0.4, rng.uniform(-0.3, 0.3)])
     position = look_at * [1, 0, 1] + [distance * np.sin(azimuth), height, distance * np.cos(azimuth)]
     camera = Camera(position, look_at, float(rng.uniform(45.0, 55.0)))
@@ -122,7 +124,7 @@ def sample_scene(rng: np.random.Generator) -> Scene:
         obj_height = 2.0 * radius if shape in ("sphere", "cube") else radius * rng.uniform(1.6, 3.0)
         yaw = float(rng.uniform(0.0, np.pi / 2.0)) if shape == "cube" else 0.0
         for _attempt in range(50):  # rejection sampling of the position; the object is dropped if none fits
-            xz = look_at[[0, 2]] + rng.uniform(-2.5, 2.5, size=2)
+            xz = look_at[[0, 2]] + rng.uniform(-1.8, 1.8, size=2)
             obj = SceneObject(str(shape), str(color), str(size), np.array([xz[0], obj_height / 2, xz[1]]),
                               radius, float(obj_height), yaw)
             cam = camera.world_to_camera(obj.center + corners * [obj.footprint, obj_height / 2, obj.footprint])
