@@ -11,6 +11,7 @@ from kfp import dsl, kubernetes
 
 from fourm_kfp.components.lineage import close_lineage_run, open_lineage_run
 from fourm_kfp.components.prepare_data import prepare_data
+from fourm_kfp.components.train_tokenizers import train_tokenizers
 
 PIPELINE_NAME = "fourm-pretrain"
 #: Kubernetes Secret holding the S3 credentials (manifests/base); never a pipeline parameter.
@@ -39,6 +40,7 @@ def fourm_pretrain(
     run_label: str = "",
     mlflow_parent_run_id: str = "",
     prepare_data_force: bool = False,
+    train_tokenizers_force: bool = False,
 ):
     """Pre-train a 4M-style model.
 
@@ -54,6 +56,7 @@ def fourm_pretrain(
         mlflow_parent_run_id: An MLflow run opened by whoever launched this run (``fourm-kfp run``, CI), which
             then also closes it; default empty = the pipeline opens and closes its own parent run.
         prepare_data_force: Recompute prepare-data even if its output is committed; default false.
+        train_tokenizers_force: Recompute train-tokenizers even if its output is committed; default false.
     """
     closer = _with_cluster_env(close_lineage_run(run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                                                  mlflow_tracking_uri=mlflow_tracking_uri,
@@ -70,3 +73,8 @@ def fourm_pretrain(
         data = _with_cluster_env(prepare_data(force=prepare_data_force, **shared))
         data.set_display_name("prepare-data")
         data.set_cpu_limit("8").set_memory_limit("16Gi")
+        tokenizers = _with_cluster_env(train_tokenizers(force=train_tokenizers_force,
+                                                        data_uri=data.outputs["output_uri"], **shared))
+        tokenizers.set_display_name("train-tokenizers")
+        tokenizers.set_cpu_limit("8").set_memory_limit("32Gi").set_accelerator_type("nvidia.com/gpu")
+        tokenizers.set_accelerator_limit(1)

@@ -74,7 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
-    from fourm_kfp import lineage
+    from fourm_kfp import distributed, lineage
     from fourm_kfp.config.loader import load_config
     from fourm_kfp.config.schema import ConfigError
     from fourm_kfp.kfp_runtime import setup_logging
@@ -84,6 +84,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from fourm_kfp.storage import open_store
 
     setup_logging()
+    distributed.init_from_env()  # under torchrun: every rank runs the stage, rank 0 commits
     inputs = {}
     for item in args.input:
         name, sep, uri = item.partition("=")
@@ -97,7 +98,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
                         tracking_uri=lineage.resolve_tracking_uri(args.mlflow_tracking_uri, root),
                         parent_run_id=args.parent_run_id or None)
     text = json.dumps(outcome.to_dict(), indent=2)
-    if args.json:
+    if args.json and distributed.is_primary():
         Path(args.json).write_text(text + "\n")
     print(text)
     return 0

@@ -15,6 +15,7 @@ import sys
 from fourm_kfp import lineage
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import to_dict
+from fourm_kfp.manifest import MANIFEST_NAME
 from fourm_kfp.stage_runner import StageOutcome, run_stage
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
@@ -75,8 +76,10 @@ def close_lineage_step(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str
 
 def run_stage_component(stage: str, preset: str, config_overrides: str, store_uri: str, s3_endpoint: str,
                         mlflow_tracking_uri: str, parent_run_id: str, force: bool,
-                        input_uris: dict[str, str] | None = None, report_path: str | None = None) -> StageOutcome:
-    """Run one stage as a pipeline step; optionally copy its Markdown report to a KFP output artifact."""
+                        input_uris: dict[str, str] | None = None, report_path: str | None = None,
+                        metrics=None) -> StageOutcome:
+    """Run one stage as a pipeline step; its Markdown report and metrics also become KFP output artifacts
+    (``report_path``: a Markdown artifact's path; ``metrics``: a ``dsl.Metrics`` artifact), which the UI shows."""
     setup_logging()
     _apply_endpoint(s3_endpoint)
     config = load_config(preset, overrides=parse_overrides(config_overrides))
@@ -88,5 +91,9 @@ def run_stage_component(stage: str, preset: str, config_overrides: str, store_ur
         text = "\n\n".join(open_store(outcome.output_uri).get_text(k) for k in reports) or f"# {stage}\n"
         with open(report_path, "w") as fh:
             fh.write(text)
+    if metrics is not None:
+        manifest = json.loads(open_store(outcome.output_uri).get_bytes(MANIFEST_NAME))
+        for name, value in sorted(manifest.get("metrics", {}).items()):
+            metrics.log_metric(name, float(value))
     print(json.dumps(outcome.to_dict()), flush=True)
     return outcome

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from fourm_kfp import lineage
+from fourm_kfp import distributed, lineage
 from fourm_kfp.config.fourm_config import FourMConfig
 from fourm_kfp.content_address import config_view, output_hash
 from fourm_kfp.manifest import (MANIFEST_NAME, RecordingStore, code_version, commit_manifest, manifest_bytes,
@@ -77,6 +77,11 @@ class StageContext:
     output: RecordingStore
     inputs: dict[str, StageInput]
     tracker: lineage.Tracker
+
+    @property
+    def is_primary(self) -> bool:
+        """Whether this process writes the shared output (rank 0, or the only process)."""
+        return distributed.is_primary()
 
     def write_report(self, name: str, data: bytes) -> None:
         """Store a report file with the output (``reports/<name>``) and attach it to the stage's MLflow run."""
@@ -147,8 +152,14 @@ def resolve_hash(name: str, config: FourMConfig, store_root: Store) -> str:
 def run_stage(spec: StageSpec, config: FourMConfig, store_root: Store, *, force: bool = False,
               input_uris: dict[str, str] | None = None, tracking_uri: str | None = None,
               parent_run_id: str | None = None) -> StageOutcome:
-    """Run (or reuse) one stage; see the module docstring."""
+    """Run (or reuse) one stage; see the module docstring.
+
+    Under torchrun every rank calls this: all ranks run the stage function, rank 0 alone clears, commits and
+    records lineage, and barriers keep the ranks in step.
+    """
     started = time.monotonic()
+    if not distributed.is_primary():
+        tracking_uri = None
     inputs = _open_inputs(spec, config, store_root, input_uris)
     digest = output_hash(spec.name, spec.code_version, config, spec.config_keys, spec.address_inputs(config, inputs))
     output = store_root.child(spec.name, digest)
@@ -181,14 +192,20 @@ def run_stage(spec: StageSpec, config: FourMConfig, store_root: Store, *, force:
 
 def _execute(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[str, StageInput],
              tracker: lineage.Tracker, resolved: dict[str, Any], digest: str) -> tuple[dict[str, Any], str]:
-    stale = output.delete_prefix()
+    primary = distributed.is_primary()
+    stale = output.delete_prefix() if primary else 0
     if stale:
         log.warning("%s: cleared %d objects left by an unfinished or forced run at %s", spec.name, stale, output.uri)
+    distributed.barrier()
     recording = RecordingStore(output)
     ctx = StageContext(spec.name, config, recording, inputs, tracker)
     started_at, started = _now(), time.monotonic()
     result = spec.function()(ctx)
     seconds = time.monotonic() - started
+    distributed.barrier()
+    if not primary:
+        distributed.barrier()  # rank 0 commits meanwhile
+        return require_manifest(output, f"output of {spec.name}")
     files = sorted(recording.records.values(), key=lambda r: r.key)
     manifest = {
         "stage": spec.name,
@@ -208,6 +225,7 @@ def _execute(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[s
         "mlflow_run_id": tracker.run_id,
     }
     manifest_digest = commit_manifest(output, manifest)
+    distributed.barrier()
     log.info("%s: committed %s (%d files, %d bytes, %.1fs)", spec.name, output.uri_of(MANIFEST_NAME),
              len(files), manifest["bytes_total"], seconds)
     return manifest, manifest_digest

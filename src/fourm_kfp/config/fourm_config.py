@@ -7,7 +7,8 @@ On disk a config set is a folder (a preset under ``fourm_kfp/configs/<preset>/``
 * ``data.yaml`` — what the dataset is (image size, modalities, input and target modalities); its ``alphas:`` key
   names the alphas config file;
 * ``alphas.yaml`` — the Dirichlet mixture that splits token budgets across modalities;
-* ``prepare_data.yaml`` — how the ``prepare-data`` stage makes the dataset.
+* ``prepare_data.yaml`` — how the ``prepare-data`` stage makes the dataset;
+* ``train_tokenizers.yaml`` — the tokenizers the ``train-tokenizers`` stage trains.
 
 Each file's top-level mapping is one *section* of :class:`FourMConfig`; dotted overrides address a section first
 (``data.image_size=96``, ``train.model.dim=256``). Every field documents itself (``fourm-kfp config --describe``).
@@ -16,7 +17,7 @@ Each file's top-level mapping is one *section* of :class:`FourMConfig`; dotted o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from fourm_kfp.config.schema import option
 from fourm_kfp.data.modalities import MODALITIES
@@ -149,12 +150,69 @@ class PrepareDataConfig:
             raise ValueError(f"source_uri is required when source is {self.source!r}")
 
 
+@dataclass(frozen=True)
+class ImageTokenizerConfig:
+    """One VQ-VAE: its network, codebook and training schedule."""
+
+    architecture: Literal["conv", "vit"] = option("conv", "conv (small, CPU presets) or vit (ViT-B style, 4m-b)")
+    patch_size: int = option(8, "pixels per token side: the token grid is image_size / patch_size", min=1)
+    hidden_dim: int = option(64, "conv: channels at token resolution; vit: width", min=8)
+    depth: int = option(2, "conv: residual blocks at token resolution; vit: blocks per encoder/decoder", min=1)
+    heads: int = option(4, "vit attention heads", min=1)
+    codebook_size: int = option(512, "codes in the codebook (the modality's vocabulary)", min=2)
+    code_dim: int = option(32, "dimension of the L2-normalised lookup space", min=2)
+    ema_decay: float = option(0.99, "EMA decay of the codebook statistics", min=0.0, max=1.0)
+    beta: float = option(0.25, "commitment loss weight", min=0.0)
+    steps: int = option(300, "optimizer steps", min=1)
+    batch_size: int = option(32, "images per step (per process)", min=1)
+    lr: float = option(1e-3, "peak learning rate (AdamW, warmup then cosine)", min=0.0)
+    warmup_steps: int = option(20, "linear warmup steps", min=0)
+
+
+@dataclass(frozen=True)
+class TrainTokenizersConfig:
+    """The train-tokenizers stage: a VQ-VAE per image modality and one WordPiece tokenizer for text."""
+
+    image_modalities: tuple[str, ...] = option(("rgb", "depth", "normal", "semseg", "edge"),
+                                               "image modalities to tokenize (those the data lacks are skipped)")
+    image: ImageTokenizerConfig = option(ImageTokenizerConfig(), "VQ-VAE settings shared by every modality")
+    per_modality: dict[str, dict[str, Any]] = option({}, "per-modality overrides of `image`, e.g. {semseg: {steps: 400}}")
+    max_train_images: int = option(0, "train images per modality (0 = all)", min=0)
+    max_val_images: int = option(256, "val images per modality for the report (0 = all)", min=0)
+    text_modalities: tuple[str, ...] = option(("caption", "det"), "sequence modalities the text tokenizer learns")
+    text_vocab_size: int = option(2000, "WordPiece vocabulary size (coordinate tokens come on top)", min=16)
+    num_sentinels: int = option(100, "span-masking sentinel tokens [S_0]..[S_n-1]", min=1)
+    seed: int = option(0, "training seed")
+    recon_samples: int = option(6, "samples in the reconstruction grid", versioned=False, min=1, max=32)
+
+    def __post_init__(self) -> None:
+        from fourm_kfp.data.modalities import IMAGE_MODALITIES, SEQUENCE_MODALITIES
+
+        _check_modalities(self.image_modalities + self.text_modalities, "train_tokenizers")
+        wrong = [m for m in self.image_modalities if m not in IMAGE_MODALITIES]
+        wrong += [m for m in self.text_modalities if m not in SEQUENCE_MODALITIES]
+        if wrong:
+            raise ValueError(f"image_modalities must be image modalities and text_modalities sequence ones: {wrong}")
+        for modality in self.per_modality:
+            self.image_config(modality)  # validate the overrides now, at load time
+
+    def image_config(self, modality: str) -> ImageTokenizerConfig:
+        """The shared ``image`` settings with ``per_modality[modality]`` applied."""
+        from fourm_kfp.config.schema import from_dict, to_dict
+
+        if modality not in self.image_modalities:
+            raise ValueError(f"per_modality names {modality!r}, which image_modalities does not list")
+        merged = {**to_dict(self.image), **self.per_modality.get(modality, {})}
+        return from_dict(ImageTokenizerConfig, merged, f"per_modality.{modality}")
+
+
 #: Config sections in load order (train links data, data links alphas): name -> dataclass.
 SECTIONS: dict[str, type] = {
     "train": TrainConfig,
     "data": DataConfig,
     "alphas": AlphasConfig,
     "prepare_data": PrepareDataConfig,
+    "train_tokenizers": TrainTokenizersConfig,
 }
 
 
@@ -167,6 +225,7 @@ class FourMConfig:
     data: DataConfig
     alphas: AlphasConfig
     prepare_data: PrepareDataConfig
+    train_tokenizers: TrainTokenizersConfig
 
     def __post_init__(self) -> None:
         for component in self.alphas.mixture:

@@ -19,7 +19,8 @@ from fourm_kfp.config.schema import ConfigError, from_dict
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
 #: The file each section is read from when no link names another.
-DEFAULT_FILES = {"train": "train.yaml", "prepare_data": "prepare_data.yaml"}
+DEFAULT_FILES = {"train": "train.yaml", "prepare_data": "prepare_data.yaml",
+                 "train_tokenizers": "train_tokenizers.yaml"}
 #: Linked sections: section -> (section holding the link, link key).
 LINKS = {"data": ("train", "data"), "alphas": ("data", "alphas")}
 

@@ -19,6 +19,12 @@ STAGES: dict[str, StageSpec] = {
             source_fingerprint="fourm_kfp.stages.prepare_data:source_fingerprint",
             code_version=2,  # 2: closer camera in the synthetic scenes (objects ~12% of pixels, was ~6%)
         ),
+        StageSpec(
+            name="train-tokenizers",
+            entry="fourm_kfp.stages.train_tokenizers:run",
+            config_keys=("data.image_size", "train_tokenizers"),
+            inputs=("prepare-data",),
+        ),
     )
 }
 

@@ -1,0 +1,55 @@
+"""``torch.distributed`` with torchrun semantics: join the process group the environment describes.
+
+torchrun, a PyTorchJob and torchx all set ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; with
+``WORLD_SIZE > 1`` :func:`init_from_env` joins the group (NCCL on GPUs, gloo on CPU). Stages ask
+:func:`is_primary` before writing shared outputs. Nothing here imports torch unless a group is in use, so CPU-only
+stages stay light.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def init_from_env() -> bool:
+    """Join the process group if the environment describes one; returns whether this is a distributed run."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
+    return True
+
+
+def _dist():
+    if "torch.distributed" not in sys.modules:
+        return None
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def rank() -> int:
+    dist = _dist()
+    return dist.get_rank() if dist else 0
+
+
+def world_size() -> int:
+    dist = _dist()
+    return dist.get_world_size() if dist else 1
+
+
+def is_primary() -> bool:
+    return rank() == 0
+
+
+def barrier() -> None:
+    dist = _dist()
+    if dist:
+        dist.barrier()

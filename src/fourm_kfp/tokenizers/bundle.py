@@ -1,0 +1,62 @@
+"""A committed train-tokenizers output, loaded back from its URI alone.
+
+Layout under the stage's output prefix::
+
+    tokenizers.json                       index: modalities, token grids, vocabulary sizes, special token ids
+    image/<modality>/config.json          VQ-VAE config with normalisation statistics
+    image/<modality>/model.safetensors    weights (no pickles)
+    text/tokenizer.json                   the WordPiece tokenizer's own JSON
+
+:func:`load_tokenizers` rebuilds every tokenizer from that URI (local or S3); later stages use
+``bundle.image["rgb"].encode(images)`` and ``bundle.text.encode(text).ids``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from fourm_kfp.manifest import require_manifest
+from fourm_kfp.storage import Store, open_store
+from fourm_kfp.tokenizers.saved_tokenizer import CONFIG_FILE, WEIGHTS_FILE, load_image_tokenizer
+from fourm_kfp.tokenizers.text_tokenizer import load_text_tokenizer
+from fourm_kfp.tokenizers.vqvae import VQVAE
+
+INDEX_FILE = "tokenizers.json"
+TEXT_FILE = "text/tokenizer.json"
+
+
+@dataclass
+class TokenizerBundle:
+    uri: str
+    index: dict[str, Any]
+    image: dict[str, VQVAE]
+    text: Tokenizer | None
+
+
+def image_key(modality: str, name: str) -> str:
+    return f"image/{modality}/{name}"
+
+
+def load_tokenizers(uri: str | Store, device: str = "cpu") -> TokenizerBundle:
+    """Every tokenizer of a committed train-tokenizers output, in eval mode on ``device``."""
+    store = open_store(uri) if isinstance(uri, str) else uri
+    require_manifest(store, "tokenizers")
+    index = json.loads(store.get_bytes(INDEX_FILE))
+    image = {}
+    with tempfile.TemporaryDirectory(prefix="fourm-tokenizers-") as tmp:
+        for modality in index["image"]:
+            folder = Path(tmp) / modality
+            for name in (CONFIG_FILE, WEIGHTS_FILE):
+                store.get_file(image_key(modality, name), folder / name)
+            image[modality] = load_image_tokenizer(folder, device=device)
+        text = None
+        if index.get("text"):
+            store.get_file(TEXT_FILE, Path(tmp) / "tokenizer.json")
+            text = load_text_tokenizer(Path(tmp) / "tokenizer.json")
+    return TokenizerBundle(store.uri, index, image, text)
