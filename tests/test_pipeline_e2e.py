@@ -16,6 +16,7 @@ import pytest
 
 from fourm_kfp import lineage
 from fourm_kfp.storage import open_store
+from fourm_kfp.tokenizers.bundle import load_tokenizers
 
 pytestmark = pytest.mark.slow
 CLI = str(Path(sys.executable).parent / "fourm-kfp")
@@ -31,20 +32,30 @@ def _run(root: Path, *extra: str, env: dict | None = None) -> tuple[dict, float]
     return json.loads(summary_path.read_text()), seconds
 
 
+STAGES = ["prepare-data", "train-tokenizers"]
+REPORTS = {"prepare-data": {"reports/preview.png", "reports/dataset_report.json"},
+           "train-tokenizers": {"reports/reconstructions.png", "reports/tokenizer_report.md"}}
+
+
 def _check_mlflow(summary: dict, stage_status: str) -> None:
     tracking = summary["mlflow"]["tracking_uri"]
-    parent = lineage._client(tracking).get_run(summary["mlflow"]["parent_run_id"])
-    assert parent.info.status == "FINISHED"  # closed by the pipeline's exit handler
+    client = lineage._client(tracking)
+    parent = client.get_run(summary["mlflow"]["parent_run_id"])
+    assert parent.info.status == "FINISHED"
     assert parent.data.params["preset"] == "smoke"
-    [child] = lineage.child_runs(tracking, parent.info.run_id)
-    assert child.data.tags["fourm.stage"] == "prepare-data"
-    assert child.data.tags["fourm.status"] == stage_status
-    assert child.data.params["data.image_size"] == "64"
-    outputs = [d for d in child.inputs.dataset_inputs if d.tags[0].value == "output"]
-    assert outputs and outputs[0].dataset.digest
-    produced_by = child.info.run_id if stage_status == "ran" else child.data.tags["fourm.produced_by"]
-    artifacts = {a.path for a in lineage._client(tracking).list_artifacts(produced_by, "reports")}
-    assert {"reports/preview.png", "reports/dataset_report.json"} <= artifacts
+    children = lineage.child_runs(tracking, parent.info.run_id)
+    assert [c.data.tags["fourm.stage"] for c in children] == STAGES
+    data_run, tokenizer_run = children
+    for child in children:
+        assert child.data.tags["fourm.status"] == stage_status
+        assert child.data.params["data.image_size"] == "64"
+        outputs = [d for d in child.inputs.dataset_inputs if d.tags[0].value == "output"]
+        assert outputs and outputs[0].dataset.digest
+        produced_by = child.info.run_id if stage_status == "ran" else child.data.tags["fourm.produced_by"]
+        assert REPORTS[child.data.tags["fourm.stage"]] <= {a.path for a in client.list_artifacts(produced_by, "reports")}
+    # The tokenizer run names the dataset it read, by URI and manifest digest.
+    [data_input] = [d for d in tokenizer_run.inputs.dataset_inputs if d.tags[0].value == "input"]
+    assert data_run.data.tags["fourm.output_uri"] in data_input.dataset.source
 
 
 def _check_output(uri: str) -> None:
@@ -61,34 +72,41 @@ def _check_output(uri: str) -> None:
 
 def test_smoke_pipeline_local_then_skipped(tmp_path):
     first, _ = _run(tmp_path)
-    assert [s["name"] for s in first["stages"]] == ["prepare-data"]
-    assert first["stages"][0]["status"] == "ran"
+    assert [s["name"] for s in first["stages"]] == STAGES
+    assert [s["status"] for s in first["stages"]] == ["ran", "ran"]
     assert first["stages"][0]["output_uri"].startswith(str(tmp_path / "prepare-data"))
+    assert first["stages"][1]["output_uri"].startswith(str(tmp_path / "train-tokenizers"))
     assert (tmp_path / "mlflow.db").exists()
     _check_output(first["stages"][0]["output_uri"])
     _check_mlflow(first, "ran")
 
     second, seconds = _run(tmp_path)
-    assert second["stages"][0]["status"] == "skipped"
-    assert second["stages"][0]["output_uri"] == first["stages"][0]["output_uri"]
+    assert [s["status"] for s in second["stages"]] == ["skipped", "skipped"]
+    assert [s["output_uri"] for s in second["stages"]] == [s["output_uri"] for s in first["stages"]]
     assert second["mlflow"]["parent_run_id"] != first["mlflow"]["parent_run_id"]
     _check_mlflow(second, "skipped")
     assert seconds < 60, f"a fully reused run took {seconds:.1f}s"
+
+    forced, _ = _run(tmp_path, "--force", "train-tokenizers")
+    assert [s["status"] for s in forced["stages"]] == ["skipped", "ran"]
 
 
 def test_smoke_pipeline_on_s3(tmp_path, s3_env):
     bucket = f"e2e-{time.monotonic_ns()}"
     store = f"s3://{bucket}/runs"
     first, _ = _run(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint)
-    [stage] = first["stages"]
+    stage, tokenizers = first["stages"]
     assert stage["status"] == "ran" and stage["output_uri"].startswith(f"{store}/prepare-data/")
+    assert tokenizers["status"] == "ran" and tokenizers["output_uri"].startswith(f"{store}/train-tokenizers/")
+    assert sorted(load_tokenizers(tokenizers["output_uri"]).image) == ["depth", "edge", "normal", "rgb", "semseg"]
     _check_output(stage["output_uri"])
     # The objects really are in the bucket on the server's disk.
     on_disk = s3_env.data_dir / bucket / stage["output_uri"].removeprefix(f"s3://{bucket}/")
     assert (on_disk / "_MANIFEST.json").is_file() and (on_disk / "train/rgb/shard-000000.tar").is_file()
 
     second, _ = _run(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint)
-    assert second["stages"][0]["status"] == "skipped"
+    assert [s["status"] for s in second["stages"]] == ["skipped", "skipped"]
+
 
 
 def test_bad_config_fails_before_kfp_with_a_clear_message(tmp_path):

@@ -1,0 +1,118 @@
+"""The train-tokenizers stage on smoke data: the bundle loads back from its URI alone, DDP under torchrun,
+modalities the data lacks are skipped, and the stage reruns on its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fourm_kfp.config.loader import load_config
+from fourm_kfp.data.shard_reader import load_image_modality, load_texts
+from fourm_kfp.manifest import MANIFEST_NAME
+from fourm_kfp.stage_runner import run_stage
+from fourm_kfp.stages import get_stage
+from fourm_kfp.storage import open_store
+from fourm_kfp.tokenizers.bundle import load_tokenizers
+
+BIN = Path(sys.executable).parent
+IMAGE_MODALITIES = ["rgb", "depth", "normal", "semseg", "edge"]
+
+
+@pytest.fixture(scope="module")
+def smoke_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tok")
+    store = open_store(str(root), create=True)
+    data = run_stage(get_stage("prepare-data"), load_config("smoke"), store)
+    return root, store, data.output_uri
+
+
+def test_bundle_loads_from_its_uri_and_tokenizes_every_modality(smoke_data):
+    _, store, data_uri = smoke_data
+    outcome = run_stage(get_stage("train-tokenizers"), load_config("smoke"), store)
+    bundle = load_tokenizers(outcome.output_uri)
+    assert sorted(bundle.image) == sorted(IMAGE_MODALITIES)
+    data = open_store(data_uri)
+    for modality in IMAGE_MODALITIES:
+        images = load_image_modality(data, "val", modality, limit=3)
+        tokens = bundle.image[modality].encode(images)
+        assert tokens.dtype == torch.long and tuple(tokens.shape) == (3, 8, 8)
+        assert int(tokens.max()) < bundle.index["image"][modality]["codebook_size"]
+        decoded = bundle.image[modality].decode(tokens)
+        assert decoded.shape == images.shape and decoded.dtype == images.dtype
+        assert torch.equal(load_tokenizers(outcome.output_uri).image[modality].encode(images), tokens)
+
+    ids = bundle.text.encode(load_texts(data, "val", ["det"])[0]).ids
+    specials = bundle.index["text"]["special_tokens"]
+    assert specials["[PAD]"] == 0 and bundle.text.token_to_id("[S_0]") is not None
+    assert bundle.text.token_to_id("v0=123") is not None and bundle.text.id_to_token(ids[0]).startswith("v0=")
+
+    manifest = json.loads(open_store(outcome.output_uri).get_bytes(MANIFEST_NAME))
+    for modality in IMAGE_MODALITIES:
+        assert 0 < manifest["metrics"][f"{modality}.codebook_usage"] <= 1
+        assert manifest["metrics"][f"{modality}.error_ratio"] > 0
+    report = open_store(outcome.output_uri).get_text("reports/tokenizer_report.md")
+    assert "| semseg | pixel_err |" in report and "## Targets" in report
+    assert open_store(outcome.output_uri).exists("reports/reconstructions.png")
+
+
+def test_modalities_the_data_lacks_are_skipped(smoke_data):
+    _, store, _ = smoke_data
+    config = load_config("smoke", overrides=["train_tokenizers.image_modalities=[rgb,semseg]",
+                                              "train_tokenizers.text_modalities=[caption]"])
+    outcome = run_stage(get_stage("train-tokenizers"), config, store)
+    bundle = load_tokenizers(outcome.output_uri)
+    assert sorted(bundle.image) == ["rgb", "semseg"]
+    assert bundle.index["text"]["modalities"] == ["caption"]
+
+
+@pytest.mark.slow
+def test_two_process_torchrun_training(smoke_data):
+    root, _, _ = smoke_data
+    out = root / "ddp.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "fourm_kfp.cli", "stage",
+         "train-tokenizers", "--preset", "smoke", "--root", str(root), "--set", "train_tokenizers.seed=7",
+         "--mlflow-tracking-uri", "none", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    outcome = json.loads(out.read_text())
+    assert outcome["status"] == "ran"
+    bundle = load_tokenizers(outcome["output_uri"])
+    assert sorted(bundle.image) == sorted(IMAGE_MODALITIES)
+    # Both ranks trained: rank 1's batches came from its own stream, so the DDP run differs from one process.
+    single = run_stage(get_stage("train-tokenizers"), load_config("smoke", overrides=["train_tokenizers.seed=7"]),
+                       open_store(str(root / "single"), create=True),
+                       input_uris={"prepare-data": smoke_data[2]})
+    ddp_rgb = bundle.image["rgb"].state_dict()
+    single_rgb = load_tokenizers(single.output_uri).image["rgb"].state_dict()
+    assert any(not torch.equal(ddp_rgb[k], single_rgb[k]) for k in ddp_rgb if ddp_rgb[k].is_floating_point())
+    assert "committed" in proc.stderr and proc.stderr.count("train-tokenizers: committed") == 1
+
+
+def test_stage_cli_reruns_only_that_stage(smoke_data):
+    root, _, _ = smoke_data
+    args = [str(BIN / "fourm-kfp"), "stage", "train-tokenizers", "--preset", "smoke", "--root", str(root),
+            "--mlflow-tracking-uri", "none"]
+    first = subprocess.run(args + ["--json", str(root / "a.json")], capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads((root / "a.json").read_text())["status"] in ("ran", "skipped")
+    again = subprocess.run(args + ["--json", str(root / "b.json")], capture_output=True, text=True)
+    assert json.loads((root / "b.json").read_text())["status"] == "skipped"
+    forced = subprocess.run(args + ["--force", "--json", str(root / "c.json")], capture_output=True, text=True)
+    assert forced.returncode == 0 and json.loads((root / "c.json").read_text())["status"] == "ran"
+    assert "prepare-data: committed" not in forced.stderr  # the upstream stage was found, not redone
+
+
+def test_missing_upstream_output_is_a_clear_error(tmp_path):
+    proc = subprocess.run([str(BIN / "fourm-kfp"), "stage", "train-tokenizers", "--preset", "smoke", "--root",
+                           str(tmp_path), "--mlflow-tracking-uri", "none"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "input 'prepare-data' of stage 'train-tokenizers'" in proc.stderr and "_MANIFEST.json" in proc.stderr
