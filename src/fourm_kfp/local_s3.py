@@ -60,7 +60,8 @@ def serve_s3(data_dir: str | Path, access_key: str, secret_key: str, timeout_s: 
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     proc.kill()
-                    raise RuntimeError(f"rclone serve s3 did not start: {proc.stderr.read().decode()[-2000:]}")
+                    raise RuntimeError(
+                        f"rclone serve s3 did not start: {proc.stderr.read().decode()[-2000:]}") from None
                 time.sleep(0.05)
         yield LocalS3(f"http://127.0.0.1:{port}", access_key, secret_key, Path(data_dir))
     finally:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO
 
 from fourm_kfp import __version__
 from fourm_kfp.storage import Store, StorageError

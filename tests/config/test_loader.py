@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pytest
@@ -31,7 +32,7 @@ def test_overrides_beat_files_and_are_typed():
 
 def test_config_is_frozen_and_round_trips_to_plain_data():
     config = load_config("smoke")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         config.data.image_size = 32
     plain = to_dict(config)
     assert plain["data"]["modalities"][0] == "rgb"

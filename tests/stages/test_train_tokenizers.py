@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -104,7 +103,7 @@ def test_stage_cli_reruns_only_that_stage(smoke_data):
     first = subprocess.run(args + ["--json", str(root / "a.json")], capture_output=True, text=True)
     assert first.returncode == 0, first.stderr[-3000:]
     assert json.loads((root / "a.json").read_text())["status"] in ("ran", "skipped")
-    again = subprocess.run(args + ["--json", str(root / "b.json")], capture_output=True, text=True)
+    subprocess.run(args + ["--json", str(root / "b.json")], capture_output=True, text=True)
     assert json.loads((root / "b.json").read_text())["status"] == "skipped"
     forced = subprocess.run(args + ["--force", "--json", str(root / "c.json")], capture_output=True, text=True)
     assert forced.returncode == 0 and json.loads((root / "c.json").read_text())["status"] == "ran"
