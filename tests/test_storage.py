@@ -100,3 +100,36 @@ def test_s3_objects_land_in_the_bucket(s3_uri, s3_env):
     store.put_bytes("k/v.txt", b"hello")
     bucket, prefix = s3_uri.removeprefix("s3://").split("/", 1)
     assert (s3_env.data_dir / bucket / prefix / "k" / "v.txt").read_bytes() == b"hello"
+
+
+def test_write_survives_an_endpoint_that_comes_up_late(tmp_path, monkeypatch):
+    """A real outage: the S3 server is down when the write starts and up a moment later."""
+    import threading
+    import time
+
+    from fourm_kfp.local_s3 import _free_port, serve_s3
+
+    port, ready, stop = _free_port(), threading.Event(), threading.Event()
+
+    def late_server():
+        time.sleep(1.5)
+        with serve_s3(tmp_path, "late-key", "late-secret", port=port):
+            ready.set()
+            stop.wait(60)
+
+    thread = threading.Thread(target=late_server, daemon=True)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "late-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "late-secret")
+    storage._CLIENTS.clear()
+    store = storage.S3Store("s3://late/x", storage.s3_client(f"http://127.0.0.1:{port}"), retries=6, backoff_s=0.3)
+    thread.start()
+    try:
+        start = time.monotonic()
+        store.ensure_bucket()
+        store.put_bytes("obj", b"made it")
+        assert ready.is_set() and time.monotonic() - start >= 1.0
+        assert (tmp_path / "late" / "x" / "obj").read_bytes() == b"made it"
+    finally:
+        stop.set()
+        thread.join(15)
+        storage._CLIENTS.clear()

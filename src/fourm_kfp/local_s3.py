@@ -45,9 +45,10 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_s3(data_dir: str | Path, access_key: str, secret_key: str, timeout_s: float = 15) -> Iterator[LocalS3]:
-    """Run ``rclone serve s3`` on a free loopback port for the duration of the ``with`` block."""
-    port = _free_port()
+def serve_s3(data_dir: str | Path, access_key: str, secret_key: str, timeout_s: float = 15,
+             port: int | None = None) -> Iterator[LocalS3]:
+    """Run ``rclone serve s3`` on loopback (a free port unless given) for the duration of the ``with`` block."""
+    port = port or _free_port()
     proc = subprocess.Popen(
         [rclone_executable(), "serve", "s3", "--auth-key", f"{access_key},{secret_key}",
          "--addr", f"127.0.0.1:{port}", str(data_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
