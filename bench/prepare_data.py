@@ -1,4 +1,4 @@
-"""Benchmark prepare-data: synthetic scene rendering rate and shard write throughput, local disk vs S3.
+"""Benchmark prepare-data: synthetic scene rendering, real-image ingestion, and shard writes to local disk vs S3.
 
     .venv/bin/python bench/prepare_data.py [--scenes 300] [--image-size 64] [--output bench.json]
 
@@ -46,18 +46,45 @@ def write_rate(store: storage.Store, encoded: list[dict[str, bytes]], samples_pe
             "mb_per_s": round(nbytes / 1e6 / seconds, 1), "samples_per_s": round(len(encoded) / seconds, 1)}
 
 
+def ingest_rate(folder: Path, count: int, image_size: int, workers: int) -> float:
+    """Real-data ingestion (JPEG decode, EXIF, resize, crop) in images/s with ``workers`` threads."""
+    from fourm_kfp.data.ingest import iter_image_folder
+
+    store = storage.open_store(str(folder))
+    start = time.perf_counter()
+    items = sum(1 for _ in iter_image_folder(store, image_size, workers=workers))
+    assert items == count
+    return count / (time.perf_counter() - start)
+
+
+def make_photos(folder: Path, count: int) -> None:
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        pixels = rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"photo{i:05d}.jpg", quality=90)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenes", type=int, default=300)
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--samples-per-shard", type=int, default=1000)
     parser.add_argument("--repeat-writes", type=int, default=20, help="write the rendered set this many times")
+    parser.add_argument("--photos", type=int, default=200, help="640x480 JPEGs for the real-data ingest figure")
     parser.add_argument("--output", help="also write the JSON here")
     args = parser.parse_args()
 
     render_scenes_s, render_encode_s, encoded = render_rate(args.scenes, args.image_size)
     encoded = encoded * args.repeat_writes
     with tempfile.TemporaryDirectory() as tmp:
+        make_photos(Path(tmp) / "photos", args.photos)
+        cores = os.cpu_count() or 1
+        ingest_1 = ingest_rate(Path(tmp) / "photos", args.photos, args.image_size, 1)
+        ingest_n = ingest_rate(Path(tmp) / "photos", args.photos, args.image_size, cores)
         local = write_rate(storage.open_store(str(Path(tmp) / "local")), encoded, args.samples_per_shard)
         (Path(tmp) / "s3").mkdir()
         with serve_s3(Path(tmp) / "s3", "bench-key", "bench-secret") as server:
@@ -70,6 +97,9 @@ def main() -> None:
         "image_size": args.image_size,
         "synthetic_scenes_per_s": round(render_scenes_s, 1),
         "synthetic_scenes_per_s_with_encoding": round(render_encode_s, 1),
+        "ingest_images_per_s_1_thread": round(ingest_1, 1),
+        f"ingest_images_per_s_{cores}_threads": round(ingest_n, 1),
+        "ingest_parallel_speedup": round(ingest_n / ingest_1, 2),
         "shard_write_local": local,
         "shard_write_s3": s3,
         "s3_over_local_throughput": round(s3["mb_per_s"] / local["mb_per_s"], 3),

@@ -274,3 +274,30 @@ def test_skip_counter_threshold_and_message():
         assert part in message
     assert "img2.jpg" not in message
     SkipCounter().check(0, 0.0, where="empty source")
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_parallel_decoding_keeps_order_keys_and_skips(tmp_path, workers):
+    """Threads decode ahead, but items, keys and skip records come out exactly as with one worker."""
+    import tarfile as tar_module
+
+    from fourm_kfp.data.ingest import ordered_map
+
+    for i in range(12):
+        Image.new("RGB", (20 + i, 24), (10 * i, 0, 0)).save(tmp_path / f"img{i:02d}.png")
+    (tmp_path / "img05.png").write_bytes(b"broken")
+    store = open_store(str(tmp_path))
+    serial = [(i.key, i.skipped.reason if i.skipped else None) for i in iter_image_folder(store, 16)]
+    parallel = [(i.key, i.skipped.reason if i.skipped else None) for i in iter_image_folder(store, 16,
+                                                                                               workers=workers)]
+    assert parallel == serial and serial[5] == ("img05", "unreadable")
+
+    def failing_source():
+        yield from range(5)
+        raise tar_module.ReadError("cut")
+
+    got = []
+    with pytest.raises(tar_module.ReadError):
+        for value in ordered_map(lambda x: x * 10, failing_source(), workers):
+            got.append(value)
+    assert got == [0, 10, 20, 30, 40]  # what was read before the failure still comes out

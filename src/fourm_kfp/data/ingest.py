@@ -31,12 +31,16 @@ import logging
 import re
 import tarfile
 import zlib
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from fourm_kfp.data.image_normalize import DEFAULT_MIN_SIDE, BadSampleError, normalize_image
 from fourm_kfp.storage import Store, open_store
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +144,11 @@ def _hidden(key: str) -> bool:
 
 
 def iter_image_folder(store: Store, image_size: int, captions_file: str | None = None,
-                      min_side: int = DEFAULT_MIN_SIDE) -> Iterator[SourceItem]:
-    """Every image under ``store`` (recursively, sorted by path), with its caption where it has one."""
+                      min_side: int = DEFAULT_MIN_SIDE, workers: int = 1) -> Iterator[SourceItem]:
+    """Every image under ``store`` (recursively, sorted by path), with its caption where it has one.
+
+    ``workers`` threads read and decode ahead (PIL releases the GIL while decoding); the order stays the same.
+    """
     keys = store.list()
     present = set(keys)
     captions = read_captions_file(store, captions_file) if captions_file else None
@@ -150,12 +157,15 @@ def iter_image_folder(store: Store, image_size: int, captions_file: str | None =
         log.warning("%s: %d captioned files are not in %s, e.g. %s", captions_file, len(unmatched), store.uri,
                     unmatched[:3])
     make_key = _Keys()
+    entries = []
     for path in keys:
         stem, dot, ext = path.rpartition(".")
-        if not dot or f".{ext.lower()}" not in IMAGE_EXTENSIONS or _hidden(path):
-            continue
+        if dot and f".{ext.lower()}" in IMAGE_EXTENSIONS and not _hidden(path):
+            entries.append((path, stem, make_key(stem, store.uri_of(path))))
+
+    def load(entry: tuple[str, str, str]) -> SourceItem:
+        path, stem, key = entry
         origin = store.uri_of(path)
-        key = make_key(stem, origin)
         try:
             sample: dict[str, Any] = {"rgb": normalize_image(store.get_bytes(path), image_size, origin, min_side)}
             if captions is not None:
@@ -165,11 +175,43 @@ def iter_image_folder(store: Store, image_size: int, captions_file: str | None =
             else:
                 caption = None
         except BadSampleError as err:
-            yield SourceItem(key, None, err, origin)
-            continue
+            return SourceItem(key, None, err, origin)
         if caption:
             sample["caption"] = caption
-        yield SourceItem(key, sample, None, origin)
+        return SourceItem(key, sample, None, origin)
+
+    yield from ordered_map(load, entries, workers)
+
+
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[R]:
+    """``map(fn, items)`` on ``workers`` threads with bounded lookahead, results in input order.
+
+    If iterating ``items`` raises, the results already submitted are still yielded before the error propagates.
+    """
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    source, pending, error = iter(items), deque(), None
+    with ThreadPoolExecutor(workers) as pool:
+        try:
+            while True:
+                try:
+                    item = next(source)
+                except StopIteration:
+                    break
+                except Exception as exc:  # the producer failed: hand out what it produced, then re-raise
+                    error = exc
+                    break
+                pending.append(pool.submit(fn, item))
+                if len(pending) >= 4 * workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:  # the consumer stopped early
+                future.cancel()
+    if error is not None:
+        raise error
 
 
 def read_captions_file(store: Store, ref: str) -> dict[str, str]:
@@ -247,19 +289,30 @@ def _field(row: dict[str, Any], names: tuple[str, ...], origin: str, line: int) 
 # ------------------------------------------------------------------------------------------------- webdataset
 
 
-def iter_webdataset(store: Store, image_size: int, min_side: int = DEFAULT_MIN_SIDE) -> Iterator[SourceItem]:
-    """Every sample of every ``*.tar`` under ``store`` (tars sorted by name, samples in tar order)."""
+def iter_webdataset(store: Store, image_size: int, min_side: int = DEFAULT_MIN_SIDE,
+                    workers: int = 1) -> Iterator[SourceItem]:
+    """Every sample of every ``*.tar`` under ``store`` (tars sorted by name, samples in tar order).
+
+    Tars are streamed in order; ``workers`` threads decode the images of samples already read.
+    """
     make_key = _Keys()
     for tar_key in store.list():
         if not tar_key.lower().endswith(".tar") or _hidden(tar_key):
             continue
         tar_uri = store.uri_of(tar_key)
         read = 0
+
+        def load(sample: tuple[str, str, dict[str, bytes]]) -> SourceItem:
+            key, origin, members = sample
+            return _wds_item(key, members, origin, image_size, min_side)
+
         try:
             with store.open_read(tar_key) as stream:
-                for name, members in _tar_samples(stream):
-                    origin = f"{tar_uri}/{name}"
-                    yield _wds_item(make_key(name, origin), members, origin, image_size, min_side)
+                # Keys are assigned here, in tar order, before any thread sees the sample.
+                samples = ((make_key(name, f"{tar_uri}/{name}"), f"{tar_uri}/{name}", members)
+                           for name, members in _tar_samples(stream))
+                for item in ordered_map(load, samples, workers):
+                    yield item
                     read += 1
         except (tarfile.TarError, EOFError, zlib.error) as exc:
             err = BadSampleError("corrupt_tar", tar_uri, f"unreadable after {read} samples: {exc}")

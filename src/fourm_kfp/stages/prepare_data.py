@@ -64,10 +64,12 @@ def _real(config: FourMConfig, skips, listing) -> Iterator[tuple[str, str, dict[
 
     cfg = config.prepare_data
     source = open_store(cfg.source_uri)
+    workers = cfg.workers or os.cpu_count() or 1
     if cfg.source == "image_folder":
-        items = iter_image_folder(source, config.data.image_size, cfg.captions_file or None, cfg.min_image_side)
+        items = iter_image_folder(source, config.data.image_size, cfg.captions_file or None, cfg.min_image_side,
+                                  workers=workers)
     else:
-        items = iter_webdataset(source, config.data.image_size, cfg.min_image_side)
+        items = iter_webdataset(source, config.data.image_size, cfg.min_image_side, workers=workers)
     for item in items:
         listing.update(f"{item.origin}\n".encode())
         if item.skipped is not None:
