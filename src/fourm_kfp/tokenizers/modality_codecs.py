@@ -124,9 +124,8 @@ class NormalCodec(ImageCodec):
 
     def loss(self, out, x, stats):
         valid = (x.abs().sum(dim=1) > 0).float()
-        # The chord |n_hat - n| grows linearly with the angle (1 - cosine would fade quadratically near zero).
-        chord = (F.normalize(out[:, :3], dim=1, eps=1e-6) - x).square().sum(dim=1).add(1e-8).sqrt()
-        return _masked_mean(chord, valid) + F.binary_cross_entropy_with_logits(out[:, 3], valid)
+        cosine = F.cosine_similarity(out[:, :3], x, dim=1, eps=1e-6)
+        return _masked_mean(1.0 - cosine, valid) + F.binary_cross_entropy_with_logits(out[:, 3], valid)
 
     def to_arrays(self, out, stats):
         out = out.float()
