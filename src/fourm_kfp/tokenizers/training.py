@@ -57,6 +57,7 @@ def train_vqvae(
     log_every: int = 50,
     seed: int = 0,
     device: str | torch.device = "cpu",
+    precision: str = "fp32",
 ) -> tuple[VQVAE, list[dict[str, float]]]:
     """Train a tokenizer for ``config.modality`` for ``steps`` steps; returns ``(model, log records)``.
 
@@ -65,26 +66,30 @@ def train_vqvae(
     be fitted (:func:`~fourm_kfp.tokenizers.modality_codecs.fit_normalisation`). The model comes back unwrapped
     and in eval mode. Every ``log_every`` steps (and at the end) rank 0 logs step, loss, codebook usage and
     perplexity (means over the interval), samples/s over all ranks and ETA; the same values are the records.
+    ``precision="bf16"`` runs encoder and decoder under bfloat16 autocast (for GPUs; the codebook lookup and the
+    loss stay in float32).
     """
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+    device = torch.device(device)
     torch.manual_seed(seed)
     model = VQVAE(config).to(device).train()
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     net = model
     if dist.is_initialized():
-        device_ids = [torch.device(device).index] if torch.device(device).type == "cuda" else None
+        device_ids = [device.index] if device.type == "cuda" else None
         net = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: _lr_factor(s, steps, warmup_steps, min_lr_ratio)
-    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, steps, warmup_steps, min_lr_ratio))
     records: list[dict[str, float]] = []
     sums: dict[str, torch.Tensor] = {}
     start = time.monotonic()
     samples, batches = 0, _batches(train_batches, config.modality)
     for step in range(1, steps + 1):
         arrays = next(batches)
-        _, _, losses = net(model.prepare(arrays))
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            _, _, losses = net(model.prepare(arrays))
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
