@@ -186,3 +186,14 @@ def test_histograms_image(stats):
     image = render_histograms(stats.to_dict())
     assert isinstance(image, Image.Image) and image.width > 0
     assert render_histograms(DatasetStats().to_dict()) is None
+
+
+def test_row_labels_add_a_left_margin_and_keep_tiles_intact():
+    from fourm_kfp.data.dataset_report import ROW_LABEL_WIDTH
+
+    sample = {"semseg": np.full((16, 16), 2, np.uint8)}
+    plain = np.asarray(render_preview_grid([sample, sample], ["semseg"], tile=32))
+    labelled = np.asarray(render_preview_grid([sample, sample], ["semseg"], tile=32, row_labels=["in", "out"]))
+    assert labelled.shape[1] == plain.shape[1] + ROW_LABEL_WIDTH and labelled.shape[0] == plain.shape[0]
+    assert np.array_equal(labelled[GRID_HEADER:, ROW_LABEL_WIDTH:], plain[GRID_HEADER:])
+    assert (labelled[GRID_HEADER:, :ROW_LABEL_WIDTH] != labelled[0, 0]).any()  # the labels were drawn

@@ -32,6 +32,7 @@ from fourm_kfp.data.modality_visuals import absent_tile, class_color, draw_cente
 #: tiles are ``GRID_GAP`` pixels apart and from the left, right and bottom edges (see :func:`grid_cell`).
 GRID_GAP = 4
 GRID_HEADER = 22
+ROW_LABEL_WIDTH = 110
 GRID_BACKGROUND = (236, 236, 240)
 _INK = (30, 30, 36)
 
@@ -106,21 +107,27 @@ def grid_cell(row: int, col: int, tile: int) -> tuple[int, int]:
     return GRID_GAP + col * (tile + GRID_GAP), GRID_HEADER + row * (tile + GRID_GAP)
 
 
-def render_preview_grid(samples: list[Mapping[str, Any]], modalities: list[str], tile: int = 96) -> Image.Image:
+def render_preview_grid(samples: list[Mapping[str, Any]], modalities: list[str], tile: int = 96,
+                        row_labels: list[str] | None = None) -> Image.Image:
     """Rows = samples, columns = modalities under a header of names; a modality a sample lacks gets a hatched
-    "absent" tile. The image is ``GRID_GAP + cols * (tile + GRID_GAP)`` wide and
-    ``GRID_HEADER + rows * (tile + GRID_GAP)`` high."""
+    "absent" tile. The image is ``GRID_GAP + cols * (tile + GRID_GAP)`` wide (plus ``ROW_LABEL_WIDTH`` with
+    ``row_labels``, drawn left of each row) and ``GRID_HEADER + rows * (tile + GRID_GAP)`` high."""
+    offset = ROW_LABEL_WIDTH if row_labels else 0
     width, height = grid_cell(len(samples), len(modalities), tile)
-    grid = Image.new("RGB", (width, height), GRID_BACKGROUND)
+    grid = Image.new("RGB", (width + offset, height), GRID_BACKGROUND)
     draw = ImageDraw.Draw(grid)
     font = get_font(13)
+    for row, label in enumerate(row_labels or ()):
+        _, y = grid_cell(row, 0, tile)
+        draw_centered(draw, (offset / 2, y + tile / 2), label, font, _INK)
     for col, modality in enumerate(modalities):
         x, _ = grid_cell(0, col, tile)
-        draw_centered(draw, (x + tile / 2, GRID_HEADER / 2), modality, font, _INK)
+        draw_centered(draw, (offset + x + tile / 2, GRID_HEADER / 2), modality, font, _INK)
         for row, sample in enumerate(samples):
             value = sample.get(modality)
             cell = absent_tile(tile) if value is None else visualize(modality, value, tile, sample)
-            grid.paste(Image.fromarray(cell), grid_cell(row, col, tile))
+            x, y = grid_cell(row, col, tile)
+            grid.paste(Image.fromarray(cell), (offset + x, y))
     return grid
 
 

@@ -69,12 +69,13 @@ def _train_image_tokenizer(ctx: StageContext, modality: str, device: str) -> tup
 def _reconstruction_grid(models: dict[str, Any], examples: dict[str, np.ndarray]) -> bytes:
     """Rows alternate input / reconstruction of the same val sample; one column per modality."""
     count = min(len(v) for v in examples.values())
-    rows = []
+    rows, labels = [], []
     for i in range(count):
         rows.append({m: examples[m][i] for m in models})
         rows.append({m: models[m].decode(models[m].encode(examples[m][i : i + 1]))[0] for m in models})
+        labels += [f"val {i}: input", "reconstruction"]
     buf = io.BytesIO()
-    render_preview_grid(rows, list(models)).save(buf, format="PNG")
+    render_preview_grid(rows, list(models), row_labels=labels).save(buf, format="PNG")
     return buf.getvalue()
 
 
