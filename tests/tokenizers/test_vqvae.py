@@ -113,6 +113,10 @@ def test_evaluation_reports_errors_baseline_and_codebook_figures(modality):
 def test_config_validation():
     with pytest.raises(ValueError, match="power-of-two"):
         VQVAEConfig.for_modality("rgb", image_size=24, patch_size=6)
+    with pytest.raises(ValueError, match="divisible by 8"):
+        VQVAEConfig.for_modality("rgb", hidden_dim=20)
+    with pytest.raises(ValueError, match="heads"):
+        VQVAEConfig.for_modality("rgb", architecture="vit", hidden_dim=64, heads=5)
     with pytest.raises(ValueError, match="architecture"):
         VQVAEConfig.for_modality("rgb", architecture="mlp")
     with pytest.raises(KeyError, match="known"):

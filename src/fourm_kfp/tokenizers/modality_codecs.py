@@ -16,7 +16,7 @@ semseg      ``len(CLASS_NAMES)``: one-hot                    class logits → ui
 edge        1: 0/1                                          1 logit → uint8 0/1; BCE
 ==========  ==============================================  ==============================================
 
-Normalisation statistics come from training data (:func:`fit_normalisation`; a few hundred images are plenty),
+Normalisation statistics come from training data (:func:`fit_normalisation`, on up to 512 images),
 are stored in :class:`~fourm_kfp.tokenizers.vqvae.VQVAEConfig` ``.norm_stats`` and hence saved with the
 tokenizer. Codecs are looked up by name in :data:`CODECS`.
 """
@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from fourm_kfp.data.modalities import CLASS_NAMES
 
 Stats = dict[str, list[float]]
+#: :func:`fit_normalisation` looks at no more images than this.
+MAX_FIT_IMAGES = 512
 
 
 def _tensor(arrays: Any, device: torch.device | str | None) -> torch.Tensor:
@@ -175,5 +177,9 @@ def get_codec(modality: str) -> ImageCodec:
 
 
 def fit_normalisation(modality: str, arrays: np.ndarray) -> Stats:
-    """Normalisation statistics of ``modality`` from training arrays, for ``VQVAEConfig.norm_stats``."""
-    return get_codec(modality).fit(arrays)
+    """Normalisation statistics of ``modality`` from training arrays ``[N, ...]``, for ``VQVAEConfig.norm_stats``.
+
+    At most :data:`MAX_FIT_IMAGES` evenly spaced images are used, which keeps memory small on large datasets.
+    """
+    step = -(-len(arrays) // MAX_FIT_IMAGES)
+    return get_codec(modality).fit(np.asarray(arrays[::step]))

@@ -57,11 +57,16 @@ class VectorQuantizer(nn.Module):
         """Token ids ``[B, h, w]`` → quantized features ``[B, in_dim, h, w]`` (what the decoder consumes)."""
         return self.proj_out(self.codebook[codes].permute(0, 3, 1, 2))
 
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
+        """Features ``[B, in_dim, h, w]`` → unit vectors ``[B * h * w, code_dim]`` in the lookup space (float32)."""
+        z = F.normalize(self.proj_in(x.float()), dim=1)
+        return z.permute(0, 2, 3, 1).reshape(-1, z.shape[1])
+
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids ``[B, h, w]`` of features ``[B, in_dim, h, w]``; no statistics are touched."""
+        b, _, h, w = x.shape
         with torch.autocast(device_type=x.device.type, enabled=False):
-            z = F.normalize(self.proj_in(x.float()), dim=1)
-            return torch.einsum("bchw,kc->bkhw", z, self.codebook).argmax(dim=1)
+            return (self._project(x) @ self.codebook.t()).argmax(dim=1).reshape(b, h, w)
 
     def usage(self) -> torch.Tensor:
         """Bias-corrected EMA of assignments per training step, per code."""
@@ -77,8 +82,7 @@ class VectorQuantizer(nn.Module):
         """
         b, _, h, w = x.shape
         with torch.autocast(device_type=x.device.type, enabled=False):
-            z = F.normalize(self.proj_in(x.float()), dim=1)
-            flat = z.permute(0, 2, 3, 1).reshape(-1, z.shape[1])
+            flat = self._project(x)
             codes = (flat.detach() @ self.codebook.t()).argmax(dim=1)
             quant = self.codebook[codes]
             commit = self.beta * (flat - quant).pow(2).sum(dim=1).mean()

@@ -3,7 +3,7 @@
 Two architectures share one interface:
 
 * ``"conv"`` — a small convolutional encoder/decoder (strided convs, residual blocks at token resolution),
-  for the smoke and demo presets on CPU. ``patch_size`` must be a power of two.
+  for the smoke and demo presets on CPU. ``patch_size`` must be a power of two (>= 2).
 * ``"vit"`` — a ViT encoder/decoder (patch embedding, pre-norm blocks with ``F.scaled_dot_product_attention``,
   learned positions, a linear pixel head), e.g. ViT-B-like with ``patch_size=16`` at 224 px for 4m-b.
 
@@ -38,7 +38,7 @@ class VQVAEConfig:
     patch_size: int = 4  # downsampling factor: the token grid is image_size // patch_size square
     architecture: str = "conv"  # "conv" or "vit"
     hidden_dim: int = 64  # conv: channels at token resolution (halved per finer level); vit: width
-    depth: int = 2  # conv: residual blocks at token resolution; vit: blocks in encoder and in decoder
+    depth: int = 1  # conv: residual blocks at token resolution; vit: blocks in encoder and in decoder
     heads: int = 4  # vit only
     codebook_size: int = 512
     code_dim: int = 32
@@ -52,8 +52,12 @@ class VQVAEConfig:
             raise ValueError(f"architecture must be one of {sorted(ARCHITECTURES)}, got {self.architecture!r}")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
-        if self.architecture == "conv" and self.patch_size & (self.patch_size - 1):
-            raise ValueError(f"the conv architecture needs a power-of-two patch_size, got {self.patch_size}")
+        power_of_two = self.patch_size >= 2 and not self.patch_size & (self.patch_size - 1)
+        if self.architecture == "conv" and not (power_of_two and self.hidden_dim % 8 == 0):
+            raise ValueError("the conv architecture needs a power-of-two patch_size >= 2 and a hidden_dim divisible "
+                             f"by 8 (group norm), got {self.patch_size} and {self.hidden_dim}")
+        if self.architecture == "vit" and self.hidden_dim % self.heads:
+            raise ValueError(f"vit: hidden_dim {self.hidden_dim} is not divisible by heads {self.heads}")
 
     @classmethod
     def for_modality(cls, modality: str, **overrides: Any) -> VQVAEConfig:
