@@ -15,7 +15,6 @@ import sys
 from fourm_kfp import lineage
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import to_dict
-from fourm_kfp.manifest import MANIFEST_NAME
 from fourm_kfp.stage_runner import StageOutcome, run_stage
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
@@ -87,13 +86,13 @@ def run_stage_component(stage: str, preset: str, config_overrides: str, store_ur
                         input_uris=input_uris, tracking_uri=lineage.resolve_tracking_uri(mlflow_tracking_uri, None),
                         parent_run_id=parent_run_id or None)
     if report_path:
-        reports = [k for k in open_store(outcome.output_uri).list("reports") if k.endswith(".md")]
-        text = "\n\n".join(open_store(outcome.output_uri).get_text(k) for k in reports) or f"# {stage}\n"
+        output = open_store(outcome.output_uri)
+        reports = [k for k in output.list("reports") if k.endswith(".md")]
+        text = "\n\n".join(output.get_text(k) for k in reports) or f"# {stage}\n"
         with open(report_path, "w") as fh:
             fh.write(text)
     if metrics is not None:
-        manifest = json.loads(open_store(outcome.output_uri).get_bytes(MANIFEST_NAME))
-        for name, value in sorted(manifest.get("metrics", {}).items()):
+        for name, value in sorted(outcome.metrics.items()):
             metrics.log_metric(name, float(value))
     print(json.dumps(outcome.to_dict()), flush=True)
     return outcome

@@ -118,6 +118,7 @@ class StageOutcome:
     seconds: float
     manifest_digest: str
     mlflow_run_id: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # the committed output's, from its manifest
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -187,7 +188,7 @@ def run_stage(spec: StageSpec, config: FourMConfig, store_root: Store, *, force:
         tracker.log_metrics({**manifest.get("metrics", {}), "seconds": time.monotonic() - started})
         tracker.set_tags({"fourm.output_uri": output.uri, "fourm.content_hash": digest})
     return StageOutcome(spec.name, status, output.uri, round(time.monotonic() - started, 3), manifest_digest,
-                        tracker.run_id)
+                        tracker.run_id, manifest.get("metrics", {}))
 
 
 def _execute(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[str, StageInput],
