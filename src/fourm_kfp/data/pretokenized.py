@@ -1,0 +1,85 @@
+"""The pretokenized dataset: what the ``pretokenize`` stage writes and the token loader reads.
+
+Same shard layout as the prepared data (DESIGN.md §2): ``<split>/<name>/shard-NNNNNN.tar``, one tar per
+modality and shard index, the same sample keys in the same order in every modality (a sample lacking a modality
+has no member there), plus the per-shard key index the shard writer keeps. Each sample was cut into ``n_crops``
+aligned crops (crop 0 is the full view); every member holds all crops of one sample:
+
+==============  ===========================  ======================================================
+name            member ``<key>.<ext>``       content
+==============  ===========================  ======================================================
+``tok_<m>``     ``npy``                      ``[n_crops, h, w]`` token grid of image modality ``m``
+                                             (smallest unsigned dtype holding the codebook)
+``rgb``         ``npy``                      ``[n_crops, H, W, 3]`` uint8 pixels of each crop (pixel-
+                                             patch input, evaluation)
+``caption``     ``txt``                      the caption (the same for every crop)
+``det``         ``json``                     list of ``n_crops`` det strings, boxes in crop coordinates
+``crop``        ``json``                     list of ``n_crops`` ``{"x0", "y0", "width", "height",
+                                             "flip"}`` in source pixels
+==============  ===========================  ======================================================
+
+Text is kept as text: the trainer tokenizes it itself (span masking needs the token sequence). The output root
+holds ``pretokenized.json``: ``{"n_crops", "image_size", "tokenizers_uri", "modalities": {name: {"vocab_size",
+"grid", "dtype"}}, "text": {"vocab_size", ...}, "splits": {split: samples}}``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import numpy as np
+
+INDEX_FILE = "pretokenized.json"
+CROP = "crop"
+TOKEN_PREFIX = "tok_"
+
+
+def token_name(modality: str) -> str:
+    """``"depth"`` → ``"tok_depth"``."""
+    return f"{TOKEN_PREFIX}{modality}"
+
+
+def source_modality(name: str) -> str:
+    """``"tok_depth"`` → ``"depth"``; other names are returned as they are."""
+    return name[len(TOKEN_PREFIX):] if name.startswith(TOKEN_PREFIX) else name
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer dtype that holds ids ``0 .. vocab_size - 1``."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if vocab_size - 1 <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    raise ValueError(f"vocabulary of {vocab_size} does not fit in 32 bits")
+
+
+def member_ext(name: str) -> str:
+    """The member extension of a pretokenized modality (see the table above)."""
+    if name.startswith(TOKEN_PREFIX) or name == "rgb":
+        return "npy"
+    if name == "caption":
+        return "txt"
+    if name in ("det", CROP):
+        return "json"
+    raise KeyError(f"unknown pretokenized modality {name!r}")
+
+
+def encode_member(name: str, value: Any) -> bytes:
+    ext = member_ext(name)
+    if ext == "npy":
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(value), allow_pickle=False)
+        return buf.getvalue()
+    if ext == "json":
+        return json.dumps(value, separators=(",", ":")).encode("utf-8")
+    return value.encode("utf-8")
+
+
+def decode_member(name: str, data: bytes) -> Any:
+    ext = member_ext(name)
+    if ext == "npy":
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    if ext == "json":
+        return json.loads(data)
+    return data.decode("utf-8")
