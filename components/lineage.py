@@ -6,7 +6,7 @@ from fourm_kfp.components.images import CPU_IMAGE
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def open_lineage_run(run_label: str, kfp_run_id: str, preset: str, config_overrides: str, store_uri: str,
+def open_lineage_run(run_label: str, kfp_run_id: str, preset: str, config_overrides: list, store_uri: str,
                      mlflow_tracking_uri: str, mlflow_parent_run_id: str) -> str:
     """Validate the config and open the MLflow parent run (or pass the launcher's through); returns its id."""
     from fourm_kfp.kfp_runtime import open_lineage_step

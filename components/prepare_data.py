@@ -8,7 +8,7 @@ from fourm_kfp.components.images import CPU_IMAGE
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def prepare_data(preset: str, config_overrides: str, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
+def prepare_data(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
                  parent_run_id: str, force: bool,
                  report: dsl.Output[dsl.Markdown],
                  metrics: dsl.Output[dsl.Metrics]) -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):

@@ -8,7 +8,7 @@ from fourm_kfp.components.images import GPU_IMAGE
 
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
-def train_tokenizers(preset: str, config_overrides: str, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
+def train_tokenizers(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
                      parent_run_id: str, force: bool, data_uri: str, report: dsl.Output[dsl.Markdown],
                      metrics: dsl.Output[dsl.Metrics]) -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):
     """Train the tokenizers on the dataset at ``data_uri``; outputs the committed tokenizer bundle's URI."""

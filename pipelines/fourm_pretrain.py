@@ -33,7 +33,7 @@ def _with_cluster_env(task: dsl.PipelineTask) -> dsl.PipelineTask:
 @dsl.pipeline(name=PIPELINE_NAME, description="Pre-train a 4M-style massively multimodal masked model.")
 def fourm_pretrain(
     preset: str = "demo",
-    config_overrides: str = "",
+    config_overrides: list = [],
     store_uri: str = "s3://fourm-kfp",
     s3_endpoint: str = "",
     mlflow_tracking_uri: str = "",
@@ -46,8 +46,8 @@ def fourm_pretrain(
 
     Args:
         preset: Named config preset (smoke, demo, 4m-b); default "demo", the README's main job.
-        config_overrides: Whitespace-separated ``section.key=value`` overrides, e.g. ``data.image_size=96``;
-            default none. They beat the preset's files.
+        config_overrides: List of ``section.key=value`` overrides, e.g. ``["data.image_size=96"]``; default
+            none. They beat the preset's files; a value may contain spaces.
         store_uri: Root of all stage outputs (``s3://bucket/prefix`` or a local path); default the ``fourm-kfp``
             bucket. Outputs land at ``<store_uri>/<stage>/<content hash>``.
         s3_endpoint: S3 endpoint URL; default empty = ``AWS_ENDPOINT_URL`` from the ``fourm-settings`` ConfigMap.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fourm_kfp import lineage
+from fourm_kfp.contract import lineage
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.kfp_runtime import close_lineage_step, open_lineage_step
 
@@ -12,7 +12,7 @@ from fourm_kfp.kfp_runtime import close_lineage_step, open_lineage_step
 @pytest.mark.parametrize("state, expected", [("SUCCEEDED", "FINISHED"), ("FAILED", "FAILED")])
 def test_pipeline_opens_and_closes_its_own_parent_run(tmp_path, state, expected):
     tracking = lineage.default_tracking_uri(tmp_path)
-    run_id = open_lineage_step("", "kfp-run-123", "smoke", "data.image_size=32", "s3://b/x", tracking, "")
+    run_id = open_lineage_step("", "kfp-run-123", "smoke", ["data.image_size=32"], "s3://b/x", tracking, "")
     run = lineage._client(tracking).get_run(run_id)
     assert run.info.status == "RUNNING"
     assert run.data.tags["fourm.run_label"] == "kfp-run-123"
@@ -25,11 +25,11 @@ def test_pipeline_opens_and_closes_its_own_parent_run(tmp_path, state, expected)
 def test_launcher_parent_run_is_passed_through_untouched(tmp_path):
     tracking = lineage.default_tracking_uri(tmp_path)
     parent = lineage.start_pipeline_run(tracking, "launcher", {})
-    assert open_lineage_step("label", "kfp-1", "smoke", "", "/x", tracking, parent) == parent
+    assert open_lineage_step("label", "kfp-1", "smoke", [], "/x", tracking, parent) == parent
     close_lineage_step("label", "kfp-1", tracking, parent, "FAILED")
     assert lineage._client(tracking).get_run(parent).info.status == "RUNNING"  # the launcher closes its own
 
 
 def test_bad_config_fails_the_first_step():
     with pytest.raises(ConfigError, match="data.image_size"):
-        open_lineage_step("", "kfp-1", "smoke", "data.image_size=huge", "/x", "none", "")
+        open_lineage_step("", "kfp-1", "smoke", ["data.image_size=huge"], "/x", "none", "")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fourm_kfp import lineage
+from fourm_kfp.contract import lineage
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers
 

@@ -1,14 +1,19 @@
-"""The ``fourm-kfp`` command: run the pipeline locally, run one stage, compile the pipeline, show configs."""
+"""The ``fourm-kfp`` command: run the pipeline locally, run one stage, plan, compile the pipeline, show configs.
+
+Start-up stays light: heavy modules (torch, kfp, mlflow) are imported inside the commands that need them. A user
+error (:class:`fourm_kfp.errors.UserError`) prints one line, ``Error: ...``, and exits 2; ``--debug`` adds the
+traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import traceback
 from pathlib import Path
 
 import yaml
-
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -29,7 +34,8 @@ def _add_store_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from fourm_kfp.stages import STAGES
 
-    parser = argparse.ArgumentParser(prog="fourm-kfp", description=__doc__)
+    parser = argparse.ArgumentParser(prog="fourm-kfp", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the whole pipeline locally through kfp.local")
@@ -48,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="use this committed output as an input instead of finding it by content address")
     stage.add_argument("--parent-run-id", default="", help="MLflow parent run to attach the stage run to")
     stage.add_argument("--json", help="write the stage outcome JSON here")
+    stage.add_argument("--parts", type=int, default=1, help="fan-out stages: number of workers (default 1)")
+    stage.add_argument("--part", type=int, help="fan-out stages: run only this worker (0..parts-1), no collect")
+
+    status = sub.add_parser("status", help="print each stage's address and whether it is committed; runs nothing")
+    _add_config_args(status)
+    _add_store_args(status)
+    status.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     compile_ = sub.add_parser("compile", help="compile the KFP pipeline to YAML")
     compile_.add_argument("--output", help="default: fourm_pretrain.yaml beside the pipeline definition")
@@ -73,34 +86,54 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_stage(args: argparse.Namespace) -> int:
-    from fourm_kfp import distributed, lineage
-    from fourm_kfp.config.loader import load_config
+def _input_uris(items: list[str]) -> dict[str, str]:
     from fourm_kfp.config.schema import ConfigError
-    from fourm_kfp.kfp_runtime import setup_logging
-    from fourm_kfp.local_run import default_store
-    from fourm_kfp.stage_runner import run_stage
-    from fourm_kfp.stages import get_stage
-    from fourm_kfp.storage import open_store
 
-    setup_logging()
-    distributed.init_from_env()  # under torchrun: every rank runs the stage, rank 0 commits
     inputs = {}
-    for item in args.input:
+    for item in items:
         name, sep, uri = item.partition("=")
-        if not sep:
+        if not sep or not uri:
             raise ConfigError(f"--input {item!r}: expected STAGE=URI")
         inputs[name] = uri
-    root = Path(args.root).resolve()
-    config = load_config(args.preset, overrides=args.overrides)
-    store = open_store(args.store or default_store(root, args.s3_endpoint), s3_endpoint=args.s3_endpoint, create=True)
-    outcome = run_stage(get_stage(args.name), config, store, force=args.force, input_uris=inputs,
-                        tracking_uri=lineage.resolve_tracking_uri(args.mlflow_tracking_uri, root),
-                        parent_run_id=args.parent_run_id or None)
-    text = json.dumps(outcome.to_dict(), indent=2)
+    return inputs
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from fourm_kfp import distributed
+    from fourm_kfp.launch import launch_stage, local_root, resolve_store_uri
+
+    root = local_root(args.root)
+    result = launch_stage(args.name, preset=args.preset, overrides=args.overrides,
+                          store_uri=resolve_store_uri(root, args.store, args.s3_endpoint),
+                          s3_endpoint=args.s3_endpoint or "", tracking_uri=args.mlflow_tracking_uri, root=root,
+                          parent_run_id=args.parent_run_id, force=args.force, input_uris=_input_uris(args.input),
+                          parts=args.parts, part=args.part)
+    text = json.dumps(result if isinstance(result, str) else result.to_dict(), indent=2)
     if args.json and distributed.is_primary():
         Path(args.json).write_text(text + "\n")
     print(text)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from fourm_kfp.config.loader import load_config
+    from fourm_kfp.contract.planning import plan_stages
+    from fourm_kfp.launch import apply_s3_endpoint, local_root, resolve_store_uri
+    from fourm_kfp.stages import PIPELINE
+    from fourm_kfp.storage import open_store
+
+    root = local_root(args.root)
+    apply_s3_endpoint(args.s3_endpoint)
+    config = load_config(args.preset, overrides=args.overrides)
+    store = open_store(resolve_store_uri(root, args.store, args.s3_endpoint), s3_endpoint=args.s3_endpoint)
+    plan = plan_stages(PIPELINE, config, store)
+    if args.json:
+        print(json.dumps([p.to_dict() for p in plan], indent=2))
+        return 0
+    print(f"{'stage':18s} {'address':16s}  {'state':9s} {'mlflow run':32s}  output")
+    for p in plan:
+        state = "committed" if p.committed else "to run"
+        print(f"{p.name:18s} {p.address:16s}  {state:9s} {p.mlflow_run_id or '-':32s}  {p.output_uri}")
     return 0
 
 
@@ -127,16 +160,17 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fourm_kfp.config.schema import ConfigError
-    from fourm_kfp.manifest import IncompleteOutputError
-    from fourm_kfp.storage import StorageError
+    from fourm_kfp.errors import UserError
 
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "stage": cmd_stage, "compile": cmd_compile, "config": cmd_config}[args.command]
+    handler = {"run": cmd_run, "stage": cmd_stage, "status": cmd_status, "compile": cmd_compile,
+               "config": cmd_config}[args.command]
     try:
         return handler(args)
-    except (ConfigError, StorageError, IncompleteOutputError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except UserError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"Error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -1,62 +1,46 @@
 """What the KFP components call: the same code runs in a cluster pod and under ``kfp.local``.
 
 Component bodies stay one-liners around these functions, so every behaviour lives (and is tested) in the package.
-Parameters arrive as plain strings/bools: the preset, whitespace-separated ``section.key=value`` overrides, the
-store URI, and the MLflow tracking URI and parent run id (empty = take the environment).
+Parameters arrive as plain values: the preset, the list of ``section.key=value`` overrides, the store URI, and the
+MLflow tracking URI and parent run id (empty = take the environment). Stages run through the one launch path,
+:func:`fourm_kfp.launch.launch_stage`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
-import sys
+from typing import Sequence
 
-from fourm_kfp import lineage
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import to_dict
-from fourm_kfp.stage_runner import StageOutcome, run_stage
-from fourm_kfp.stages import get_stage
+from fourm_kfp.contract import StageOutcome, lineage
+from fourm_kfp.launch import launch_stage, setup_logging
 from fourm_kfp.storage import open_store
 
 TAG_RUN_LABEL = "fourm.run_label"
 
 
-def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def parse_overrides(text: str) -> list[str]:
-    """``"data.image_size=96 train.steps=10"`` (spaces or newlines) → a list of overrides."""
-    return text.split()
-
-
-def _apply_endpoint(s3_endpoint: str) -> None:
-    if s3_endpoint:
-        os.environ["AWS_ENDPOINT_URL"] = s3_endpoint
-
-
-def open_pipeline_run(run_label: str, preset: str, config_overrides: str, store_uri: str, tracking_uri: str | None,
-                      tags: dict[str, str] | None = None) -> str:
+def open_pipeline_run(run_label: str, preset: str, config_overrides: Sequence[str], store_uri: str,
+                      tracking_uri: str | None, tags: dict[str, str] | None = None) -> str:
     """Validate the config (fail fast, before any stage) and open the MLflow parent run; returns its id or ``""``.
 
     Called by the pipeline's first step, or by a launcher (``fourm-kfp run``, CI) that then passes the id in.
     """
-    config = load_config(preset, overrides=parse_overrides(config_overrides))
+    config = load_config(preset, overrides=list(config_overrides))
     run_id = lineage.start_pipeline_run(
         tracking_uri, f"fourm-pretrain {run_label}",
-        params={"preset": preset, "config_overrides": config_overrides or "-", "store_uri": store_uri,
+        params={"preset": preset, "config_overrides": json.dumps(list(config_overrides)), "store_uri": store_uri,
                 **to_dict(config)},
         tags={TAG_RUN_LABEL: run_label, **(tags or {})})
     return run_id or ""
 
 
-def open_lineage_step(run_label: str, kfp_run_id: str, preset: str, config_overrides: str, store_uri: str,
-                      mlflow_tracking_uri: str, mlflow_parent_run_id: str) -> str:
+def open_lineage_step(run_label: str, kfp_run_id: str, preset: str, config_overrides: Sequence[str],
+                      store_uri: str, mlflow_tracking_uri: str, mlflow_parent_run_id: str) -> str:
     """The pipeline's first step: pass a launcher's parent run through, else open one labelled with the run id."""
     setup_logging()
     if mlflow_parent_run_id:
-        load_config(preset, overrides=parse_overrides(config_overrides))  # still fail fast on a bad config
+        load_config(preset, overrides=list(config_overrides))  # still fail fast on a bad config
         return mlflow_parent_run_id
     return open_pipeline_run(run_label or kfp_run_id, preset, config_overrides, store_uri,
                              lineage.resolve_tracking_uri(mlflow_tracking_uri, None), {"fourm.kfp_run_id": kfp_run_id})
@@ -73,18 +57,15 @@ def close_lineage_step(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str
         lineage.finish_run(tracking, run.info.run_id, "FINISHED" if state == "SUCCEEDED" else "FAILED")
 
 
-def run_stage_component(stage: str, preset: str, config_overrides: str, store_uri: str, s3_endpoint: str,
-                        mlflow_tracking_uri: str, parent_run_id: str, force: bool,
+def run_stage_component(stage: str, preset: str, config_overrides: Sequence[str], store_uri: str,
+                        s3_endpoint: str, mlflow_tracking_uri: str, parent_run_id: str, force: bool,
                         input_uris: dict[str, str] | None = None, report_path: str | None = None,
-                        metrics=None) -> StageOutcome:
+                        metrics=None, parts: int = 1) -> StageOutcome:
     """Run one stage as a pipeline step; its Markdown report and metrics also become KFP output artifacts
     (``report_path``: a Markdown artifact's path; ``metrics``: a ``dsl.Metrics`` artifact), which the UI shows."""
-    setup_logging()
-    _apply_endpoint(s3_endpoint)
-    config = load_config(preset, overrides=parse_overrides(config_overrides))
-    outcome = run_stage(get_stage(stage), config, open_store(store_uri, create=True), force=force,
-                        input_uris=input_uris, tracking_uri=lineage.resolve_tracking_uri(mlflow_tracking_uri, None),
-                        parent_run_id=parent_run_id or None)
+    outcome = launch_stage(stage, preset=preset, overrides=config_overrides, store_uri=store_uri,
+                           s3_endpoint=s3_endpoint, tracking_uri=mlflow_tracking_uri or None,
+                           parent_run_id=parent_run_id, force=force, input_uris=input_uris, parts=parts)
     if report_path:
         output = open_store(outcome.output_uri)
         reports = [k for k in output.list("reports") if k.endswith(".md")]
@@ -96,3 +77,12 @@ def run_stage_component(stage: str, preset: str, config_overrides: str, store_ur
             metrics.log_metric(name, float(value))
     print(json.dumps(outcome.to_dict()), flush=True)
     return outcome
+
+
+def run_stage_part_component(stage: str, part: int, parts: int, preset: str, config_overrides: Sequence[str],
+                             store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str, parent_run_id: str,
+                             input_uris: dict[str, str] | None = None) -> str:
+    """Run one fan-out worker of a stage as a pipeline step (``dsl.ParallelFor``); returns the output URI."""
+    return launch_stage(stage, preset=preset, overrides=config_overrides, store_uri=store_uri,
+                        s3_endpoint=s3_endpoint, tracking_uri=mlflow_tracking_uri or None,
+                        parent_run_id=parent_run_id, input_uris=input_uris, parts=parts, part=part)

@@ -16,15 +16,14 @@ import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
-from fourm_kfp import lineage
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import ConfigError
+from fourm_kfp.contract import lineage
 from fourm_kfp.kfp_runtime import open_pipeline_run
+from fourm_kfp.launch import apply_s3_endpoint, local_root, resolve_store_uri
 from fourm_kfp.stages import STAGES
 
 log = logging.getLogger(__name__)
-#: Where outputs go when an S3 endpoint is given but no --store.
-DEFAULT_S3_STORE = "s3://fourm-kfp"
 
 
 class PipelineFailed(RuntimeError):
@@ -33,10 +32,6 @@ class PipelineFailed(RuntimeError):
     def __init__(self, message: str, summary: dict[str, Any]):
         super().__init__(message)
         self.summary = summary
-
-
-def default_store(root: Path, s3_endpoint: str | None) -> str:
-    return DEFAULT_S3_STORE if s3_endpoint else str(root)
 
 
 def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | None = None,
@@ -48,7 +43,7 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
 
     from fourm_kfp.pipelines.fourm_pretrain import fourm_pretrain
 
-    root = Path(root).resolve()
+    root = local_root(root)
     root.mkdir(parents=True, exist_ok=True)
     load_config(preset, overrides=overrides)  # fail here, with the config error, before KFP starts
     unknown = sorted(set(force) - set(STAGES))
@@ -57,13 +52,12 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
     tracking = lineage.resolve_tracking_uri(tracking_uri, root)
     if tracking is None:
         raise ConfigError("fourm-kfp run needs MLflow lineage: MLFLOW_TRACKING_URI=none is not supported here")
-    if s3_endpoint:
-        os.environ["AWS_ENDPOINT_URL"] = s3_endpoint  # the component subprocesses inherit it
+    apply_s3_endpoint(s3_endpoint)  # the component subprocesses inherit it
     label = f"local-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    store_uri = store or default_store(root, s3_endpoint)
+    store_uri = resolve_store_uri(root, store, s3_endpoint)
     # Opening the parent run here (not in a pipeline step) saves every step a second MLflow start-up.
-    parent_run_id = open_pipeline_run(label, preset, " ".join(overrides), store_uri, tracking)
-    arguments = dict(preset=preset, config_overrides=" ".join(overrides), store_uri=store_uri,
+    parent_run_id = open_pipeline_run(label, preset, list(overrides), store_uri, tracking)
+    arguments = dict(preset=preset, config_overrides=list(overrides), store_uri=store_uri,
                      s3_endpoint=s3_endpoint or "", mlflow_tracking_uri=tracking, run_label=label,
                      mlflow_parent_run_id=parent_run_id,
                      **{f"{name.replace('-', '_')}_force": name in force for name in STAGES})
@@ -93,7 +87,7 @@ def build_summary(run_label: str, tracking_uri: str, parent_run_id: str) -> dict
         stages.append({
             "name": tags.get(lineage.TAG_STAGE),
             "status": tags.get(lineage.TAG_STATUS, "failed"),
-            "output_uri": tags.get("fourm.output_uri"),
+            "output_uri": tags.get(lineage.TAG_OUTPUT_URI),
             "seconds": round(run.data.metrics.get("seconds", 0.0), 3),
             "mlflow_run_id": run.info.run_id,
         })

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, TypeVar
 from urllib.parse import urlparse
 
+from fourm_kfp.errors import UserError
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -31,7 +33,7 @@ T = TypeVar("T")
 TRANSIENT_S3_CODES = frozenset({"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling"})
 
 
-class StorageError(RuntimeError):
+class StorageError(UserError, RuntimeError):
     """A storage operation failed for good (after retries); the message names the URI."""
 
 

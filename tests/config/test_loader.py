@@ -90,7 +90,18 @@ def test_cross_file_checks_name_both_files(tmp_path):
     shutil.copytree(PRESETS_DIR / "smoke", folder)
     with pytest.raises(ConfigError) as err:
         load_config(config_dir=folder, overrides=["data.input_modalities=[depth]"])
-    assert "input_alphas names" in str(err.value) and "alphas.yaml" in str(err.value)
+    assert "no input modality left" in str(err.value) and "alphas.yaml" in str(err.value)
+
+
+def test_modalities_the_data_lacks_get_no_budget():
+    """The README's real-data recipe: rgb + caption only; the preset's alphas name five more modalities."""
+    only = "[rgb,caption]"
+    config = load_config("demo", overrides=[f"data.modalities={only}", f"data.input_modalities={only}",
+                                            f"data.target_modalities={only}"])
+    for component in config.alphas.mixture:
+        assert set(component.input_alphas) <= {"rgb", "caption"}
+        assert set(component.target_alphas) <= {"rgb", "caption"}
+    assert [c.name for c in config.alphas.mixture] == ["all-to-all", "rgb-to-all"]
 
 
 def test_unknown_preset_lists_the_available_ones():

@@ -17,8 +17,8 @@ from PIL import Image
 
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.data.ingest import TooManyBadSamplesError
-from fourm_kfp.manifest import MANIFEST_NAME
-from fourm_kfp.stage_runner import run_stage
+from fourm_kfp.contract.manifest import MANIFEST_NAME
+from fourm_kfp.contract import run_stage
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
 

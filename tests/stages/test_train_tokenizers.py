@@ -14,8 +14,8 @@ import torch
 
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.data.shard_reader import load_image_modality, load_texts
-from fourm_kfp.manifest import MANIFEST_NAME
-from fourm_kfp.stage_runner import run_stage
+from fourm_kfp.contract.manifest import MANIFEST_NAME
+from fourm_kfp.contract import run_stage
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers

@@ -8,7 +8,8 @@ On disk a config set is a folder (a preset under ``fourm_kfp/configs/<preset>/``
   names the alphas config file;
 * ``alphas.yaml`` — the Dirichlet mixture that splits token budgets across modalities;
 * ``prepare_data.yaml`` — how the ``prepare-data`` stage makes the dataset;
-* ``train_tokenizers.yaml`` — the tokenizers the ``train-tokenizers`` stage trains.
+* ``train_tokenizers.yaml`` — the tokenizers the ``train-tokenizers`` stage trains;
+* ``pretokenize.yaml`` — how the ``pretokenize`` stage turns every sample into tokens (crops, batching).
 
 Each file's top-level mapping is one *section* of :class:`FourMConfig`; dotted overrides address a section first
 (``data.image_size=96``, ``train.model.dim=256``). Every field documents itself (``fourm-kfp config --describe``).
@@ -16,6 +17,7 @@ Each file's top-level mapping is one *section* of :class:`FourMConfig`; dotted o
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -125,6 +127,30 @@ class AlphasConfig:
         if sum(c.weight for c in self.mixture) <= 0:
             raise ValueError("mixture: the weights must not all be zero")
 
+    def restricted_to(self, inputs: tuple[str, ...], targets: tuple[str, ...]) -> tuple["AlphasConfig", list[str]]:
+        """The mixture over the modalities the data holds, and a note per dropped entry.
+
+        A modality outside ``inputs``/``targets`` gets no budget; a component left with no input modality is an
+        error; one left with no target modality is dropped (it would teach nothing).
+        """
+        kept, notes = [], []
+        for c in self.mixture:
+            inp = {m: a for m, a in c.input_alphas.items() if m in inputs}
+            tgt = {m: a for m, a in c.target_alphas.items() if m in targets}
+            dropped = sorted((set(c.input_alphas) - set(inp)) | (set(c.target_alphas) - set(tgt)))
+            if dropped:
+                notes.append(f"component {c.name!r}: no budget for {dropped} (not in the data's modalities)")
+            if not any(a > 0 for a in inp.values()):
+                raise ValueError(f"alphas component {c.name!r} has no input modality left among "
+                                 f"data.input_modalities {list(inputs)}: give it an input alpha or remove it")
+            if not any(a > 0 for a in tgt.values()):
+                notes.append(f"component {c.name!r} dropped: no target modality left")
+                continue
+            kept.append(dataclasses.replace(c, input_alphas=inp, target_alphas=tgt))
+        if not kept:
+            raise ValueError(f"no alphas component has a target among data.target_modalities {list(targets)}")
+        return AlphasConfig(tuple(kept)), notes
+
 
 @dataclass(frozen=True)
 class PrepareDataConfig:
@@ -206,6 +232,29 @@ class TrainTokenizersConfig:
         return from_dict(ImageTokenizerConfig, merged, f"per_modality.{modality}")
 
 
+@dataclass(frozen=True)
+class PretokenizeConfig:
+    """The pretokenize stage: every sample's image modalities to VQ-VAE tokens, over pre-computed aligned crops."""
+
+    n_crops: int = option(4, "aligned crops per sample (crop 0 is the full view)", min=1)
+    crop_scale: tuple[float, ...] = option((0.6, 1.0), "random resized crop: area fraction range", min=0.05, max=1.0)
+    crop_ratio: tuple[float, ...] = option((0.75, 1.3333), "random resized crop: aspect ratio range", min=0.1,
+                                           max=10.0)
+    flip_probability: float = option(0.5, "probability that a crop (other than crop 0) is mirrored", min=0.0,
+                                     max=1.0)
+    seed: int = option(0, "crop seed (crops are drawn per sample key)")
+    batch_size: int = option(64, "images per encoder forward pass", versioned=False, min=1)
+    check_samples: int = option(32, "val samples decoded back by the collect step's check", versioned=False, min=0)
+    check_tolerance: float = option(0.1, "collect check: allowed relative deviation from the tokenizer report",
+                                    versioned=False, min=0.0)
+
+    def __post_init__(self) -> None:
+        for name in ("crop_scale", "crop_ratio"):
+            low_high = getattr(self, name)
+            if len(low_high) != 2 or low_high[0] > low_high[1]:
+                raise ValueError(f"{name} must be [low, high] with low <= high, got {list(low_high)}")
+
+
 #: Config sections in load order (train links data, data links alphas): name -> dataclass.
 SECTIONS: dict[str, type] = {
     "train": TrainConfig,
@@ -213,6 +262,7 @@ SECTIONS: dict[str, type] = {
     "alphas": AlphasConfig,
     "prepare_data": PrepareDataConfig,
     "train_tokenizers": TrainTokenizersConfig,
+    "pretokenize": PretokenizeConfig,
 }
 
 
@@ -226,6 +276,7 @@ class FourMConfig:
     alphas: AlphasConfig
     prepare_data: PrepareDataConfig
     train_tokenizers: TrainTokenizersConfig
+    pretokenize: PretokenizeConfig
 
     def __post_init__(self) -> None:
         for component in self.alphas.mixture:

@@ -9,6 +9,7 @@ applies the overrides (which beat the files), and returns a frozen :class:`FourM
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -17,10 +18,11 @@ import yaml
 from fourm_kfp.config.fourm_config import SECTIONS, FourMConfig
 from fourm_kfp.config.schema import ConfigError, from_dict
 
+log = logging.getLogger(__name__)
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
 #: The file each section is read from when no link names another.
 DEFAULT_FILES = {"train": "train.yaml", "prepare_data": "prepare_data.yaml",
-                 "train_tokenizers": "train_tokenizers.yaml"}
+                 "train_tokenizers": "train_tokenizers.yaml", "pretokenize": "pretokenize.yaml"}
 #: Linked sections: section -> (section holding the link, link key).
 LINKS = {"data": ("train", "data"), "alphas": ("data", "alphas")}
 
@@ -111,6 +113,10 @@ def load_config(preset: str | None = "smoke", config_dir: str | Path | None = No
             except ConfigError as exc:
                 raise ConfigError(f"{_blame(str(exc), mine)}: {exc}") from None
     try:
+        sections["alphas"], notes = sections["alphas"].restricted_to(sections["data"].input_modalities,
+                                                                     sections["data"].target_modalities)
+        if notes:
+            log.info("alphas restricted to the data's modalities: %s", "; ".join(notes))
         return FourMConfig(preset=preset if not config_dir else str(folder), **sections)
     except ValueError as exc:
         where = ", ".join(str(files[s]) for s in ("data", "alphas"))

@@ -13,10 +13,12 @@ import types
 import typing
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
+from fourm_kfp.errors import UserError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value is wrong; the message names the key and where it came from (file or override)."""
 
 

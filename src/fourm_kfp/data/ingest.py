@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from fourm_kfp.data.image_normalize import DEFAULT_MIN_SIDE, BadSampleError, normalize_image
+from fourm_kfp.errors import UserError
 from fourm_kfp.storage import Store, open_store
 
 T = TypeVar("T")
@@ -65,7 +66,7 @@ class SourceItem:
     origin: str
 
 
-class TooManyBadSamplesError(RuntimeError):
+class TooManyBadSamplesError(UserError, RuntimeError):
     """More of the source was unusable than ``prepare_data.max_bad_fraction`` allows."""
 
 

@@ -22,7 +22,8 @@ import torch
 from fourm_kfp import distributed
 from fourm_kfp.data.dataset_report import render_preview_grid
 from fourm_kfp.data.shard_reader import available_modalities, load_image_modality, load_texts
-from fourm_kfp.stage_runner import StageContext, StageResult
+from fourm_kfp.contract import StageContext, StageResult, StageSpec
+from fourm_kfp.stages import prepare_data
 from fourm_kfp.tokenizers.bundle import INDEX_FILE, TEXT_FILE, image_key
 from fourm_kfp.tokenizers.modality_codecs import fit_normalisation
 from fourm_kfp.tokenizers.saved_tokenizer import save_image_tokenizer
@@ -129,3 +130,11 @@ def run(ctx: StageContext) -> StageResult:
     flat.update({f"text.{k}": v for k, v in text_metrics.items()})
     counts = {"image_tokenizers": sorted(models), "text_tokenizer": index_text is not None}
     return StageResult(counts=counts, metrics=flat)
+
+
+SPEC = StageSpec(
+    name="train-tokenizers",
+    run=run,
+    config_keys=("data.image_size", "train_tokenizers"),
+    upstream=(prepare_data.SPEC,),
+)

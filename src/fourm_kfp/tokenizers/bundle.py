@@ -21,7 +21,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from fourm_kfp.manifest import require_manifest
+from fourm_kfp.contract.manifest import require_manifest
 from fourm_kfp.storage import Store, open_store
 from fourm_kfp.tokenizers.saved_tokenizer import CONFIG_FILE, WEIGHTS_FILE, load_image_tokenizer
 from fourm_kfp.tokenizers.text_tokenizer import load_text_tokenizer

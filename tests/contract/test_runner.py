@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from fourm_kfp import lineage
 from fourm_kfp.config.loader import load_config
-from fourm_kfp.manifest import MANIFEST_NAME, IncompleteOutputError
-from fourm_kfp.stage_runner import StageResult, StageSpec, run_stage
+from fourm_kfp.contract import StageResult, StageSpec, lineage, run_stage, run_stage_part
+from fourm_kfp.contract.guarded_config import UndeclaredConfigKeyError
+from fourm_kfp.contract.manifest import MANIFEST_NAME, IncompleteOutputError
 from fourm_kfp.storage import open_store
 
 CALLS: list[str] = []
@@ -75,7 +75,7 @@ def test_failed_stage_leaves_no_manifest_and_is_redone_cleanly(tmp_path, config)
 def test_uncommitted_input_is_refused(tmp_path, config):
     root = open_store(str(tmp_path), create=True)
     root.put_bytes("half/done.bin", b"x")
-    consumer = StageSpec("consumer", _writes_two_files, config_keys=("data",), inputs=("toy",))
+    consumer = StageSpec("consumer", _writes_two_files, config_keys=("data",), upstream=(SPEC,))
     with pytest.raises(IncompleteOutputError, match="has no _MANIFEST.json"):
         run_stage(consumer, config, root, input_uris={"toy": root.uri_of("half")})
 
@@ -99,3 +99,76 @@ def test_lineage_records_ran_and_reused_runs(tmp_path, config):
     assert outputs[0].dataset.source and ran.output_uri in outputs[0].dataset.source
     client = lineage._client(tracking)
     assert [a.path for a in client.list_artifacts(ran.mlflow_run_id, "reports")] == ["reports/report.md"]
+
+
+def _reads(path: str):
+    def run(ctx):
+        node = ctx.config
+        for part in path.split("."):
+            node = getattr(node, part)
+        return StageResult(counts={"value": str(node)})
+
+    return run
+
+
+@pytest.mark.parametrize("declared, read", [
+    (("prepare_data",), "prepare_data.num_train"),
+    (("data.image_size",), "data.image_size"),
+    (("train_tokenizers",), "train_tokenizers.image.codebook_size"),
+])
+def test_a_stage_reads_the_config_it_declares(tmp_path, config, declared, read):
+    outcome = run_stage(StageSpec("reader", _reads(read), config_keys=declared), config, open_store(str(tmp_path)))
+    assert outcome.status == "ran"
+
+
+@pytest.mark.parametrize("declared, read", [
+    (("prepare_data",), "train.steps"),
+    (("data.image_size",), "data.modalities"),
+    (("data.image_size",), "alphas.mixture"),
+])
+def test_reading_an_undeclared_key_names_the_key_and_the_stage(tmp_path, config, declared, read):
+    spec = StageSpec("sneaky", _reads(read), config_keys=declared)
+    with pytest.raises(UndeclaredConfigKeyError) as info:
+        run_stage(spec, config, open_store(str(tmp_path)))
+    assert f"{read!r}" in str(info.value) and "'sneaky'" in str(info.value)
+
+
+PART_CALLS: list[int] = []
+
+
+def _part(ctx, part, parts):
+    PART_CALLS.append(part)
+    ctx.output.put_bytes(f"shards/{part}.bin", bytes([part]) * (part + 1))
+    return StageResult(counts={"items": part + 1})
+
+
+def _collect(ctx):
+    records = ctx.part_records()
+    return StageResult(counts={"items": sum(r["counts"]["items"] for r in records), "parts": len(records)})
+
+
+FANNED = StageSpec("fanned", _collect, config_keys=("prepare_data",), run_part=_part, resumable=True)
+
+
+def test_fan_out_parts_then_collect_lists_every_file(any_store_uri, config):
+    PART_CALLS.clear()
+    root = open_store(any_store_uri, create=True)
+    uris = {run_stage_part(FANNED, config, root, part, 3) for part in (2, 0)}
+    assert len(uris) == 1 and PART_CALLS == [2, 0]
+    assert run_stage_part(FANNED, config, root, 0, 3) in uris and PART_CALLS == [2, 0]  # a done part is skipped
+    outcome = run_stage(FANNED, config, root, parts=3)  # runs the missing part 1 itself, then collects
+    assert PART_CALLS == [2, 0, 1]
+    manifest = json.loads(open_store(outcome.output_uri).get_bytes(MANIFEST_NAME))
+    assert manifest["counts"] == {"items": 6, "parts": 3}
+    assert {f["key"]: f["bytes"] for f in manifest["files"] if f["key"].startswith("shards/")} == {
+        "shards/0.bin": 1, "shards/1.bin": 2, "shards/2.bin": 3}
+    assert run_stage_part(FANNED, config, root, 1, 3) == outcome.output_uri and PART_CALLS == [2, 0, 1]
+
+
+def test_a_resumable_stage_keeps_committed_pieces_unless_forced(tmp_path, config):
+    PART_CALLS.clear()
+    root = open_store(str(tmp_path), create=True)
+    run_stage_part(FANNED, config, root, 0, 2)
+    assert run_stage(FANNED, config, root, parts=2).status == "ran" and PART_CALLS == [0, 1]
+    run_stage(FANNED, config, root, parts=2, force=True)
+    assert PART_CALLS == [0, 1, 0, 1]

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fourm_kfp import __version__
+from fourm_kfp.errors import UserError
 from fourm_kfp.storage import Store, StorageError
 
 MANIFEST_NAME = "_MANIFEST.json"
 
 
-class IncompleteOutputError(RuntimeError):
+class IncompleteOutputError(UserError, RuntimeError):
     """An input URI has no manifest: its stage never finished, so it must not be read."""
 
 

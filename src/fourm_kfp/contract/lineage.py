@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 EXPERIMENT = os.environ.get("FOURM_MLFLOW_EXPERIMENT", "fourm-kfp")
 MAX_PARAM_LENGTH = 6000
 TAG_STAGE, TAG_STATUS, TAG_REUSED, TAG_PRODUCED_BY = "fourm.stage", "fourm.status", "fourm.reused", "fourm.produced_by"
+TAG_KIND, TAG_OUTPUT_URI, TAG_ADDRESS = "fourm.kind", "fourm.output_uri", "fourm.content_hash"
 
 
 def default_tracking_uri(root: str | os.PathLike) -> str:
@@ -165,13 +166,15 @@ def finish_run(tracking_uri: str | None, run_id: str | None, status: str = "FINI
 
 
 @contextlib.contextmanager
-def stage_run(tracking_uri: str | None, parent_run_id: str | None, stage: str) -> Iterator[Tracker]:
-    """A child run for one stage under ``parent_run_id``; closed FAILED if the body raises."""
+def stage_run(tracking_uri: str | None, parent_run_id: str | None, stage: str,
+              kind: str = "stage") -> Iterator[Tracker]:
+    """A child run for one stage (``kind="part"``: one fan-out worker of a stage) under ``parent_run_id``;
+    closed FAILED if the body raises."""
     if tracking_uri is None:
         yield NullTracker()
         return
     client = _client(tracking_uri)
-    tags = {TAG_STAGE: stage, "fourm.kind": "stage"}
+    tags = {TAG_STAGE: stage, TAG_KIND: kind}
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     run = client.create_run(_experiment_id(client, tracking_uri), run_name=stage, tags=tags)
@@ -184,11 +187,12 @@ def stage_run(tracking_uri: str | None, parent_run_id: str | None, stage: str) -
     client.set_terminated(run.info.run_id, status="FINISHED")
 
 
-def child_runs(tracking_uri: str, parent_run_id: str) -> list:
-    """The stage runs under a pipeline run, oldest first."""
+def child_runs(tracking_uri: str, parent_run_id: str, kind: str = "stage") -> list:
+    """The stage runs (or fan-out part runs) under a pipeline run, oldest first."""
     client = _client(tracking_uri)
     experiment_id = _experiment_id(client, tracking_uri)
-    runs = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'")
+    runs = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' "
+                                                              f"and tags.`{TAG_KIND}` = '{kind}'")
     return sorted(runs, key=lambda r: r.info.start_time)
 
 

@@ -1,0 +1,62 @@
+"""What a stage is: a :class:`StageSpec` (name, function, declared config, upstream specs) and what it returns.
+
+Each stage module declares its spec next to its function::
+
+    SPEC = StageSpec(name="train-tokenizers", run=run, config_keys=("data.image_size", "train_tokenizers"),
+                     upstream=(prepare_data.SPEC,))
+
+A stage reads only the declared config keys (see :mod:`.guarded_config`) and the committed outputs of its
+upstream stages, and writes into its own content-addressed output. A stage that fans out (``run_part``) is run
+as ``parts`` workers, each writing its own share, then ``run`` collects; such a stage is usually ``resumable``:
+its output prefix is not cleared before it runs, so a restarted worker keeps what was already committed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from fourm_kfp.config.fourm_config import FourMConfig
+    from fourm_kfp.contract.runner import StageContext
+
+
+@dataclass(frozen=True)
+class ExternalSource:
+    """Data a stage read from outside the pipeline (a user's image folder), recorded in its lineage."""
+
+    name: str
+    uri: str
+    digest: str
+
+
+@dataclass
+class StageResult:
+    """What a stage function returns: counts for the manifest, metrics for MLflow (and the manifest), and the
+    external sources it read."""
+
+    counts: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    sources: list[ExternalSource] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What the runner needs to know about a stage."""
+
+    name: str
+    run: Callable[["StageContext"], StageResult]  # the stage (or, with run_part, its collect step)
+    config_keys: tuple[str, ...]  # dotted config keys the stage reads; their versioned fields address the output
+    upstream: tuple["StageSpec", ...] = ()  # stages whose committed outputs this stage reads
+    code_version: int = 1  # bump when the stage's code changes what it writes
+    #: config -> digest of data read from outside the pipeline (None = none); part of the address, so a changed
+    #: source folder is not mistaken for the old one.
+    source_fingerprint: Callable[["FourMConfig"], str | None] | None = None
+    #: ``run_part(ctx, part, parts)``: one fan-out worker; ``run`` then collects the parts.
+    run_part: Callable[["StageContext", int, int], StageResult] | None = None
+    #: keep what an interrupted run committed (the stage skips its committed pieces itself)
+    resumable: bool = False
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(up.name for up in self.upstream)
