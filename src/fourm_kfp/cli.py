@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from fourm_kfp.console import closing_summary
     from fourm_kfp.local_run import PipelineFailed, run_pipeline_locally
 
     try:
@@ -79,10 +80,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                                        overrides=args.overrides, force=args.force,
                                        tracking_uri=args.mlflow_tracking_uri, summary_path=args.summary)
     except PipelineFailed as exc:
-        print(json.dumps(exc.summary, indent=2))
-        print(f"error: {exc}", file=sys.stderr)
+        print(closing_summary(exc.summary))
+        print(f"Error: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(summary, indent=2))
+    print(closing_summary(summary))
     return 0
 
 

@@ -24,7 +24,7 @@ def setup_logging(debug: bool = False) -> None:
     """One format for every process of a run (``PYTHONUNBUFFERED`` is set in pods; lines are flushed)."""
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, stream=sys.stderr, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("urllib3", "alembic", "botocore", "git"):
+    for noisy in ("urllib3", "alembic", "botocore", "git", "mlflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import ConfigError
+from fourm_kfp.console import ConsoleLog
 from fourm_kfp.contract import lineage
 from fourm_kfp.kfp_runtime import open_pipeline_run
 from fourm_kfp.launch import apply_s3_endpoint, local_root, resolve_store_uri
@@ -49,6 +50,7 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
     unknown = sorted(set(force) - set(STAGES))
     if unknown:
         raise ConfigError(f"--force names unknown stages {unknown}; stages: {', '.join(STAGES)}")
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its store set-up lines are noise on the console
     tracking = lineage.resolve_tracking_uri(tracking_uri, root)
     if tracking is None:
         raise ConfigError("fourm-kfp run needs MLflow lineage: MLFLOW_TRACKING_URI=none is not supported here")
@@ -65,17 +67,23 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root / "kfp"),
                enable_caching=True, raise_on_error=True)
     error = None
-    try:
-        fourm_pretrain(**arguments)
-    except RuntimeError as exc:
-        error = exc
+    kfp_log = root / "logs" / f"{label}.log"
+    with ConsoleLog(kfp_log) as console:
+        console.print(f"fourm-kfp run {label}: preset {preset}, outputs under {store_uri}")
+        console.print(f"  (KFP's full log: {kfp_log})")
+        try:
+            fourm_pretrain(**arguments)
+        except RuntimeError as exc:
+            error = exc
     lineage.finish_run(tracking, parent_run_id, "FAILED" if error else "FINISHED")
-    summary = build_summary(label, tracking, parent_run_id)
+    summary = {**build_summary(label, tracking, parent_run_id), "kfp_log": str(kfp_log)}
     if summary_path:
         Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
         Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")
     if error is not None:
-        raise PipelineFailed(f"pipeline run {label} failed: {error}", summary) from error
+        failed = [s["name"] for s in summary["stages"] if s["status"] == "failed"]
+        raise PipelineFailed(f"pipeline run {label} failed{' at ' + ', '.join(failed) if failed else ''}; "
+                             f"the stage's error is in {kfp_log}", summary) from error
     return summary
 
 

@@ -100,10 +100,10 @@ class SkipCounter:
         if fraction <= max_bad_fraction:
             return
         reasons = ", ".join(f"{reason}={n}" for reason, n in sorted(self.by_reason.items()))
-        examples = "\n".join(f"  {err}" for err in self.first)
+        examples = "; ".join(str(err) for err in self.first[:3])
         raise TooManyBadSamplesError(
             f"{where}: {self.total} of {total_seen} samples ({fraction:.2%}) could not be used, more than "
-            f"prepare_data.max_bad_fraction={max_bad_fraction:g} allows ({reasons}). First bad samples:\n{examples}\n"
+            f"prepare_data.max_bad_fraction={max_bad_fraction:g} allows ({reasons}). First bad samples: {examples}. "
             "Fix or remove these files, or raise prepare_data.max_bad_fraction.")
 
 

@@ -1,0 +1,102 @@
+"""The ``fourm-kfp`` command as a user meets it: the README's real-data recipe as written, plan before run, and
+user errors as one clear line without a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+CLI = str(Path(sys.executable).parent / "fourm-kfp")
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=300,
+                          env={**os.environ, "MLFLOW_TRACKING_URI": "none"})
+
+
+def _photos(folder: Path, good: int, bad: int = 0) -> None:
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(good):
+        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(folder / f"img{i}.jpg")
+        (folder / f"img{i}.txt").write_text(f"a photo number {i}")
+    for i in range(bad):
+        (folder / f"broken{i}.jpg").write_bytes(b"not an image")
+
+
+def _readme_real_data_command() -> list[str]:
+    """The README's real-data example, as its words (continuation lines joined)."""
+    text = README.read_text()
+    block = text.split("### Real data", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return block.replace("\\\n", " ").split()
+
+
+def test_readme_real_data_recipe_runs_as_written(tmp_path):
+    words = _readme_real_data_command()
+    assert words[:3] == ["fourm-kfp", "stage", "prepare-data"]
+    photos = tmp_path / "my photos"  # a folder name with a space: overrides travel as a list, never re-split
+    _photos(photos, good=12)
+    args = []
+    for word in words[1:]:
+        if word == "/data/photos":
+            word = str(photos)
+        word = word.replace("prepare_data.source_uri=/data/photos", f"prepare_data.source_uri={photos}")
+        args.append(word.replace("runs/photos", str(tmp_path / "run")))
+    proc = _cli(*args, "--set", "prepare_data.samples_per_shard=8", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outcome = json.loads(proc.stdout)
+    assert outcome["status"] == "ran" and outcome["metrics"]
+    out = Path(outcome["output_uri"])
+    assert sorted({p.parent.name for p in out.glob("*/*/shard-*.tar")}) == ["caption", "rgb"]
+
+
+def test_too_many_bad_samples_is_one_line_without_traceback(tmp_path):
+    photos = tmp_path / "photos"
+    _photos(photos, good=2, bad=3)
+    common = ["stage", "prepare-data", "--root", str(tmp_path / "run"), "--set", "prepare_data.source=image_folder",
+              "--set", f"prepare_data.source_uri={photos}", "--set", "data.modalities=[rgb,caption]",
+              "--set", "data.input_modalities=[rgb,caption]", "--set", "data.target_modalities=[rgb,caption]"]
+    proc = _cli(*common)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    [error] = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert "max_bad_fraction" in error and "broken0.jpg" in error
+    debug = _cli("--debug", *common)
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["stage", "prepare-data", "--root", "s3://bucket/runs"], "--store s3://"),
+    (["stage", "prepare-data", "--root", "{tmp}", "--set", "data.image_size=huge"], "data.image_size"),
+    (["stage", "train-tokenizers", "--root", "{tmp}"], "has no _MANIFEST.json"),
+    (["stage", "prepare-data", "--root", "{tmp}", "--part", "0"], "does not fan out"),
+])
+def test_user_errors_are_one_clear_line(tmp_path, args, needle):
+    proc = _cli(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert proc.returncode == 2, proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("Error: ") and needle in proc.stderr
+    assert not (tmp_path / "s3:").exists()
+
+
+def test_status_plans_without_running(tmp_path):
+    before = _cli("status", "--root", str(tmp_path), "--json")
+    assert before.returncode == 0, before.stderr
+    plan = json.loads(before.stdout)
+    assert [p["name"] for p in plan][:2] == ["prepare-data", "train-tokenizers"]
+    assert not any(p["committed"] for p in plan) and not list(tmp_path.glob("*/*/_MANIFEST.json"))
+    assert _cli("stage", "prepare-data", "--root", str(tmp_path)).returncode == 0
+    after = {p["name"]: p for p in json.loads(_cli("status", "--root", str(tmp_path), "--json").stdout)}
+    assert after["prepare-data"]["committed"] and not after["train-tokenizers"]["committed"]
+    assert after["prepare-data"]["address"] == plan[0]["address"]
+    table = _cli("status", "--root", str(tmp_path)).stdout
+    assert re.search(rf"prepare-data\s+{plan[0]['address']}\s+committed", table)
