@@ -19,8 +19,12 @@ det        str: boxes as ``v0=.. v1=.. v2=.. v3=.. name``  ``txt`` (UTF-8)
 caption    str                                             ``txt`` (UTF-8)
 =========  ==============================================  ==========================================
 
-Encoders and decoders are looked up by name (``MODALITIES["depth"].encode(x)``), so stages treat modalities
-as data rather than ``if`` chains.
+:data:`MODALITIES` is the one table of modalities: kind, in-memory channels, file extension and codec, tokenizer
+kind (``vqvae`` per image modality, the shared ``wordpiece`` for text) and the primary metric its tokenizer and
+evaluation report. The other per-modality registries (tokenizer codecs and metrics in :mod:`fourm_kfp.tokenizers`,
+visualisers in :mod:`fourm_kfp.data.modality_visuals`, pretokenized names in :mod:`fourm_kfp.data.pretokenized`)
+follow it, and a test checks that every modality is fully described. Everything is looked up by name
+(``MODALITIES["depth"].encode(x)``), so stages treat modalities as data rather than ``if`` chains.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ class Modality:
     ext: str
     encode: Callable[[Any], bytes]
     decode: Callable[[bytes], Any]
+    channels: int  # in-memory channels of an image modality (1 = [H, W]); 0 for text
+    tokenizer: str  # "vqvae" (one per modality) or "wordpiece" (shared by the sequence modalities)
+    metric: str  # primary error metric of its tokenizer/evaluation ("mse", "abs_rel", ...; lower is better)
 
 
 def _png_bytes(array: np.ndarray, mode: str | None = None) -> bytes:
@@ -135,13 +142,13 @@ def decode_text(data: bytes) -> str:
 MODALITIES: dict[str, Modality] = {
     m.name: m
     for m in (
-        Modality("rgb", "image", "png", encode_rgb, decode_rgb),
-        Modality("depth", "image", "png", encode_depth, decode_depth),
-        Modality("normal", "image", "png", encode_normal, decode_normal),
-        Modality("semseg", "image", "png", encode_semseg, decode_semseg),
-        Modality("edge", "image", "png", encode_edge, decode_edge),
-        Modality("det", "sequence", "txt", encode_text, decode_text),
-        Modality("caption", "sequence", "txt", encode_text, decode_text),
+        Modality("rgb", "image", "png", encode_rgb, decode_rgb, 3, "vqvae", "mse"),
+        Modality("depth", "image", "png", encode_depth, decode_depth, 1, "vqvae", "abs_rel"),
+        Modality("normal", "image", "png", encode_normal, decode_normal, 3, "vqvae", "angle_deg"),
+        Modality("semseg", "image", "png", encode_semseg, decode_semseg, 1, "vqvae", "pixel_err"),
+        Modality("edge", "image", "png", encode_edge, decode_edge, 1, "vqvae", "pixel_err"),
+        Modality("det", "sequence", "txt", encode_text, decode_text, 0, "wordpiece", "unknown_token_rate"),
+        Modality("caption", "sequence", "txt", encode_text, decode_text, 0, "wordpiece", "unknown_token_rate"),
     )
 }
 

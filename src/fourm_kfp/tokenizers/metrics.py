@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from fourm_kfp.data.modalities import CLASS_NAMES
+from fourm_kfp.data.modalities import CLASS_NAMES, get_modality
 
 
 def rgb_errors(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
@@ -93,15 +93,20 @@ def _majority(num_classes: int) -> Callable[[np.ndarray], np.ndarray]:
 class ModalityMetrics:
     """Error metrics of a modality, its trivial baseline (training arrays → one prediction) and primary error."""
 
+    name: str
     errors: Callable[[np.ndarray, np.ndarray], dict[str, float]]
     baseline: Callable[[np.ndarray], np.ndarray]
-    primary: str
+
+    @property
+    def primary(self) -> str:
+        """The primary error, as the modality table names it."""
+        return get_modality(self.name).metric
 
 
-METRICS: dict[str, ModalityMetrics] = {
-    "rgb": ModalityMetrics(rgb_errors, mean_image, "mse"),
-    "depth": ModalityMetrics(depth_errors, mean_depth, "abs_rel"),
-    "normal": ModalityMetrics(normal_errors, mean_normal, "angle_deg"),
-    "semseg": ModalityMetrics(_class_errors(len(CLASS_NAMES)), _majority(len(CLASS_NAMES)), "pixel_err"),
-    "edge": ModalityMetrics(_class_errors(2), _majority(2), "pixel_err"),
-}
+METRICS: dict[str, ModalityMetrics] = {m.name: m for m in (
+    ModalityMetrics("rgb", rgb_errors, mean_image),
+    ModalityMetrics("depth", depth_errors, mean_depth),
+    ModalityMetrics("normal", normal_errors, mean_normal),
+    ModalityMetrics("semseg", _class_errors(len(CLASS_NAMES)), _majority(len(CLASS_NAMES))),
+    ModalityMetrics("edge", _class_errors(2), _majority(2)),
+)}

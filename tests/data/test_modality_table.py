@@ -1,0 +1,42 @@
+"""One table of modalities: every modality is fully described, and every per-modality registry follows it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fourm_kfp.config.fourm_config import TrainTokenizersConfig
+from fourm_kfp.data.modalities import IMAGE_MODALITIES, MODALITIES, SEQUENCE_MODALITIES
+from fourm_kfp.data.modality_visuals import VISUALIZERS, visualize
+from fourm_kfp.data.pretokenized import member_ext, source_modality, token_name
+from fourm_kfp.data.synthetic_scenes import synthetic_sample
+from fourm_kfp.tokenizers.metrics import METRICS
+from fourm_kfp.tokenizers.modality_codecs import CODECS
+
+
+def test_registries_cover_exactly_the_table():
+    assert set(VISUALIZERS) == set(MODALITIES)
+    vqvae = {m.name for m in MODALITIES.values() if m.tokenizer == "vqvae"}
+    assert set(CODECS) == vqvae == set(METRICS) == set(IMAGE_MODALITIES)
+    wordpiece = {m.name for m in MODALITIES.values() if m.tokenizer == "wordpiece"}
+    assert wordpiece == set(SEQUENCE_MODALITIES) == set(TrainTokenizersConfig().text_modalities)
+    assert set(TrainTokenizersConfig().image_modalities) == vqvae
+
+
+@pytest.mark.parametrize("name", list(MODALITIES))
+def test_every_modality_is_fully_described(name):
+    modality = MODALITIES[name]
+    assert modality.kind in ("image", "sequence") and modality.metric
+    value = synthetic_sample(0, 3, 32)[name]
+    assert modality.decode(modality.encode(value)) is not None
+    tile = visualize(name, value, 32)
+    assert tile.shape[:2] == (32, 32)
+    if modality.kind == "image":
+        array = np.asarray(value)
+        assert (array.shape[-1] if array.ndim == 3 else 1) == modality.channels
+        codec = CODECS[name]
+        assert codec.to_input(array[None], codec.fit(array[None])).shape[1] == codec.in_channels
+        assert METRICS[name].primary == modality.metric
+        assert source_modality(token_name(name)) == name and member_ext(token_name(name)) == "npy"
+    else:
+        assert modality.channels == 0 and isinstance(value, str)
