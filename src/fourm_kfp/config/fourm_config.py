@@ -41,6 +41,10 @@ class ModelConfig:
     decoder_layers: int = option(6, "decoder blocks", min=1)
     dim: int = option(384, "model width", min=8)
     heads: int = option(6, "attention heads (dim must divide evenly)", min=1)
+    rgb_input: Literal["tokens", "pixels"] = option("tokens", "rgb enters the encoder as VQ tokens or pixel patches")
+    tie_embeddings: bool = option(True, "tie each decoder output head to its decoder token embedding")
+    max_text_length: int = option(64, "longest caption/det token sequence (input or target); longer is cut",
+                                  min=8)
 
     def __post_init__(self) -> None:
         if self.dim % self.heads:
@@ -54,6 +58,7 @@ class OptimizerConfig:
     base_lr: float = option(1e-4, "learning rate per 256 samples of global batch", min=0.0)
     betas: tuple[float, ...] = option((0.9, 0.95), "AdamW betas", min=0.0, max=1.0)
     weight_decay: float = option(0.05, "AdamW weight decay (none on norms and biases)", min=0.0)
+    decay_embeddings: bool = option(False, "apply weight decay to embeddings too")
     warmup_steps: int = option(0, "linear warmup steps", min=0)
     min_lr_ratio: float = option(0.0, "final lr as a fraction of the peak", min=0.0, max=1.0)
     grad_clip: float = option(1.0, "max gradient norm (0 disables clipping)", min=0.0)
@@ -65,19 +70,53 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The main training config."""
+    """The main training config: model, masking budgets, optimizer and schedule, parallelism, logging,
+    validation and checkpoints. The schedule's length comes from ``steps``, ``epochs`` or ``tokens`` (one)."""
 
     data: str = option("data.yaml", "data config file, relative to this file", versioned=False)
     model: ModelConfig = option(ModelConfig(), "model sizes")
     input_budget: int = option(128, "input tokens per sample, split across modalities", min=1)
     target_budget: int = option(128, "target tokens per sample, split across modalities", min=1)
+    loss_weighting: Literal["modality", "token"] = option(
+        "modality", "mean of per-modality losses (4M) or mean over all target tokens")
+    label_smoothing: float = option(0.0, "cross-entropy label smoothing", min=0.0, max=0.5)
+    span_mean_length: float = option(3.0, "text span masking: mean span length in tokens", min=1.0)
     optimizer: OptimizerConfig = option(OptimizerConfig(), "optimizer and schedule")
-    steps: int = option(1000, "optimizer steps", min=1)
-    global_batch_size: int = option(256, "samples per step over all ranks", min=1)
-    precision: Literal["bf16", "fp32"] = option("bf16", "autocast dtype on GPU (CPU runs fp32)")
-    seed: int = option(0, "training seed")
+    steps: int = option(0, "optimizer steps (0: from epochs or tokens)", min=0)
+    epochs: float = option(0.0, "passes over the train split (0: from steps or tokens)", min=0.0)
+    tokens: int = option(0, "input + target tokens to train on (0: from steps or epochs)", min=0)
+    global_batch_size: int = option(256, "samples per optimizer step over all ranks", min=1)
+    micro_batch_size: int = option(0, "samples per forward pass per rank (0: global batch / world size; "
+                                   "smaller means gradient accumulation)", versioned=False, min=0)
+    precision: Literal["auto", "bf16", "fp32"] = option(
+        "auto", "auto: bf16 autocast on GPUs and CPUs with native bf16, fp32 elsewhere", versioned=False)
+    parallelism: Literal["ddp", "fsdp"] = option("ddp", "data parallel: DDP (small models) or FSDP2 (large)",
+                                                 versioned=False)
+    activation_checkpointing: bool = option(False, "recompute block activations in backward", versioned=False)
+    compile: bool = option(False, "torch.compile each block", versioned=False)
+    seed: int = option(0, "training seed (init, masking, data order)")
+    nonfinite: Literal["skip", "fail"] = option("skip", "a non-finite loss or gradient: skip the step, or fail")
+    max_skipped_steps: int = option(10, "fail when more steps than this were skipped as non-finite", min=0)
     log_every: int = option(10, "steps between metric lines", versioned=False, min=1)
+    val_every: int = option(0, "steps between validations (0: only at the start and the end)", versioned=False,
+                            min=0)
+    val_batches: int = option(4, "validation batches (fixed seed and budgets)", versioned=False, min=1)
     checkpoint_every: int = option(500, "steps between checkpoints", versioned=False, min=1)
+    keep_last: int = option(2, "checkpoints kept besides the permanent ones", versioned=False, min=1)
+    keep_every: int = option(0, "keep every checkpoint whose step is a multiple of this (0: none)",
+                             versioned=False, min=0)
+    loader_workers: int = option(1, "data loader worker processes per rank", versioned=False, min=0)
+    profile_steps: int = option(0, "profile this many early steps on rank 0 (0: off)", versioned=False, min=0)
+    resume_from: str = option("", "start from this checkpoint URI (model, optimizer, schedule, loader): a cool-down")
+    init_from: str = option("", "load only model weights from this checkpoint or model URI (fine-tuning)")
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("steps", "epochs", "tokens") if getattr(self, name)]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of steps, epochs, tokens for the schedule's length, got "
+                             f"{given or 'none'}")
+        if self.resume_from and self.init_from:
+            raise ValueError("resume_from and init_from exclude each other")
 
 
 @dataclass(frozen=True)
@@ -89,6 +128,9 @@ class DataConfig:
     modalities: tuple[str, ...] = option(ALL_MODALITIES, "modalities the dataset holds (a source may lack some)")
     input_modalities: tuple[str, ...] = option(ALL_MODALITIES, "modalities the encoder may see")
     target_modalities: tuple[str, ...] = option(ALL_MODALITIES, "modalities the decoder predicts")
+    extra_datasets: dict[str, float] = option({}, "other pretokenized datasets (URI: sampling weight) mixed into "
+                                              "training beside the pipeline's own", min=0.0)
+    weight: float = option(1.0, "sampling weight of the pipeline's own pretokenized dataset", min=0.0)
 
     def __post_init__(self) -> None:
         for field in ("modalities", "input_modalities", "target_modalities"):
