@@ -13,7 +13,7 @@ from typing import Iterable, Iterator, TypeVar
 T = TypeVar("T")
 
 
-def _fmt_seconds(seconds: float) -> str:
+def format_seconds(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
@@ -39,12 +39,12 @@ class LineProgress:
         rate = self.count / elapsed if elapsed > 0 else 0.0
         if self.total:
             eta = (self.total - self.count) / rate if rate > 0 else float("inf")
-            eta_text = _fmt_seconds(eta) if eta != float("inf") else "?"
+            eta_text = format_seconds(eta) if eta != float("inf") else "?"
             head = f"{self.count}/{self.total} ({100 * self.count / self.total:.0f}%)"
             tail = f"ETA {eta_text}"
         else:
             head, tail = f"{self.count}", ""
-        print(f"{self.desc}: {head} {rate:.1f} {self.unit}/s, elapsed {_fmt_seconds(elapsed)} {tail}".rstrip(),
+        print(f"{self.desc}: {head} {rate:.1f} {self.unit}/s, elapsed {format_seconds(elapsed)} {tail}".rstrip(),
               file=self.stream, flush=True)
 
     def close(self) -> None:

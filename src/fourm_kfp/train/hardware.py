@@ -1,0 +1,68 @@
+"""The device a rank trains on, the precision ``auto`` resolves to there, and its peak FLOP/s for MFU.
+
+bf16 autocast on CUDA and on CPUs with native bf16 (AVX512-BF16 or AMX); fp32 elsewhere: on AVX2-only CPUs a bf16
+matmul runs ~50x slower than fp32 (DESIGN.md §5). Peak FLOP/s: the vendor's dense bf16/fp32 figure for known
+GPUs, else a short matmul measured on this device (so CPU MFU is "fraction of what this machine's matmul reaches").
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import lru_cache
+
+import torch
+
+#: Dense peak FLOP/s by device-name fragment: (bf16, fp32 via TF32).
+GPU_PEAKS = {"H200": (989e12, 494e12), "H100": (989e12, 494e12), "A100": (312e12, 156e12),
+             "L40S": (362e12, 183e12), "A10": (125e12, 62.5e12)}
+
+
+def training_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def cpu_has_native_bf16() -> bool:
+    capability = torch.backends.cpu.get_cpu_capability()
+    return "AVX512" in capability and ("BF16" in capability or "AMX" in capability)
+
+
+def resolve_precision(setting: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype (``None``: plain fp32) for a ``precision`` setting on ``device``."""
+    if setting == "fp32":
+        return None
+    if setting == "bf16":
+        return torch.bfloat16
+    native = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_native_bf16()
+    return torch.bfloat16 if native else None
+
+
+@lru_cache(maxsize=None)
+def measured_matmul_flops(device_type: str, dtype: torch.dtype = torch.float32, size: int = 1024) -> float:
+    """FLOP/s of a large square matmul on this device (a few repetitions after a warm-up)."""
+    device = torch.device(device_type)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    reps = 10
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return 2 * size**3 * reps / (time.perf_counter() - start)
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype | None) -> float:
+    """Peak FLOP/s for MFU: the known GPU's dense figure, else this device's measured matmul."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for fragment, (bf16, fp32) in GPU_PEAKS.items():
+            if fragment in name:
+                return bf16 if dtype == torch.bfloat16 else fp32
+    return measured_matmul_flops(device.type, dtype or torch.float32)
