@@ -1,0 +1,117 @@
+"""The training step: forward and backward over the micro-batches of one optimizer step, clip, update.
+
+A pure function of (model, optimizer, micro-batches, settings) that returns device tensors only: nothing is read
+back to the host here (the trainer reads the accumulated values at log steps). A non-finite loss or gradient norm
+skips the update: on CUDA through the fused AdamW's ``found_inf`` input (the kernel leaves parameters, moments and
+step counts untouched, no synchronisation), on the CPU by a plain check (a host read costs nothing there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from fourm_kfp.model.batch import MaskedBatch
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    autocast_dtype: torch.dtype | None  # None: fp32
+    grad_clip: float  # 0: no clipping (the norm is still measured)
+    modalities: tuple[str, ...]  # the model's modalities, in ModalitySpec order
+
+
+def _grad_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+    """Gradient all-reduce only on the last micro-batch (DDP ``no_sync``; FSDP2 ``set_requires_gradient_sync``)."""
+    if hasattr(model, "no_sync") and not enabled:
+        return model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(enabled)
+    return contextlib.nullcontext()
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[MaskedBatch],
+               settings: StepSettings, device: torch.device) -> dict[str, torch.Tensor]:
+    """One optimizer step; returns ``loss``, ``loss/<modality>`` (NaN where absent), ``grad_norm`` and
+    ``finite`` as device tensors."""
+    count = len(micro_batches)
+    loss_sum = torch.zeros((), device=device)
+    modality_sum = torch.zeros(len(settings.modalities), device=device)
+    modality_seen = torch.zeros(len(settings.modalities), device=device)
+    for i, batch in enumerate(micro_batches):
+        with _grad_sync(model, enabled=i == count - 1), autocast(device, settings.autocast_dtype):
+            out = model(batch)
+            (out.loss / count).backward()
+        loss_sum += out.loss.detach().float()
+        for j, name in enumerate(settings.modalities):
+            value = out.modality_losses.get(name)
+            if value is not None:
+                modality_sum[j] += value.detach().float()
+                modality_seen[j] += 1
+    params = [p for p in model.parameters() if p.grad is not None]
+    max_norm = settings.grad_clip if settings.grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    loss = loss_sum / count
+    finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
+    _guarded_update(optimizer, finite, device)
+    optimizer.zero_grad(set_to_none=True)
+    values = {"loss": loss, "grad_norm": grad_norm, "finite": finite}
+    per_modality = modality_sum / modality_seen  # NaN where a modality had no targets this step
+    for j, name in enumerate(settings.modalities):
+        values[f"loss/{name}"] = per_modality[j]
+    return values
+
+
+def _guarded_update(optimizer: torch.optim.Optimizer, finite: torch.Tensor, device: torch.device) -> None:
+    fused = any(group.get("fused") for group in optimizer.param_groups)
+    if device.type == "cuda" and fused:
+        optimizer.found_inf = (~finite).float()  # read by the fused kernel: skips the update on the device
+        optimizer.step()
+        optimizer.found_inf = None
+    elif bool(finite):
+        optimizer.step()
+
+
+def global_norm(tensors: Iterator[torch.Tensor]) -> torch.Tensor:
+    """L2 norm over many tensors; FSDP2's sharded DTensors contribute their local shards, summed over ranks."""
+    total, sharded = None, False
+    for t in tensors:
+        if hasattr(t, "to_local"):
+            t, sharded = t.to_local(), True
+        squares = t.detach().float().square().sum()
+        total = squares if total is None else total + squares
+    if total is None:
+        return torch.zeros(())
+    if sharded and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(total)
+    return total.sqrt()
+
+
+def parameter_snapshot(model: nn.Module) -> list[torch.Tensor]:
+    """Detached copies of the parameters (taken before a log step's update, for the update norm)."""
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def update_norm(model: nn.Module, before: list[torch.Tensor]) -> torch.Tensor:
+    return global_norm(p.detach() - b for p, b in zip(model.parameters(), before))
+
+
+def to_host(values: dict[str, Any]) -> dict[str, float]:
+    """One device-to-host transfer for all scalar tensors of a log step."""
+    names = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+    if not names:
+        return {k: float(v) for k, v in values.items()}
+    stacked = torch.stack([values[k].detach().float().reshape(()) for k in names]).cpu().tolist()
+    out = {k: float(v) for k, v in values.items() if not isinstance(v, torch.Tensor)}
+    out.update(dict(zip(names, stacked)))
+    return out
