@@ -1,0 +1,228 @@
+"""FourM: the 4M encoder-decoder over a :class:`~fourm_kfp.model.batch.MaskedBatch` (single-device code).
+
+Embeddings are single tables with per-modality offsets, so one gather embeds every slot of every modality at once:
+the token id of slot ``s`` of modality ``m`` is looked up at ``offset[m] + id``, its position at
+``position_offset[m] + position`` in a fixed sin-cos table (2-D for grids, 1-D for sequences), and a learned
+modality embedding (shared by encoder and decoder) is added. ``rgb`` may instead enter as a linear projection of
+its pixel patches. Decoder queries of image modalities are a learned mask token; sequence modalities are decoded
+with teacher forcing from ``dec_tokens``. Attention masks are built once per batch from the slot tensors: the
+encoder attends over valid inputs; decoder self-attention stays within one modality (bidirectional for images,
+causal by position for sequences); cross-attention sees every valid encoder token.
+
+The output heads share one weight (tied to the decoder token table unless configured otherwise); the loss gathers
+the decoder slots by modality with the loader's host-side ``target_order``/``target_counts`` and applies each
+modality's slice of the head to its contiguous segment: no host synchronisation anywhere in ``forward``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fourm_kfp.model.batch import IGNORE_INDEX, MaskedBatch, ModalitySpec
+from fourm_kfp.model.layers import DecoderBlock, EncoderBlock, init_weights, layer_norm, sincos_1d, sincos_2d
+
+#: Reference sizes (encoder layers, decoder layers, width, heads), DESIGN.md §1.
+SIZES = {"tiny": (6, 6, 384, 6), "small": (8, 8, 512, 8), "base": (12, 12, 768, 12), "large": (24, 24, 1024, 16),
+         "xlarge": (24, 24, 2048, 32)}
+
+
+@dataclass(frozen=True)
+class FourMArgs:
+    """Everything needed to build the model (saved with it)."""
+
+    modalities: tuple[ModalitySpec, ...]
+    encoder_layers: int = 2
+    decoder_layers: int = 2
+    dim: int = 64
+    heads: int = 2
+    tie_embeddings: bool = True
+    label_smoothing: float = 0.0
+    loss_weighting: Literal["modality", "token"] = "modality"
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.dim % self.heads or (self.dim // self.heads) % 2:
+            raise ValueError(f"dim {self.dim} must split into {self.heads} heads of even width")
+        if len({m.name for m in self.modalities}) != len(self.modalities) or not self.modalities:
+            raise ValueError("modalities must be a non-empty list of distinct names")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.modalities)
+
+
+@dataclass
+class FourMOutput:
+    loss: torch.Tensor  # the training loss (0-dim)
+    modality_losses: dict[str, torch.Tensor]  # mean cross-entropy per modality present in the batch
+    modality_accuracy: dict[str, torch.Tensor] = field(default_factory=dict)  # top-1 token accuracy (on request)
+    token_counts: dict[str, int] = field(default_factory=dict)  # target tokens per modality (host ints)
+
+
+def _offsets(sizes: list[int]) -> torch.Tensor:
+    return torch.tensor([0] + sizes[:-1], dtype=torch.long).cumsum(0)
+
+
+class FourM(nn.Module):
+    def __init__(self, args: FourMArgs):
+        super().__init__()
+        self.args = args
+        dim = args.dim
+        vocab = [m.vocab_size for m in args.modalities]
+        self.register_buffer("token_offset", _offsets(vocab), persistent=False)
+        self.register_buffer("position_offset", _offsets([m.num_positions for m in args.modalities]),
+                             persistent=False)
+        tables = [sincos_2d(*m.grid, dim) if m.kind == "image" else sincos_1d(m.max_length, dim)
+                  for m in args.modalities]
+        self.register_buffer("positions", torch.cat(tables), persistent=False)
+        self.register_buffer("is_sequence", torch.tensor([m.kind == "sequence" for m in args.modalities]),
+                             persistent=False)
+        self.vocab_sizes = vocab
+
+        self.modality_embed = nn.Embedding(len(vocab), dim)
+        self.enc_token_embed = nn.Embedding(sum(vocab), dim)
+        self.dec_token_embed = nn.Embedding(sum(vocab), dim)
+        self.mask_token = nn.Parameter(torch.zeros(dim))
+        pixel = [m for m in args.modalities if m.pixel_input]
+        self.pixel_index = args.names.index(pixel[0].name) if pixel else -1
+        self.patch_size = pixel[0].patch_size if pixel else 0
+        self.patch_embed = nn.Linear(3 * self.patch_size**2, dim, bias=False) if pixel else None
+
+        self.encoder = nn.ModuleList(EncoderBlock(dim, args.heads, args.norm_eps) for _ in range(args.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderBlock(dim, args.heads, args.norm_eps) for _ in range(args.decoder_layers))
+        self.encoder_norm = layer_norm(dim, args.norm_eps)
+        self.decoder_norm = layer_norm(dim, args.norm_eps)
+        self.head = None if args.tie_embeddings else nn.Linear(dim, sum(vocab), bias=False)
+        self.apply(lambda module: init_weights(module, args.init_std))
+        nn.init.normal_(self.mask_token, std=args.init_std)
+
+    # -- embeddings ----------------------------------------------------------------------------------------------
+
+    def _context(self, modality: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        return self.positions[self.position_offset[modality] + position] + self.modality_embed(modality)
+
+    def embed_encoder(self, batch: MaskedBatch) -> torch.Tensor:
+        tokens = self.enc_token_embed(batch.enc_tokens + self.token_offset[batch.enc_modality])
+        if self.patch_embed is not None and batch.pixels is not None:
+            p = self.patch_size
+            b, c, h, w = batch.pixels.shape
+            patches = batch.pixels.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+            patches = self.patch_embed(patches.reshape(b, (h // p) * (w // p), c * p * p).to(tokens.dtype))
+            index = batch.enc_position.clamp(max=patches.shape[1] - 1)
+            gathered = patches.gather(1, index.unsqueeze(-1).expand(-1, -1, patches.shape[-1]))
+            tokens = torch.where((batch.enc_modality == self.pixel_index).unsqueeze(-1), gathered, tokens)
+        return tokens + self._context(batch.enc_modality, batch.enc_position)
+
+    def embed_decoder(self, batch: MaskedBatch) -> torch.Tensor:
+        tokens = self.dec_token_embed(batch.dec_tokens + self.token_offset[batch.dec_modality])
+        queries = torch.where(self.is_sequence[batch.dec_modality].unsqueeze(-1), tokens, self.mask_token)
+        return queries + self._context(batch.dec_modality, batch.dec_position)
+
+    # -- masks (once per batch) -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def encoder_mask(valid: torch.Tensor) -> torch.Tensor:
+        """``[B, 1, E, E]``: every token attends to the valid ones (a padding row attends to itself)."""
+        eye = torch.eye(valid.shape[1], dtype=torch.bool, device=valid.device)
+        return (valid[:, None, :] | eye).unsqueeze(1)
+
+    def decoder_masks(self, batch: MaskedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Self-attention ``[B, 1, D, D]`` within one modality (causal for sequences), cross ``[B, 1, 1, E]``."""
+        mod, pos, valid = batch.dec_modality, batch.dec_position, batch.dec_valid
+        same = mod[:, :, None] == mod[:, None, :]
+        causal = ~self.is_sequence[mod][:, :, None] | (pos[:, None, :] <= pos[:, :, None])
+        eye = torch.eye(mod.shape[1], dtype=torch.bool, device=mod.device)
+        self_mask = (same & causal & valid[:, None, :]) | eye
+        return self_mask.unsqueeze(1), batch.enc_valid[:, None, None, :]
+
+    # -- trunk ---------------------------------------------------------------------------------------------------
+
+    def encode(self, batch: MaskedBatch) -> torch.Tensor:
+        """Encoder output ``[B, E, dim]``."""
+        x = self.embed_encoder(batch)
+        mask = self.encoder_mask(batch.enc_valid)
+        for block in self.encoder:
+            x = block(x, mask)
+        return self.encoder_norm(x)
+
+    def decode(self, memory: torch.Tensor, batch: MaskedBatch) -> torch.Tensor:
+        """Decoder output ``[B, D, dim]`` for the decoder slots of ``batch`` given the encoder ``memory``."""
+        x = self.embed_decoder(batch)
+        self_mask, cross_mask = self.decoder_masks(batch)
+        for block in self.decoder:
+            x = block(x, memory, self_mask, cross_mask)
+        return self.decoder_norm(x)
+
+    def head_weight(self, modality: int) -> torch.Tensor:
+        weight = self.dec_token_embed.weight if self.head is None else self.head.weight
+        start = sum(self.vocab_sizes[:modality])
+        return weight[start:start + self.vocab_sizes[modality]]
+
+    def logits(self, hidden: torch.Tensor, modality: str | int) -> torch.Tensor:
+        """``[..., vocab of modality]`` logits of decoder states ``hidden``."""
+        index = self.args.names.index(modality) if isinstance(modality, str) else modality
+        return hidden @ self.head_weight(index).t()
+
+    # -- loss ----------------------------------------------------------------------------------------------------
+
+    def forward(self, batch: MaskedBatch, with_accuracy: bool = False) -> FourMOutput:
+        hidden = self.decode(self.encode(batch), batch)
+        flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_order)
+        targets = batch.dec_targets.reshape(-1).index_select(0, batch.target_order)
+        losses, accuracy, counts, total = {}, {}, {}, None
+        for index, (name, hid, tgt) in enumerate(zip(self.args.names, flat.split(batch.target_counts),
+                                                     targets.split(batch.target_counts))):
+            count = batch.target_counts[index]
+            if count == 0:
+                continue
+            logits = self.logits(hid, index).float()
+            summed = F.cross_entropy(logits, tgt, ignore_index=IGNORE_INDEX, reduction="sum",
+                                     label_smoothing=self.args.label_smoothing)
+            losses[name], counts[name] = summed / count, count
+            total = summed if total is None else total + summed
+            if with_accuracy:
+                accuracy[name] = (logits.argmax(-1) == tgt).float().mean()
+        if not losses:
+            raise ValueError("a batch without any target token")
+        if self.args.loss_weighting == "token":
+            loss = total / sum(counts.values())
+        else:
+            loss = torch.stack(list(losses.values())).mean()
+        return FourMOutput(loss, losses, accuracy, counts)
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def trunk_parameters(model: FourM) -> int:
+    """Encoder and decoder blocks (no embeddings, heads, final norms): the figure the reference reports."""
+    return count_parameters(model.encoder) + count_parameters(model.decoder)
+
+
+def flops_per_token(args: FourMArgs, enc_len: int, dec_len: int) -> float:
+    """Training FLOPs (forward + backward = 3x forward) per input+target token.
+
+    Matmuls: 2 FLOPs per weight per token forward, counted for each block's weights on the tokens that pass
+    through it (encoder blocks on encoder tokens, decoder blocks on decoder tokens, the cross-attention key/value
+    projection on encoder tokens), plus attention scores and values (2 * 2 * seq * dim per token and layer) and the
+    output head over the mean vocabulary. Embedding gathers and norms are not counted.
+    """
+    d, h = args.dim, int(2 * 4 * args.dim / 3)
+    enc_block = 4 * d * d + 3 * d * h
+    dec_block_q = 4 * d * d + 2 * d * d + 3 * d * h  # self-attn, cross q + proj, MLP
+    cross_kv = 2 * d * d  # applied to encoder tokens, once per decoder layer
+    vocab = sum(m.vocab_size for m in args.modalities) / len(args.modalities)
+    forward = (2 * enc_block * enc_len * args.encoder_layers
+               + 2 * dec_block_q * dec_len * args.decoder_layers
+               + 2 * cross_kv * enc_len * args.decoder_layers
+               + 4 * d * enc_len * enc_len * args.encoder_layers
+               + 4 * d * (dec_len * dec_len + dec_len * enc_len) * args.decoder_layers
+               + 2 * d * vocab * dec_len)
+    return 3 * forward / (enc_len + dec_len)

@@ -1,0 +1,126 @@
+"""Transformer building blocks of the 4M model: pre-norm blocks, fused attention, SwiGLU, sin-cos positions.
+
+Every linear and LayerNorm is bias-free (DESIGN.md §1). Attention goes through
+``torch.nn.functional.scaled_dot_product_attention`` with a boolean mask (``True`` = may attend) that the model
+builds once per batch; the q/k/v projections are one fused matmul, and so are SwiGLU's gate and up projections.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def layer_norm(dim: int, eps: float) -> nn.LayerNorm:
+    return nn.LayerNorm(dim, eps=eps, bias=False)
+
+
+def swiglu_hidden(dim: int, mlp_ratio: float = 4.0) -> int:
+    """The reference's SwiGLU width: two thirds of ``mlp_ratio * dim`` (same parameters as a plain MLP)."""
+    return int(2 * mlp_ratio * dim / 3)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(out.transpose(1, 2).reshape(b, n, d))
+
+
+class CrossAttention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.kv = nn.Linear(dim, 2 * dim, bias=False)
+        self.proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        m = context.shape[1]
+        q = self.q(x).view(b, n, self.heads, d // self.heads).transpose(1, 2)
+        k, v = self.kv(context).view(b, m, 2, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(out.transpose(1, 2).reshape(b, n, d))
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, eps: float):
+        super().__init__()
+        self.norm1, self.attn = layer_norm(dim, eps), SelfAttention(dim, heads)
+        self.norm2, self.mlp = layer_norm(dim, eps), SwiGLU(dim, swiglu_hidden(dim))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), mask)
+        return x + self.mlp(self.norm2(x))
+
+
+class DecoderBlock(nn.Module):
+    """Self-attention within each target modality, cross-attention to the encoder, SwiGLU."""
+
+    def __init__(self, dim: int, heads: int, eps: float):
+        super().__init__()
+        self.norm1, self.self_attn = layer_norm(dim, eps), SelfAttention(dim, heads)
+        self.query_norm, self.context_norm = layer_norm(dim, eps), layer_norm(dim, eps)
+        self.cross_attn = CrossAttention(dim, heads)
+        self.norm2, self.mlp = layer_norm(dim, eps), SwiGLU(dim, swiglu_hidden(dim))
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, self_mask: torch.Tensor,
+                cross_mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.norm1(x), self_mask)
+        x = x + self.cross_attn(self.query_norm(x), self.context_norm(context), cross_mask)
+        return x + self.mlp(self.norm2(x))
+
+
+def sincos_1d(length: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """``[length, dim]`` fixed sin-cos positions."""
+    omega = 1.0 / temperature ** (torch.arange(dim // 2, dtype=torch.float64) / (dim // 2))
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * omega[None]
+    table = torch.cat([angles.sin(), angles.cos()], dim=1)
+    return F.pad(table, (0, dim - table.shape[1])).float()
+
+
+def sincos_2d(height: int, width: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """``[height * width, dim]`` fixed 2-D sin-cos positions (half the channels for rows, half for columns),
+    row-major like the token grid."""
+    quarter = dim // 4
+    omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float64) / max(quarter, 1))
+    ys, xs = torch.meshgrid(torch.arange(height, dtype=torch.float64), torch.arange(width, dtype=torch.float64),
+                            indexing="ij")
+    ay, ax = ys.reshape(-1, 1) * omega, xs.reshape(-1, 1) * omega
+    table = torch.cat([ay.sin(), ay.cos(), ax.sin(), ax.cos()], dim=1)
+    return F.pad(table, (0, dim - table.shape[1])).float()
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """Xavier-uniform linears (fused q/k/v and gate/up split so each part gets its own fan), normal embeddings."""
+    if isinstance(module, nn.Linear):
+        out_features, in_features = module.weight.shape
+        parts = out_features // in_features if out_features % in_features == 0 and out_features > in_features else 1
+        bound = math.sqrt(6.0 / (in_features + out_features // parts))
+        nn.init.uniform_(module.weight, -bound, bound)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, std=std)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)

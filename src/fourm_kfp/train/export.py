@@ -1,0 +1,85 @@
+"""The trained model as a self-describing artifact: ``model/model.safetensors`` + ``model/model.json``.
+
+``model.json`` holds the model's arguments (sizes and every modality's spec), the modality table rows it was
+trained on, the URIs of the tokenizers and of the pretokenized data it needs, the text tokenizer's special ids,
+and the training step. :func:`load_model` rebuilds the model from the output URI alone (local or S3), so the
+evaluate stage and users need nothing else. No pickles: safetensors and JSON only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from fourm_kfp.data.modalities import get_modality
+from fourm_kfp.model.batch import ModalitySpec
+from fourm_kfp.storage import Store, open_store
+
+FORMAT = "fourm-kfp-model/1"
+WEIGHTS = "model/model.safetensors"
+CARD = "model/model.json"
+
+
+def args_to_dict(args: Any) -> dict[str, Any]:
+    return json.loads(json.dumps(dataclasses.asdict(args)))
+
+
+def args_from_dict(data: dict[str, Any]):
+    from fourm_kfp.model.fourm import FourMArgs
+
+    specs = tuple(ModalitySpec(**{**m, "grid": tuple(m["grid"])}) for m in data["modalities"])
+    return FourMArgs(**{**data, "modalities": specs})
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unwrapped model's full state dict on the CPU (gathers FSDP2 shards; call on every rank)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.contiguous() for k, v in state.items()}
+
+
+def export_model(state: dict[str, torch.Tensor], args: Any, output: Store, *, tokenizers_uri: str,
+                 pretokenized_uri: str, text_special_ids: dict[str, int], step: int) -> dict[str, Any]:
+    """Write the model's weights and card under ``output``; returns the card."""
+    card = {
+        "format": FORMAT,
+        "args": args_to_dict(args),
+        "modalities": {m.name: {"kind": m.kind, "tokenizer": get_modality(m.name).tokenizer,
+                                "metric": get_modality(m.name).metric} for m in args.modalities},
+        "tokenizers_uri": tokenizers_uri,
+        "pretokenized_uri": pretokenized_uri,
+        "text_special_ids": text_special_ids,
+        "step": step,
+        "parameters": int(sum(t.numel() for t in state.values())),
+    }
+    with tempfile.TemporaryDirectory(prefix="fourm-export-") as tmp:
+        path = Path(tmp) / "model.safetensors"
+        save_file(state, str(path), metadata={"format": FORMAT})
+        output.put_file(WEIGHTS, path)
+    output.put_bytes(CARD, json.dumps(card, indent=2, sort_keys=True).encode())
+    return card
+
+
+def load_model(uri: str | Store, device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
+    """``(model in eval mode on device, card)`` from a pretrain output URI."""
+    from fourm_kfp.contract.manifest import require_manifest
+    from fourm_kfp.model.fourm import FourM
+
+    store = open_store(uri) if isinstance(uri, str) else uri
+    require_manifest(store, "model")
+    card = json.loads(store.get_bytes(CARD))
+    if card.get("format") != FORMAT:
+        raise ValueError(f"{store.uri_of(CARD)}: format {card.get('format')!r}, expected {FORMAT!r}")
+    model = FourM(args_from_dict(card["args"]))
+    with tempfile.TemporaryDirectory(prefix="fourm-model-") as tmp:
+        store.get_file(WEIGHTS, Path(tmp) / "model.safetensors")
+        model.load_state_dict(load_file(str(Path(tmp) / "model.safetensors")), strict=True)
+    return model.to(device).eval(), card
