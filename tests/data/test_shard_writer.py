@@ -34,7 +34,9 @@ def test_shards_are_aligned_and_absent_modalities_stay_absent(any_store_uri):
     summary = writer.close()
 
     assert summary == {"samples": 7, "shards": 3, "modalities": {"caption": 4, "depth": 7, "rgb": 7}}
-    assert store.list() == [f"train/{m}/shard-{i:06d}.tar" for m in ("caption", "depth", "rgb") for i in range(3)]
+    assert store.list() == ([f"train/_keys/shard-{i:06d}.txt" for i in range(3)]
+                            + [f"train/{m}/shard-{i:06d}.tar" for m in ("caption", "depth", "rgb") for i in range(3)])
+    assert store.get_text("train/_keys/shard-000002.txt") == "0006\n"  # the key index: the shard's keys in order
     assert _members(store, "train/rgb/shard-000000.tar") == ["0000.png", "0001.png", "0002.png"]
     assert _members(store, "train/depth/shard-000001.tar") == ["0003.png", "0004.png", "0005.png"]
     assert _members(store, "train/caption/shard-000001.tar") == ["0005.txt"]

@@ -9,11 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from fourm_kfp.config.loader import load_config
-from fourm_kfp.data.shard_reader import load_image_modality, load_texts
+from fourm_kfp.data.shard_stream import iter_split, iter_texts
 from fourm_kfp.contract.manifest import MANIFEST_NAME
 from fourm_kfp.contract import run_stage
 from fourm_kfp.stages import get_stage
@@ -39,7 +40,7 @@ def test_bundle_loads_from_its_uri_and_tokenizes_every_modality(smoke_data):
     assert sorted(bundle.image) == sorted(IMAGE_MODALITIES)
     data = open_store(data_uri)
     for modality in IMAGE_MODALITIES:
-        images = load_image_modality(data, "val", modality, limit=3)
+        images = np.stack([s[modality] for _, s in iter_split(data, "val", [modality], limit=3)])
         tokens = bundle.image[modality].encode(images)
         assert tokens.dtype == torch.long and tuple(tokens.shape) == (3, 8, 8)
         assert int(tokens.max()) < bundle.index["image"][modality]["codebook_size"]
@@ -47,7 +48,7 @@ def test_bundle_loads_from_its_uri_and_tokenizes_every_modality(smoke_data):
         assert decoded.shape == images.shape and decoded.dtype == images.dtype
         assert torch.equal(load_tokenizers(outcome.output_uri).image[modality].encode(images), tokens)
 
-    ids = bundle.text.encode(load_texts(data, "val", ["det"])[0]).ids
+    ids = bundle.text.encode(next(iter_texts(data, "val", ["det"]))).ids
     specials = bundle.index["text"]["special_tokens"]
     assert specials["[PAD]"] == 0 and bundle.text.token_to_id("[S_0]") is not None
     assert bundle.text.token_to_id("v0=123") is not None and bundle.text.id_to_token(ids[0]).startswith("v0=")

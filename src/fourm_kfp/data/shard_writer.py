@@ -2,8 +2,11 @@
 
 Shard ``i`` of every modality holds the same samples (``[i * samples_per_shard, (i + 1) * samples_per_shard)`` in
 write order) with the same ``__key__`` order; a sample lacking a modality simply has no member in that modality's
-shard. Tars are built in a local spool file with fixed metadata (so equal content gives equal bytes) and uploaded
-through the :class:`~fourm_kfp.storage.Store` in one atomic put.
+shard. Each shard also has a key index, ``<split>/_keys/shard-000000.txt`` (its keys in order, one per line),
+written after the shard's tars: it is how readers join the modalities by key (a key a modality lacks is absent
+for that sample, never a dropped sample) and the marker that the shard is complete. Tars are built in a local
+spool file with fixed metadata (so equal content gives equal bytes) and uploaded through the
+:class:`~fourm_kfp.storage.Store` in one atomic put each.
 """
 
 from __future__ import annotations
@@ -13,16 +16,22 @@ import os
 import tarfile
 import tempfile
 from collections import Counter
-from typing import Mapping
+from typing import Callable, Mapping
 
 from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.storage import Store
 
 SHARD_PATTERN = "shard-{index:06d}.tar"
+KEYS_DIR = "_keys"
 
 
 def shard_key(split: str, modality: str, index: int) -> str:
     return f"{split}/{modality}/{SHARD_PATTERN.format(index=index)}"
+
+
+def keys_key(split: str, index: int) -> str:
+    """The key index of shard ``index`` of ``split``."""
+    return f"{split}/{KEYS_DIR}/shard-{index:06d}.txt"
 
 
 def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -38,9 +47,13 @@ class ShardWriter:
     the last shard; it returns counts per modality and the number of shards.
     """
 
-    def __init__(self, store: Store, split: str, modalities: tuple[str, ...], samples_per_shard: int):
+    def __init__(self, store: Store, split: str, modalities: tuple[str, ...], samples_per_shard: int,
+                 ext: Callable[[str], str] | None = None, first_index: int = 0):
         self.store, self.split, self.modalities = store, split, modalities
         self.samples_per_shard = samples_per_shard
+        self.ext = ext or (lambda modality: get_modality(modality).ext)
+        self.first_index = first_index
+        self._keys: list[str] = []
         self.counts: Counter[str] = Counter()
         self.samples = 0
         self.shards = 0
@@ -57,19 +70,24 @@ class ShardWriter:
             if modality not in self._open:
                 path = os.path.join(self._spool.name, f"{modality}.tar")
                 self._open[modality] = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
-            add_member(self._open[modality], f"{key}.{get_modality(modality).ext}", data)
+            add_member(self._open[modality], f"{key}.{self.ext(modality)}", data)
             self.counts[modality] += 1
             self._seen.add(modality)
+        self._keys.append(key)
         self.samples += 1
 
     def _flush(self) -> None:
-        """Upload the current shard of every modality seen so far (an empty tar where a shard lacks it)."""
+        """Upload the current shard of every modality seen so far (an empty tar where a shard lacks it), then its
+        key index."""
+        index = self.first_index + self.shards
         for modality in sorted(self._seen):
             path = os.path.join(self._spool.name, f"{modality}.tar")
             tar = self._open.pop(modality, None) or tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
             tar.close()
-            self.store.put_file(shard_key(self.split, modality, self.shards), path)
+            self.store.put_file(shard_key(self.split, modality, index), path)
             os.unlink(path)
+        self.store.put_text(keys_key(self.split, index), "".join(f"{k}\n" for k in self._keys))
+        self._keys = []
         self.shards += 1
 
     def close(self) -> dict:
@@ -85,7 +103,7 @@ class ShardWriter:
         empty = os.path.join(self._spool.name, "empty.tar")
         tarfile.open(empty, "w", format=tarfile.USTAR_FORMAT).close()
         for modality in sorted(self._seen):
-            for index in range(self.shards):
+            for index in range(self.first_index, self.first_index + self.shards):
                 key = shard_key(self.split, modality, index)
                 if key not in existing:
                     self.store.put_file(key, empty)

@@ -1,0 +1,187 @@
+"""Stream aligned per-modality shards back as samples, never holding a shard whole (local disk or S3).
+
+Shard ``i`` of a split is one tar per modality plus the key index ``<split>/_keys/shard-NNNNNN.txt`` that
+:mod:`fourm_kfp.data.shard_writer` writes. :func:`iter_joined_shard` streams the key index and every modality's
+tar in lockstep with ``webdataset``'s tar iterator over ``gopen`` streams (``s3://`` through an opener registered
+with webdataset and backed by :mod:`fourm_kfp.storage`): each key yields one sample holding the modalities that
+have a member for it; a modality lacking the key is absent from that sample. A member whose key is not the next
+expected one (a corrupt or foreign shard) is a :class:`ShardMismatchError` naming both shards and the key.
+
+Memory holds one member per modality at a time, or ``shuffle_buffer`` samples with :func:`iter_split`'s bounded
+shuffle.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any, BinaryIO, Callable, Iterator, Sequence
+
+from fourm_kfp.data.modalities import get_modality
+from fourm_kfp.data.shard_writer import KEYS_DIR, keys_key, shard_key
+from fourm_kfp.errors import UserError
+from fourm_kfp.storage import Store, is_s3_uri, open_store
+
+_KEY_INDEX = re.compile(r"shard-(\d{6})\.txt$")
+Decode = Callable[[str, bytes], Any]
+
+
+class ShardMismatchError(UserError):
+    """A modality's shard does not line up with its key index (corrupt, foreign or out-of-order shard)."""
+
+
+class MissingModalityError(UserError, LookupError):
+    """A requested modality has no shards in a split."""
+
+
+class _StoreStream:
+    """A file object over ``Store.open_read`` whose ``close`` releases the underlying stream."""
+
+    def __init__(self, store: Store, key: str):
+        self._context = store.open_read(key)
+        self._stream: BinaryIO = self._context.__enter__()
+
+    def read(self, size: int = -1) -> bytes:
+        return self._stream.read(size)
+
+    def close(self) -> None:
+        self._context.__exit__(None, None, None)
+
+
+def _open_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -> _StoreStream:
+    parent, _, name = url.rpartition("/")
+    return _StoreStream(open_store(parent), name)
+
+
+def register_s3_opener() -> None:
+    """Let webdataset's ``gopen`` open ``s3://`` URLs through our storage module (idempotent)."""
+    import sys
+
+    import webdataset  # noqa: F401  (imports webdataset.gopen)
+
+    sys.modules["webdataset.gopen"].gopen_schemes["s3"] = _open_s3
+
+
+def _open(store: Store, key: str) -> Any:
+    from webdataset import gopen
+
+    uri = store.uri_of(key)
+    if is_s3_uri(uri):
+        register_s3_opener()
+    return gopen(uri, "rb")
+
+
+def shard_indices(store: Store, split: str) -> list[int]:
+    """Indices of the complete shards of ``split`` (those with a key index)."""
+    return sorted(int(m.group(1)) for key in store.list(f"{split}/{KEYS_DIR}") if (m := _KEY_INDEX.search(key)))
+
+
+def available_modalities(store: Store, split: str) -> list[str]:
+    """Modalities with at least one shard in ``split``."""
+    return sorted({key.split("/")[1] for key in store.list(split)
+                   if key.endswith(".tar") and not key.split("/")[1].startswith("_")})
+
+
+def _default_decode(modality: str, data: bytes) -> Any:
+    return get_modality(modality).decode(data)
+
+
+def _members(store: Store, key: str) -> Iterator[tuple[str, bytes]]:
+    """``(sample key, bytes)`` of one modality tar, streamed; a missing tar has no members."""
+    from webdataset.tariterators import tar_file_iterator
+
+    if not store.exists(key):
+        return
+    stream = _open(store, key)
+    try:
+        for item in tar_file_iterator(stream):
+            name = item["fname"].rsplit("/", 1)[-1]
+            yield name.split(".", 1)[0], item["data"]
+    finally:
+        stream.close()
+
+
+def iter_joined_shard(store: Store, split: str, index: int, modalities: Sequence[str],
+                      decode: Decode | None = _default_decode) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(key, {modality: value})`` for every sample of one shard, in key-index order (see module docstring).
+
+    ``decode=None`` yields the stored bytes.
+    """
+    index_key = keys_key(split, index)
+    keys = store.get_text(index_key).split()
+    position = {key: i for i, key in enumerate(keys)}
+    streams = {m: _members(store, shard_key(split, m, index)) for m in modalities}
+    pending: dict[str, tuple[str, bytes] | None] = {m: next(streams[m], None) for m in modalities}
+
+    def mismatch(modality: str, member: str, expected: str) -> ShardMismatchError:
+        return ShardMismatchError(
+            f"{store.uri_of(shard_key(split, modality, index))} is out of step with its key index "
+            f"{store.uri_of(index_key)}: member {member!r} where {expected} was expected (a corrupt or foreign "
+            "shard; re-run the stage that wrote it)")
+
+    try:
+        for i, key in enumerate(keys):
+            sample: dict[str, Any] = {}
+            for modality in modalities:
+                member = pending[modality]
+                if member is None:
+                    continue
+                if member[0] == key:
+                    sample[modality] = decode(modality, member[1]) if decode else member[1]
+                    pending[modality] = next(streams[modality], None)
+                elif position.get(member[0], -1) <= i:
+                    raise mismatch(modality, member[0], f"{key!r} or a later key")
+            yield key, sample
+        for modality, member in pending.items():
+            if member is not None:
+                raise mismatch(modality, member[0], "the end of the shard")
+    finally:
+        for stream in streams.values():
+            stream.close()
+
+
+def iter_split(store: Store, split: str, modalities: Sequence[str], *, decode: Decode | None = _default_decode,
+               limit: int | None = None, shuffle_buffer: int = 0, seed: int = 0,
+               shards: Sequence[int] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every sample of ``split`` (or of the given shard indices), in shard order, or through a bounded shuffle
+    buffer of ``shuffle_buffer`` samples (shard order shuffled too). ``limit`` stops after that many samples."""
+    indices = list(shard_indices(store, split) if shards is None else shards)
+    if not indices:
+        raise MissingModalityError(f"no shards at {store.uri_of(split)} (no key index under {KEYS_DIR}/)")
+    available = available_modalities(store, split)
+    missing = [m for m in modalities if m not in available]
+    if missing:
+        raise MissingModalityError(f"no shards of modalities {missing} at {store.uri_of(split)} "
+                                   f"(it has {available})")
+    rng = random.Random(seed)
+    if shuffle_buffer:
+        rng.shuffle(indices)
+    samples = (s for i in indices for s in iter_joined_shard(store, split, i, modalities, decode))
+    if shuffle_buffer:
+        samples = _shuffled(samples, shuffle_buffer, rng)
+    for count, sample in enumerate(samples):
+        if limit is not None and count >= limit:
+            return
+        yield sample
+
+
+def _shuffled(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
+    """A bounded shuffle: at most ``size`` samples are held at once."""
+    buffer: list[Any] = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        i = rng.randrange(size)
+        yield buffer[i]
+        buffer[i] = sample
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def iter_texts(store: Store, split: str, modalities: Sequence[str], limit: int | None = None) -> Iterator[str]:
+    """Every string of the given sequence modalities in ``split``, streamed."""
+    for _, sample in iter_split(store, split, modalities, limit=limit):
+        for modality in modalities:
+            if modality in sample:
+                yield sample[modality]
