@@ -100,3 +100,11 @@ def test_status_plans_without_running(tmp_path):
     assert after["prepare-data"]["address"] == plan[0]["address"]
     table = _cli("status", "--root", str(tmp_path)).stdout
     assert re.search(rf"prepare-data\s+{plan[0]['address']}\s+committed", table)
+
+
+def test_cli_start_up_stays_light():
+    """Building the parser (every stage's spec included) imports neither torch nor kfp nor mlflow."""
+    code = ("import sys, fourm_kfp.cli as c; c.build_parser(); "
+            "print(sorted(m for m in ('torch', 'kfp', 'mlflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
