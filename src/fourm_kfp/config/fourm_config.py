@@ -285,6 +285,7 @@ class PretokenizeConfig:
     flip_probability: float = option(0.5, "probability that a crop (other than crop 0) is mirrored", min=0.0,
                                      max=1.0)
     seed: int = option(0, "crop seed (crops are drawn per sample key)")
+    keep_rgb_pixels: bool = option(True, "also store each crop's rgb pixels (pixel-patch input, evaluation)")
     batch_size: int = option(64, "images per encoder forward pass", versioned=False, min=1)
     check_samples: int = option(32, "val samples decoded back by the collect step's check", versioned=False, min=0)
     check_tolerance: float = option(0.1, "collect check: allowed relative deviation from the tokenizer report",

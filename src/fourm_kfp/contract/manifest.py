@@ -57,6 +57,16 @@ class RecordingStore(Store):
         full = f"{self._prefix}{key}"
         self.records[full] = FileRecord(full, size, digest.hexdigest())
 
+    def record_existing(self, key: str) -> None:
+        """Record an object already in the store (written by an earlier, interrupted run), streaming its bytes."""
+        digest, size = hashlib.sha256(), 0
+        with self.inner.open_read(key) as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(chunk)
+                size += len(chunk)
+        full = f"{self._prefix}{key}"
+        self.records[full] = FileRecord(full, size, digest.hexdigest())
+
     def child(self, *parts: str) -> "RecordingStore":
         sub = "/".join(p.strip("/") for p in parts if p.strip("/"))
         return RecordingStore(self.inner.child(*parts), self.records, f"{self._prefix}{sub}/")

@@ -54,9 +54,10 @@ def _images(data, split: str, modality: str, limit: int | None, shuffle_buffer: 
             yield sample[modality]
 
 
-def _bounded(data, split: str, modality: str, limit: int, seed: int = 0) -> np.ndarray:
-    """At most ``limit`` arrays, drawn through the shuffle buffer (a bounded sample, for statistics)."""
-    arrays = list(_images(data, split, modality, limit, shuffle_buffer=min(SHUFFLE_BUFFER, 2 * limit), seed=seed))
+def _bounded(data, split: str, modality: str, limit: int, seed: int | None = None) -> np.ndarray:
+    """At most ``limit`` arrays: the first ones in order (``seed=None``), or drawn through the shuffle buffer."""
+    shuffle = 0 if seed is None else min(SHUFFLE_BUFFER, 2 * limit)
+    arrays = list(_images(data, split, modality, limit, shuffle_buffer=shuffle, seed=seed or 0))
     if not arrays:
         raise MissingModalityError(f"split {split!r} at {data.uri} has no {modality!r} samples")
     return np.stack(arrays)

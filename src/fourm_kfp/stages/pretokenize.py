@@ -1,0 +1,178 @@
+"""The ``pretokenize`` stage: every sample's aligned crops to VQ-VAE tokens, fanned out over shards, resumable.
+
+Reads the prepared shards and the tokenizer bundle by URI and writes the pretokenized dataset
+(:mod:`fourm_kfp.data.pretokenized`): input shard ``i`` → output shard ``i``. A fan-out worker (``run_part``) takes
+every ``parts``-th shard and skips shards already committed, so a killed worker redoes only what is missing. The
+collect step (``run``) checks the parts: the same shards, keys and key order as the input, counts that match, and
+a sample of tokens decoded back through the tokenizers whose reconstruction error matches the tokenizer report
+(a mismatch fails naming the modality); then it writes the index and the report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fourm_kfp.contract import StageContext, StageResult, StageSpec
+from fourm_kfp.stages import prepare_data, train_tokenizers
+
+log = logging.getLogger(__name__)
+DATA, TOKENIZERS = prepare_data.SPEC.name, train_tokenizers.SPEC.name
+SPLITS = ("train", "val")
+
+
+class PretokenizeCheckError(RuntimeError):
+    """The collected parts do not reproduce the input (keys, counts) or the tokenizers' reconstruction quality."""
+
+
+def _plan(ctx: StageContext) -> dict[str, Any]:
+    """What this dataset pretokenizes: input modalities, tokenizers, output names and shard jobs."""
+    from fourm_kfp.data.modalities import IMAGE_MODALITIES, SEQUENCE_MODALITIES
+    from fourm_kfp.data.shard_stream import available_modalities, shard_indices
+    from fourm_kfp.tokenizers.pretokenizer import ShardJob, output_names
+
+    data = ctx.inputs[DATA].store
+    index = json.loads(ctx.inputs[TOKENIZERS].store.get_bytes("tokenizers.json"))
+    present = set(available_modalities(data, "train"))
+    image = [m for m in IMAGE_MODALITIES if m in present and m in index["image"]]
+    text = [m for m in SEQUENCE_MODALITIES if m in present]
+    keep_rgb = ctx.config.pretokenize.keep_rgb_pixels and "rgb" in present
+    jobs = [ShardJob(split, i) for split in SPLITS for i in shard_indices(data, split)]
+    return {"image": image, "text": text, "keep_rgb": keep_rgb, "jobs": jobs, "index": index,
+            "read": sorted(set(image + text + (["rgb"] if keep_rgb else []))),
+            "names": output_names(image, text, keep_rgb)}
+
+
+def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
+    import torch
+
+    from fourm_kfp.progress import LineProgress
+    from fourm_kfp.tokenizers.bundle import load_tokenizers
+    from fourm_kfp.tokenizers.pretokenizer import CropSettings, Pretokenizer, pretokenize_shards
+
+    cfg = ctx.config.pretokenize
+    plan = _plan(ctx)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bundle = load_tokenizers(ctx.inputs[TOKENIZERS].store, device=str(device))
+    crops = CropSettings(cfg.n_crops, tuple(cfg.crop_scale), tuple(cfg.crop_ratio), cfg.flip_probability, cfg.seed)
+    pretokenizer = Pretokenizer({m: bundle.image[m] for m in plan["image"]}, ctx.config.data.image_size, crops,
+                                cfg.batch_size, device, plan["text"], plan["keep_rgb"])
+    jobs = plan["jobs"][part::parts]
+    bar = LineProgress(None, f"pretokenize part {part + 1}/{parts}", "samples", interval=10.0)
+    stats = pretokenize_shards(ctx.inputs[DATA].store, ctx.output, jobs, plan["read"], pretokenizer,
+                               plan["names"], progress=lambda n, total, s: bar.update(n))
+    bar.close()
+    stats["encoded_images"] = float(pretokenizer.encoded_images)
+    stats["samples_per_s"] = stats["samples"] / max(stats["seconds"], 1e-9)
+    return StageResult(counts={"shards": [[j.split, j.index] for j in jobs]}, metrics=stats)
+
+
+def _check_keys(ctx: StageContext, plan: dict[str, Any]) -> dict[str, int]:
+    from fourm_kfp.data.shard_writer import keys_key
+
+    data, out = ctx.inputs[DATA].store, ctx.output
+    samples = {split: 0 for split in SPLITS}
+    for job in plan["jobs"]:
+        key = keys_key(job.split, job.index)
+        if not out.exists(key):
+            raise PretokenizeCheckError(f"pretokenize: shard {job.index} of {job.split} is missing at {out.uri}")
+        expected, got = data.get_text(key).split(), out.get_text(key).split()
+        if expected != got:
+            raise PretokenizeCheckError(f"pretokenize: {out.uri_of(key)} does not list the keys of "
+                                        f"{data.uri_of(key)} in the same order")
+        samples[job.split] += len(got)
+    return samples
+
+
+def _check_reconstruction(ctx: StageContext, plan: dict[str, Any]) -> dict[str, float]:
+    """Decode crop 0 of the first val samples; its error must match the tokenizer report's (relative to the
+    trivial baseline's error, within ``check_tolerance``)."""
+    import numpy as np
+
+    from fourm_kfp.data.pretokenized import decode_member, token_name
+    from fourm_kfp.data.shard_stream import iter_split
+    from fourm_kfp.tokenizers.bundle import load_tokenizers
+    from fourm_kfp.tokenizers.metrics import METRICS
+
+    cfg = ctx.config.pretokenize
+    if not cfg.check_samples or not plan["image"]:
+        return {}
+    report = json.loads(ctx.inputs[TOKENIZERS].store.get_bytes("reports/tokenizer_report.json"))["image"]
+    bundle = load_tokenizers(ctx.inputs[TOKENIZERS].store)
+    names = [token_name(m) for m in plan["image"]]
+    tokens = {m: [] for m in plan["image"]}
+    for _, sample in iter_split(ctx.output, "val", names, decode=decode_member, limit=cfg.check_samples):
+        for m in plan["image"]:
+            tokens[m].append(sample[token_name(m)][0] if token_name(m) in sample else None)
+    originals = {m: [] for m in plan["image"]}
+    for _, sample in iter_split(ctx.inputs[DATA].store, "val", plan["image"], limit=cfg.check_samples):
+        for m in plan["image"]:
+            originals[m].append(sample.get(m))
+    metrics = {}
+    for m in plan["image"]:
+        pairs = [(t, o) for t, o in zip(tokens[m], originals[m]) if t is not None and o is not None]
+        if not pairs:
+            continue
+        decoded = bundle.image[m].decode(np.stack([t.astype(np.int64) for t, _ in pairs]))
+        primary = METRICS[m].primary
+        error = METRICS[m].errors(decoded, np.stack([o for _, o in pairs]))[primary]
+        expected, baseline = report[m][primary], report[m][f"baseline_{primary}"]
+        deviation = abs(error - expected) / max(baseline, 1e-12)
+        metrics[f"check.{m}.{primary}"], metrics[f"check.{m}.deviation"] = error, deviation
+        if deviation > cfg.check_tolerance:
+            raise PretokenizeCheckError(
+                f"pretokenize: decoded {m} tokens give {primary}={error:.4g}, the tokenizer report says "
+                f"{expected:.4g} (deviation {deviation:.1%} of the baseline error, more than "
+                f"pretokenize.check_tolerance={cfg.check_tolerance}): the tokens do not match their tokenizer")
+    return metrics
+
+
+def run(ctx: StageContext) -> StageResult:
+    """The collect step: check the parts, then write the index and the report."""
+    from fourm_kfp.data.pretokenized import INDEX_FILE, token_name
+    from fourm_kfp.tokenizers.pretokenize_report import codebook_usage_png, report_markdown, token_statistics
+
+    plan = _plan(ctx)
+    samples = _check_keys(ctx, plan)
+    records = ctx.part_records()
+    expected = ctx.inputs[DATA].manifest["counts"]["splits"]
+    for split in SPLITS:
+        if samples[split] != expected[split]["samples"]:
+            raise PretokenizeCheckError(f"pretokenize: {samples[split]} {split} samples written, the input has "
+                                        f"{expected[split]['samples']}")
+    metrics = _check_reconstruction(ctx, plan)
+    stats = token_statistics(ctx.output, plan, ctx.config.pretokenize.n_crops)
+    seconds = sum(r["metrics"]["seconds"] for r in records)
+    encoded = sum(r["metrics"]["samples"] for r in records)
+    cfg = ctx.config.pretokenize
+    index = {
+        "n_crops": cfg.n_crops, "image_size": ctx.config.data.image_size,
+        "tokenizers_uri": ctx.inputs[TOKENIZERS].uri, "data_uri": ctx.inputs[DATA].uri,
+        "modalities": {token_name(m): {"vocab_size": plan["index"]["image"][m]["codebook_size"],
+                                       "grid": [plan["index"]["image"][m]["grid_size"]] * 2,
+                                       "dtype": stats["dtypes"][m]} for m in plan["image"]},
+        "text": {"modalities": plan["text"], **(plan["index"].get("text") or {})},
+        "rgb_pixels": plan["keep_rgb"], "splits": samples,
+    }
+    ctx.output.put_bytes(INDEX_FILE, json.dumps(index, indent=2, sort_keys=True).encode())
+    report = {"samples": samples, "crops": cfg.n_crops, "tokens_per_sample": stats["tokens_per_sample"],
+              "codebook_usage": stats["usage"], "parts": len(records), "encode_seconds": seconds,
+              "samples_per_s": encoded / max(seconds, 1e-9), "check": metrics}
+    ctx.write_report("pretokenize_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
+    ctx.write_report("pretokenize_report.md", report_markdown(report).encode())
+    if stats["histograms"]:
+        ctx.write_report("codebook_usage.png", codebook_usage_png(stats["histograms"]))
+    flat = {f"{m}.codebook_usage": v for m, v in stats["usage"].items()}
+    flat.update(metrics, samples_per_s=report["samples_per_s"], samples=float(sum(samples.values())))
+    return StageResult(counts={"splits": samples, "crops": cfg.n_crops, "modalities": plan["names"]}, metrics=flat)
+
+
+SPEC = StageSpec(
+    name="pretokenize",
+    run=run,
+    run_part=run_part,
+    resumable=True,
+    config_keys=("data.image_size", "pretokenize"),
+    upstream=(prepare_data.SPEC, train_tokenizers.SPEC),
+)
