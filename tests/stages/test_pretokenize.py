@@ -1,0 +1,114 @@
+"""The pretokenize stage: byte-identical reruns into fresh stores (local and S3), a killed worker redoing only the
+missing shards, fan-out parts equal to one worker, and real data with only rgb and captions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fourm_kfp.config.loader import load_config
+from fourm_kfp.contract import run_stage, run_stage_part
+from fourm_kfp.contract.manifest import MANIFEST_NAME
+from fourm_kfp.contract.runner import part_key
+from fourm_kfp.data.pretokenized import INDEX_FILE, decode_member
+from fourm_kfp.data.shard_stream import iter_split
+from fourm_kfp.data.shard_writer import keys_key
+from fourm_kfp.stages import get_stage
+from fourm_kfp.storage import open_store
+
+SPEC = get_stage("pretokenize")
+OVERRIDES = ["prepare_data.samples_per_shard=6"]  # smoke: 16 train samples -> 3 shards, 8 val -> 2
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory):
+    """Committed prepare-data and train-tokenizers outputs (smoke)."""
+    store = open_store(str(tmp_path_factory.mktemp("upstream")), create=True)
+    config = load_config("smoke", overrides=OVERRIDES)
+    data = run_stage(get_stage("prepare-data"), config, store)
+    tokenizers = run_stage(get_stage("train-tokenizers"), config, store)
+    return config, {"prepare-data": data.output_uri, "train-tokenizers": tokenizers.output_uri}
+
+
+def _token_files(output_uri: str) -> dict[str, str]:
+    manifest = json.loads(open_store(output_uri).get_bytes(MANIFEST_NAME))
+    return {f["key"]: f["sha256"] for f in manifest["files"] if "/shard-" in f["key"]}
+
+
+def test_pretokenized_shards_hold_every_modality_and_crop(upstream, tmp_path):
+    config, inputs = upstream
+    outcome = run_stage(SPEC, config, open_store(str(tmp_path)), input_uris=inputs)
+    out = open_store(outcome.output_uri)
+    index = json.loads(out.get_bytes(INDEX_FILE))
+    assert index["n_crops"] == 2 and index["splits"] == {"train": 16, "val": 8}
+    assert index["modalities"]["tok_rgb"] == {"vocab_size": 32, "grid": [8, 8], "dtype": "uint8"}
+    names = ["tok_rgb", "tok_depth", "rgb", "caption", "det", "crop"]
+    samples = list(iter_split(out, "val", names, decode=decode_member))
+    assert len(samples) == 8
+    key, sample = samples[0]
+    assert sample["tok_rgb"].shape == (2, 8, 8) and sample["tok_rgb"].dtype == np.uint8
+    assert sample["rgb"].shape == (2, 64, 64, 3) and isinstance(sample["caption"], str)
+    assert len(sample["det"]) == 2 and sample["crop"][0] == {"x0": 0, "y0": 0, "width": 64, "height": 64,
+                                                               "flip": False}
+    assert outcome.metrics["check.rgb.deviation"] <= config.pretokenize.check_tolerance
+    assert "| rgb | 64 | " in out.get_text("reports/pretokenize_report.md")  # 8x8 tokens per crop
+
+
+def test_reruns_into_fresh_stores_are_byte_identical(upstream, any_store_uri, tmp_path):
+    config, inputs = upstream
+    first = run_stage(SPEC, config, open_store(any_store_uri, create=True), input_uris=inputs)
+    second = run_stage(SPEC, config, open_store(str(tmp_path / "again"), create=True), input_uris=inputs)
+    assert first.output_uri.rsplit("/", 1)[1] == second.output_uri.rsplit("/", 1)[1]  # same address
+    files = _token_files(first.output_uri)
+    assert len(files) > 20 and files == _token_files(second.output_uri)
+
+
+def test_a_killed_worker_redoes_only_the_missing_shard(upstream, tmp_path):
+    config, inputs = upstream
+    root = open_store(str(tmp_path), create=True)
+    out_uri = run_stage_part(SPEC, config, root, 0, 1, input_uris=inputs)
+    out = open_store(out_uri)
+    complete = {k: out.get_bytes(k) for k in out.list() if "/shard-" in k}
+    # the worker "dies" while writing train shard 2: its key index (the shard's commit marker) never lands
+    out.delete_prefix(keys_key("train", 2))
+    out.delete_prefix(part_key(0, 1))
+    outcome = run_stage(SPEC, config, root, input_uris=inputs)
+    record = json.loads(out.get_bytes(part_key(0, 1)))
+    assert record["metrics"]["shards_done"] == 1 and record["metrics"]["shards_skipped"] == 4
+    assert record["metrics"]["encoded_images"] == 4 * 2 * 5  # train shard 2: 4 samples x 2 crops x 5 modalities
+    assert {k: out.get_bytes(k) for k in out.list() if "/shard-" in k} == complete
+    assert _token_files(outcome.output_uri).keys() == complete.keys()  # skipped shards still in the manifest
+
+
+def test_two_parts_give_what_one_worker_gives(upstream, tmp_path):
+    config, inputs = upstream
+    one = run_stage(SPEC, config, open_store(str(tmp_path / "one"), create=True), input_uris=inputs)
+    two = run_stage(SPEC, config, open_store(str(tmp_path / "two"), create=True), input_uris=inputs, parts=2)
+    assert json.loads(open_store(two.output_uri).get_bytes(MANIFEST_NAME))["counts"]["splits"] == {"train": 16,
+                                                                                                 "val": 8}
+    assert _token_files(one.output_uri) == _token_files(two.output_uri)
+
+
+def test_real_data_with_rgb_and_captions_pretokenizes_only_rgb(tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(photos / f"p{i}.png")
+        (photos / f"p{i}.txt").write_text(f"a photo of thing {i}")
+    only = "[rgb,caption]"
+    config = load_config("smoke", overrides=[
+        "prepare_data.source=image_folder", f"prepare_data.source_uri={photos}", "prepare_data.val_fraction=0.3",
+        f"data.modalities={only}", f"data.input_modalities={only}", f"data.target_modalities={only}"])
+    store = open_store(str(tmp_path / "store"), create=True)
+    for name in ("prepare-data", "train-tokenizers"):
+        run_stage(get_stage(name), config, store)
+    outcome = run_stage(SPEC, config, store)
+    out = open_store(outcome.output_uri)
+    assert sorted({Path(k).parent.name for k in out.list("train") if k.endswith(".tar")}) == [
+        "caption", "crop", "rgb", "tok_rgb"]
+    assert list(json.loads(out.get_bytes(INDEX_FILE))["modalities"]) == ["tok_rgb"]
