@@ -11,6 +11,7 @@ from kfp import dsl, kubernetes
 
 from fourm_kfp.components.lineage import close_lineage_run, open_lineage_run
 from fourm_kfp.components.prepare_data import prepare_data
+from fourm_kfp.components.pretokenize import fan_out, pretokenize, pretokenize_part
 from fourm_kfp.components.train_tokenizers import train_tokenizers
 
 PIPELINE_NAME = "fourm-pretrain"
@@ -41,6 +42,8 @@ def fourm_pretrain(
     mlflow_parent_run_id: str = "",
     prepare_data_force: bool = False,
     train_tokenizers_force: bool = False,
+    pretokenize_force: bool = False,
+    pretokenize_width: int = 1,
 ):
     """Pre-train a 4M-style model.
 
@@ -57,6 +60,10 @@ def fourm_pretrain(
             then also closes it; default empty = the pipeline opens and closes its own parent run.
         prepare_data_force: Recompute prepare-data even if its output is committed; default false.
         train_tokenizers_force: Recompute train-tokenizers even if its output is committed; default false.
+        pretokenize_force: Recompute pretokenize even if its output is committed (in the collect step, serially);
+            default false.
+        pretokenize_width: Pretokenize workers running in parallel, each on every width-th shard; default 1 (the
+            smoke and demo presets have one or a few shards).
     """
     closer = _with_cluster_env(close_lineage_run(run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                                                  mlflow_tracking_uri=mlflow_tracking_uri,
@@ -78,3 +85,15 @@ def fourm_pretrain(
         tokenizers.set_display_name("train-tokenizers")
         tokenizers.set_cpu_limit("8").set_memory_limit("32Gi").set_accelerator_type("nvidia.com/gpu")
         tokenizers.set_accelerator_limit(1)
+        parts = fan_out(width=pretokenize_width)
+        parts.set_display_name("pretokenize-fan-out")
+        stage_inputs = dict(data_uri=data.outputs["output_uri"], tokenizers_uri=tokenizers.outputs["output_uri"])
+        with dsl.ParallelFor(parts.output, name="pretokenize-parts") as part:
+            worker = _with_cluster_env(pretokenize_part(part=part, parts=pretokenize_width, **stage_inputs,
+                                                        **shared))
+            worker.set_display_name("pretokenize-part")
+            worker.set_cpu_limit("8").set_memory_limit("16Gi").set_accelerator_type("nvidia.com/gpu")
+            worker.set_accelerator_limit(1)
+        tokens = _with_cluster_env(pretokenize(force=pretokenize_force, parts=pretokenize_width,
+                                               part_uris=dsl.Collected(worker.output), **stage_inputs, **shared))
+        tokens.set_display_name("pretokenize")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fourm_kfp.contract import lineage
+from fourm_kfp.stages import PIPELINE
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers
 
@@ -32,9 +33,10 @@ def _run(root: Path, *extra: str, env: dict | None = None) -> tuple[dict, float]
     return json.loads(summary_path.read_text()), seconds
 
 
-STAGES = ["prepare-data", "train-tokenizers"]
+STAGES = [spec.name for spec in PIPELINE]
 REPORTS = {"prepare-data": {"reports/preview.png", "reports/dataset_report.json"},
-           "train-tokenizers": {"reports/reconstructions.png", "reports/tokenizer_report.md"}}
+           "train-tokenizers": {"reports/reconstructions.png", "reports/tokenizer_report.md"},
+           "pretokenize": {"reports/pretokenize_report.md", "reports/codebook_usage.png"}}
 
 
 def _check_mlflow(summary: dict, stage_status: str) -> None:
@@ -45,7 +47,7 @@ def _check_mlflow(summary: dict, stage_status: str) -> None:
     assert parent.data.params["preset"] == "smoke"
     children = lineage.child_runs(tracking, parent.info.run_id)
     assert [c.data.tags["fourm.stage"] for c in children] == STAGES
-    data_run, tokenizer_run = children
+    data_run, tokenizer_run = children[:2]
     for child in children:
         assert child.data.tags["fourm.status"] == stage_status
         assert child.data.params["data.image_size"] == "64"
@@ -73,7 +75,7 @@ def _check_output(uri: str) -> None:
 def test_smoke_pipeline_local_then_skipped(tmp_path):
     first, _ = _run(tmp_path)
     assert [s["name"] for s in first["stages"]] == STAGES
-    assert [s["status"] for s in first["stages"]] == ["ran", "ran"]
+    assert [s["status"] for s in first["stages"]] == ["ran"] * len(STAGES)
     assert first["stages"][0]["output_uri"].startswith(str(tmp_path / "prepare-data"))
     assert first["stages"][1]["output_uri"].startswith(str(tmp_path / "train-tokenizers"))
     assert (tmp_path / "mlflow.db").exists()
@@ -81,21 +83,23 @@ def test_smoke_pipeline_local_then_skipped(tmp_path):
     _check_mlflow(first, "ran")
 
     second, seconds = _run(tmp_path)
-    assert [s["status"] for s in second["stages"]] == ["skipped", "skipped"]
+    assert [s["status"] for s in second["stages"]] == ["skipped"] * len(STAGES)
     assert [s["output_uri"] for s in second["stages"]] == [s["output_uri"] for s in first["stages"]]
     assert second["mlflow"]["parent_run_id"] != first["mlflow"]["parent_run_id"]
     _check_mlflow(second, "skipped")
     assert seconds < 60, f"a fully reused run took {seconds:.1f}s"
 
     forced, _ = _run(tmp_path, "--force", "train-tokenizers")
-    assert [s["status"] for s in forced["stages"]] == ["skipped", "ran"]
+    assert [s["status"] for s in forced["stages"]] == ["skipped", "ran"] + ["skipped"] * (len(STAGES) - 2)
 
 
 def test_smoke_pipeline_on_s3(tmp_path, s3_env):
     bucket = f"e2e-{time.monotonic_ns()}"
     store = f"s3://{bucket}/runs"
-    first, _ = _run(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint)
-    stage, tokenizers = first["stages"]
+    # Two pretokenize workers (ParallelFor) over 3 train + 2 val shards, then the collect step.
+    wide = ("--pretokenize-width", "2", "--set", "prepare_data.samples_per_shard=6")
+    first, _ = _run(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide)
+    stage, tokenizers, tokens = first["stages"][:3]
     assert stage["status"] == "ran" and stage["output_uri"].startswith(f"{store}/prepare-data/")
     assert tokenizers["status"] == "ran" and tokenizers["output_uri"].startswith(f"{store}/train-tokenizers/")
     assert sorted(load_tokenizers(tokenizers["output_uri"]).image) == ["depth", "edge", "normal", "rgb", "semseg"]
@@ -104,8 +108,14 @@ def test_smoke_pipeline_on_s3(tmp_path, s3_env):
     on_disk = s3_env.data_dir / bucket / stage["output_uri"].removeprefix(f"s3://{bucket}/")
     assert (on_disk / "_MANIFEST.json").is_file() and (on_disk / "train/rgb/shard-000000.tar").is_file()
 
-    second, _ = _run(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint)
-    assert [s["status"] for s in second["stages"]] == ["skipped", "skipped"]
+    parts = lineage.child_runs(first["mlflow"]["tracking_uri"], first["mlflow"]["parent_run_id"], kind="part")
+    assert sorted(r.data.tags["fourm.stage"] for r in parts) == ["pretokenize part 1/2", "pretokenize part 2/2"]
+    assert tokens["status"] == "ran" and tokens["output_uri"].startswith(f"{store}/pretokenize/")
+    keys = open_store(tokens["output_uri"]).list("train/_keys")
+    assert len(keys) == 3
+
+    second, _ = _run(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide)
+    assert [s["status"] for s in second["stages"]] == ["skipped"] * len(STAGES)
 
 
 

@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="append", default=[], choices=list(STAGES), metavar="STAGE",
                      help="recompute this stage even if its output is committed (repeatable)")
     run.add_argument("--summary", help="write the run summary JSON here")
+    run.add_argument("--pretokenize-width", type=int, default=1, metavar="N",
+                     help="pretokenize workers in parallel (the pipeline's ParallelFor width; default 1)")
 
     stage = sub.add_parser("stage", help="run one stage directly (reusing committed upstream outputs)")
     stage.add_argument("name", choices=list(STAGES))
@@ -78,7 +80,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         summary = run_pipeline_locally(args.preset, args.root, store=args.store, s3_endpoint=args.s3_endpoint,
                                        overrides=args.overrides, force=args.force,
-                                       tracking_uri=args.mlflow_tracking_uri, summary_path=args.summary)
+                                       tracking_uri=args.mlflow_tracking_uri, summary_path=args.summary,
+                                       pipeline_arguments={"pretokenize_width": args.pretokenize_width})
     except PipelineFailed as exc:
         print(closing_summary(exc.summary))
         print(f"Error: {exc}", file=sys.stderr)

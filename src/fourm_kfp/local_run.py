@@ -38,7 +38,8 @@ class PipelineFailed(RuntimeError):
 def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | None = None,
                          s3_endpoint: str | None = None, overrides: Sequence[str] = (),
                          force: Sequence[str] = (), tracking_uri: str | None = None,
-                         summary_path: str | os.PathLike | None = None) -> dict[str, Any]:
+                         summary_path: str | os.PathLike | None = None,
+                         pipeline_arguments: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the pipeline with ``kfp.local``; returns (and optionally writes) the summary."""
     from kfp import local
 
@@ -62,7 +63,8 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
     arguments = dict(preset=preset, config_overrides=list(overrides), store_uri=store_uri,
                      s3_endpoint=s3_endpoint or "", mlflow_tracking_uri=tracking, run_label=label,
                      mlflow_parent_run_id=parent_run_id,
-                     **{f"{name.replace('-', '_')}_force": name in force for name in STAGES})
+                     **{f"{name.replace('-', '_')}_force": name in force for name in STAGES},
+                     **(pipeline_arguments or {}))
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root / "kfp"),
                enable_caching=True, raise_on_error=True)

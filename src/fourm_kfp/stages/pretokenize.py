@@ -47,6 +47,7 @@ def _plan(ctx: StageContext) -> dict[str, Any]:
 def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
     import torch
 
+    from fourm_kfp.data.shard_writer import keys_key
     from fourm_kfp.progress import LineProgress
     from fourm_kfp.tokenizers.bundle import load_tokenizers
     from fourm_kfp.tokenizers.pretokenizer import CropSettings, Pretokenizer, pretokenize_shards
@@ -59,7 +60,9 @@ def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
     pretokenizer = Pretokenizer({m: bundle.image[m] for m in plan["image"]}, ctx.config.data.image_size, crops,
                                 cfg.batch_size, device, plan["text"], plan["keep_rgb"])
     jobs = plan["jobs"][part::parts]
-    bar = LineProgress(None, f"pretokenize part {part + 1}/{parts}", "samples", interval=10.0)
+    data = ctx.inputs[DATA].store
+    total = sum(len(data.get_text(keys_key(j.split, j.index)).split()) for j in jobs)  # small key indexes
+    bar = LineProgress(total, f"pretokenize part {part + 1}/{parts}", "samples", interval=10.0)
     stats = pretokenize_shards(ctx.inputs[DATA].store, ctx.output, jobs, plan["read"], pretokenizer,
                                plan["names"], progress=lambda n, total, s: bar.update(n))
     bar.close()
