@@ -1,0 +1,140 @@
+"""4M's multimodal masking of one sample, and the collation of masked samples into a :class:`MaskedBatch`.
+
+Per sample (all on the CPU, in the loader's workers, from a generator seeded for that sample):
+
+1. pick a mixture component and split the input budget (:mod:`.dirichlet_masking`), each modality capped by the
+   tokens it has (a grid's cells, a text's tokens);
+2. split the target budget the same way, an image modality capped by the cells its inputs left over;
+3. image modalities: one random permutation of the grid, the first ``k`` cells are inputs and the next ``m``
+   targets, so they never overlap; text modalities: span masking (:mod:`.span_masking`) sized by the same
+   budgets, the target decoded with teacher forcing (the decoder sees the previous target token);
+4. what text could not use (its sentinel overhead, a short caption) moves to image modalities with cells left,
+   so the budgets are filled exactly whenever the sample has the tokens.
+
+A modality the sample lacks gets no budget. :func:`collate` pads to the budgets and computes the host-side
+``target_order``/``target_counts`` the model's heads use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from fourm_kfp.masking.dirichlet_masking import MixtureComponent, pick_component, split_budget
+from fourm_kfp.masking.span_masking import span_mask, whole_target
+from fourm_kfp.model.batch import IGNORE_INDEX, MaskedBatch, ModalitySpec
+
+#: Pixel normalisation of the rgb patch input (to about [-1, 1]).
+PIXEL_MEAN, PIXEL_STD = 127.5, 127.5
+
+
+@dataclass(frozen=True)
+class MaskingArgs:
+    modalities: tuple[ModalitySpec, ...]
+    input_budget: int
+    target_budget: int
+    mixture: tuple[MixtureComponent, ...]
+    sentinels: tuple[int, ...]  # ids of [S_0], [S_1], ...
+    span_mean_length: float = 3.0
+
+
+@dataclass
+class MaskedSample:
+    """Slots of one sample: encoder (token, modality, position) and decoder (input token, target, modality,
+    position) lists, plus the rgb pixels when a modality takes pixel input."""
+
+    enc: list[tuple[int, int, int]] = field(default_factory=list)
+    dec: list[tuple[int, int, int, int]] = field(default_factory=list)
+    pixels: np.ndarray | None = None
+    key: str = ""
+
+
+def _text_slots(rng: np.random.Generator, ids: list[int], k: int, m: int, mean_span: float,
+                sentinels: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Encoder ids (at most ``k``) and the target sequence (at most ``m + 1`` ids: ``m`` decoder slots)."""
+    if m > 0 and k > 0:
+        inputs, target = span_mask(rng, ids, round(len(ids) * m / (k + m)), mean_span, sentinels)
+    elif m > 0:
+        inputs, target = [], whole_target(ids, sentinels)
+    else:
+        inputs, target = list(ids), []
+    return inputs[:k], target[:m + 1] if len(target) > 1 else []
+
+
+def mask_sample(rng: np.random.Generator, args: MaskingArgs, tokens: dict[str, Any], pixels: np.ndarray | None,
+                key: str = "") -> MaskedSample:
+    """``tokens``: per modality name, a token grid ``[h, w]`` (image) or an id list (text); absent = not there."""
+    specs = args.modalities
+    sizes = np.array([np.asarray(tokens[s.name]).size if s.name in tokens else 0 for s in specs], dtype=np.int64)
+    component = pick_component(rng, args.mixture)
+    k = split_budget(rng, args.input_budget, np.array(component.input_alphas), sizes)
+    m = split_budget(rng, args.target_budget, np.array(component.target_alphas),
+                     np.where([s.kind == "image" for s in specs], sizes - k, sizes + 1) * (sizes > 0))
+    sample = MaskedSample(key=key)
+    text_unused_in, text_unused_out = 0, 0
+    texts = {}
+    for i, spec in enumerate(specs):
+        if spec.kind == "sequence" and sizes[i]:
+            inputs, target = _text_slots(rng, list(tokens[spec.name]), int(k[i]), int(m[i]),
+                                         args.span_mean_length, args.sentinels)
+            texts[i] = (inputs, target)
+            text_unused_in += int(k[i]) - len(inputs)
+            text_unused_out += int(m[i]) - max(len(target) - 1, 0)
+    # Give what text could not use to image modalities with cells left (inputs first, then targets).
+    for budget, unused in ((k, text_unused_in), (m, text_unused_out)):
+        for i, spec in enumerate(specs):
+            if unused <= 0:
+                break
+            if spec.kind == "image" and sizes[i]:
+                spare = sizes[i] - k[i] - m[i]
+                extra = int(min(spare, unused))
+                budget[i] += extra
+                unused -= extra
+    for i, spec in enumerate(specs):
+        if not sizes[i]:
+            continue
+        if spec.kind == "image":
+            grid = np.asarray(tokens[spec.name]).reshape(-1)
+            order = rng.permutation(grid.size)
+            inputs, targets = order[: k[i]], order[k[i]: k[i] + m[i]]
+            sample.enc += [(0 if spec.pixel_input else int(grid[p]), i, int(p)) for p in inputs]
+            sample.dec += [(0, int(grid[p]), i, int(p)) for p in targets]
+        else:
+            inputs, target = texts[i]
+            sample.enc += [(t, i, p) for p, t in enumerate(inputs)]
+            sample.dec += [(target[p], target[p + 1], i, p) for p in range(len(target) - 1)]
+    if pixels is not None and any(s.pixel_input for s in specs):
+        sample.pixels = ((pixels.astype(np.float32) - PIXEL_MEAN) / PIXEL_STD).transpose(2, 0, 1)
+    return sample
+
+
+def collate(samples: Sequence[MaskedSample], args: MaskingArgs) -> MaskedBatch:
+    """Stack masked samples into fixed-size padded tensors (``E = input_budget``, ``D = target_budget``)."""
+    b, e, d = len(samples), args.input_budget, args.target_budget
+    enc = np.zeros((3, b, e), np.int64)
+    dec = np.zeros((4, b, d), np.int64)
+    dec[1] = IGNORE_INDEX
+    enc_valid, dec_valid = np.zeros((b, e), bool), np.zeros((b, d), bool)
+    for j, s in enumerate(samples):
+        if s.enc:
+            n = min(len(s.enc), e)
+            enc[:, j, :n] = np.array(s.enc[:n]).T
+            enc_valid[j, :n] = True
+        if s.dec:
+            n = min(len(s.dec), d)
+            dec[:, j, :n] = np.array(s.dec[:n]).T
+            dec_valid[j, :n] = True
+    flat_mod = np.where(dec_valid, dec[2], len(args.modalities)).reshape(-1)
+    order = np.argsort(flat_mod, kind="stable")[: int(dec_valid.sum())]
+    counts = np.bincount(flat_mod, minlength=len(args.modalities) + 1)[: len(args.modalities)].tolist()
+    pixels = None
+    if any(s.pixels is not None for s in samples):
+        shape = next(s.pixels.shape for s in samples if s.pixels is not None)
+        pixels = torch.from_numpy(np.stack([s.pixels if s.pixels is not None else np.zeros(shape, np.float32)
+                                            for s in samples]))
+    t = torch.from_numpy
+    return MaskedBatch(t(enc[0]), t(enc[1]), t(enc[2]), t(enc_valid), t(dec[0]), t(dec[1]), t(dec[2]), t(dec[3]),
+                       t(dec_valid), t(order), counts, pixels, [s.key for s in samples])
