@@ -8,11 +8,13 @@ from fourm_kfp.components.images import CPU_IMAGE, GPU_IMAGE
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def fan_out(width: int) -> List[int]:
-    """The part indices ``0 .. width-1`` a ParallelFor iterates over."""
+def fan_out(width: int, data_uri: str, tokenizers_uri: str, parent_run_id: str) -> List[dict]:
+    """The items a ParallelFor iterates over: one per part, each carrying what its worker needs from upstream
+    (kfp.local resolves upstream outputs inside a loop of width > 1 to the loop item, so they travel in it)."""
     if width < 1:
         raise ValueError(f"pretokenize_width must be >= 1, got {width}")
-    return list(range(width))
+    return [{"part": i, "data_uri": data_uri, "tokenizers_uri": tokenizers_uri, "parent_run_id": parent_run_id}
+            for i in range(width)]
 
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)

@@ -85,12 +85,14 @@ def fourm_pretrain(
         tokenizers.set_display_name("train-tokenizers")
         tokenizers.set_cpu_limit("8").set_memory_limit("32Gi").set_accelerator_type("nvidia.com/gpu")
         tokenizers.set_accelerator_limit(1)
-        parts = fan_out(width=pretokenize_width)
-        parts.set_display_name("pretokenize-fan-out")
         stage_inputs = dict(data_uri=data.outputs["output_uri"], tokenizers_uri=tokenizers.outputs["output_uri"])
-        with dsl.ParallelFor(parts.output, name="pretokenize-parts") as part:
-            worker = _with_cluster_env(pretokenize_part(part=part, parts=pretokenize_width, **stage_inputs,
-                                                        **shared))
+        parts = fan_out(width=pretokenize_width, parent_run_id=opener.output, **stage_inputs)
+        parts.set_display_name("pretokenize-fan-out")
+        with dsl.ParallelFor(parts.output, name="pretokenize-parts") as item:
+            worker = _with_cluster_env(pretokenize_part(
+                part=item.part, parts=pretokenize_width, data_uri=item.data_uri, tokenizers_uri=item.tokenizers_uri,
+                parent_run_id=item.parent_run_id, preset=preset, config_overrides=config_overrides,
+                store_uri=store_uri, s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri))
             worker.set_display_name("pretokenize-part")
             worker.set_cpu_limit("8").set_memory_limit("16Gi").set_accelerator_type("nvidia.com/gpu")
             worker.set_accelerator_limit(1)
