@@ -1,0 +1,26 @@
+"""The ``pretrain`` stage: the 4M model trained on the pretokenized data, resumable, single- or multi-process.
+
+One function for every launcher: a plain process, ``torchrun``/torchx with several processes, or a PyTorchJob pod
+(rank and world from the environment; ranks share no file system). Everything heavy lives in
+:mod:`fourm_kfp.train.pretraining`; this module declares the stage.
+"""
+
+from __future__ import annotations
+
+from fourm_kfp.contract import StageContext, StageResult, StageSpec
+from fourm_kfp.stages import pretokenize, train_tokenizers
+
+
+def run(ctx: StageContext) -> StageResult:
+    from fourm_kfp.train.pretraining import pretrain
+
+    return pretrain(ctx)
+
+
+SPEC = StageSpec(
+    name="pretrain",
+    run=run,
+    config_keys=("train", "data", "alphas"),
+    upstream=(pretokenize.SPEC, train_tokenizers.SPEC),
+    resumable=True,  # a restarted run keeps its checkpoints and continues from the newest complete one
+)

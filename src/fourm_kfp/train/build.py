@@ -1,0 +1,102 @@
+"""From config and committed inputs to the objects training needs: modality specs, model, masking and loaders.
+
+The model's modalities are the data config's input and target modalities that the pretokenized dataset holds,
+in the data config's order: an image modality with its codebook and token grid (``rgb`` optionally as pixel
+patches), a text modality with the shared WordPiece vocabulary and ``train.model.max_text_length`` positions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fourm_kfp.data.pretokenized import token_name
+from fourm_kfp.data.token_loader import DatasetRef, LoaderArgs
+from fourm_kfp.masking.dirichlet_masking import MixtureComponent
+from fourm_kfp.masking.multimodal_masking import MaskingArgs
+from fourm_kfp.model.batch import ModalitySpec
+from fourm_kfp.model.fourm import FourMArgs
+from fourm_kfp.storage import open_store
+
+TEXT_TOKENIZER = "text/tokenizer.json"
+
+
+@dataclass(frozen=True)
+class TrainingInputs:
+    """What the committed upstream outputs say: the pretokenized index, the tokenizer index and text tokenizer."""
+
+    pretokenized_uri: str
+    tokenizers_uri: str
+    pretokenized: dict[str, Any]
+    tokenizers: dict[str, Any]
+    text_tokenizer_json: str
+
+    @classmethod
+    def read(cls, pretokenized_uri: str, tokenizers_uri: str) -> "TrainingInputs":
+        from fourm_kfp.data.token_loader import read_index
+
+        store = open_store(tokenizers_uri)
+        text = store.get_text(TEXT_TOKENIZER) if store.exists(TEXT_TOKENIZER) else ""
+        return cls(pretokenized_uri, tokenizers_uri, read_index(pretokenized_uri),
+                   json.loads(store.get_bytes("tokenizers.json")), text)
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return (self.tokenizers.get("text") or {}).get("special_tokens", {})
+
+    @property
+    def sentinels(self) -> tuple[int, ...]:
+        specials = self.special_tokens
+        return tuple(specials[f"[S_{i}]"] for i in range(len(specials)) if f"[S_{i}]" in specials)
+
+
+def modality_specs(config: Any, inputs: TrainingInputs) -> tuple[ModalitySpec, ...]:
+    """The model's modalities (see the module docstring)."""
+    data, model = config.data, config.train.model
+    wanted = [m for m in data.modalities if m in data.input_modalities or m in data.target_modalities]
+    grids = inputs.pretokenized["modalities"]
+    text = inputs.pretokenized.get("text", {})
+    specs = []
+    for name in wanted:
+        if token_name(name) in grids:
+            info = grids[token_name(name)]
+            grid = tuple(info["grid"])
+            pixels = name == "rgb" and model.rgb_input == "pixels" and inputs.pretokenized.get("rgb_pixels")
+            specs.append(ModalitySpec(name, "image", info["vocab_size"], grid=grid, pixel_input=bool(pixels),
+                                      patch_size=data.image_size // grid[1] if pixels else 0))
+        elif name in text.get("modalities", []):
+            specs.append(ModalitySpec(name, "sequence", text["vocab_size"], max_length=model.max_text_length))
+    if not specs:
+        raise ValueError(f"the pretokenized data at {inputs.pretokenized_uri} holds none of the modalities "
+                         f"{wanted}")
+    return tuple(specs)
+
+
+def model_args(config: Any, specs: tuple[ModalitySpec, ...]) -> FourMArgs:
+    train = config.train
+    return FourMArgs(specs, encoder_layers=train.model.encoder_layers, decoder_layers=train.model.decoder_layers,
+                     dim=train.model.dim, heads=train.model.heads, tie_embeddings=train.model.tie_embeddings,
+                     label_smoothing=train.label_smoothing, loss_weighting=train.loss_weighting)
+
+
+def masking_args(config: Any, specs: tuple[ModalitySpec, ...], inputs: TrainingInputs) -> MaskingArgs:
+    """Budgets, the alphas mixture over ``specs`` (a modality a component does not name gets alpha 0) and the
+    sentinel ids of the text tokenizer."""
+    names = [s.name for s in specs]
+    mixture = tuple(MixtureComponent(c.weight, tuple(c.input_alphas.get(n, 0.0) for n in names),
+                                     tuple(c.target_alphas.get(n, 0.0) for n in names))
+                    for c in config.alphas.mixture)
+    usable = [c for c in mixture if any(c.input_alphas) and any(c.target_alphas)]
+    if not usable:
+        raise ValueError(f"no alphas component has both an input and a target among the model's modalities {names}")
+    return MaskingArgs(specs, config.train.input_budget, config.train.target_budget, tuple(usable),
+                       inputs.sentinels or tuple(range(4, 24)), config.train.span_mean_length)
+
+
+def loader_args(config: Any, inputs: TrainingInputs, masking: MaskingArgs, batch_size: int, rank: int,
+                world_size: int, pin_memory: bool) -> LoaderArgs:
+    datasets = (DatasetRef(inputs.pretokenized_uri, config.data.weight),
+                *(DatasetRef(uri, weight) for uri, weight in config.data.extra_datasets.items()))
+    return LoaderArgs(datasets, masking, inputs.text_tokenizer_json, batch_size, seed=config.train.seed, rank=rank,
+                      world_size=world_size, num_workers=config.train.loader_workers, pin_memory=pin_memory)
