@@ -12,6 +12,7 @@ from kfp import dsl, kubernetes
 from fourm_kfp.components.lineage import close_lineage_run, open_lineage_run
 from fourm_kfp.components.prepare_data import prepare_data
 from fourm_kfp.components.pretokenize import fan_out, pretokenize, pretokenize_part
+from fourm_kfp.components.pretrain import pretrain
 from fourm_kfp.components.train_tokenizers import train_tokenizers
 
 PIPELINE_NAME = "fourm-pretrain"
@@ -44,6 +45,8 @@ def fourm_pretrain(
     train_tokenizers_force: bool = False,
     pretokenize_force: bool = False,
     pretokenize_width: int = 1,
+    pretrain_force: bool = False,
+    pretrain_accelerator: str = "nvidia.com/gpu",
 ):
     """Pre-train a 4M-style model.
 
@@ -64,6 +67,11 @@ def fourm_pretrain(
             default false.
         pretokenize_width: Pretokenize workers running in parallel, each on every width-th shard; default 1 (the
             smoke and demo presets have one or a few shards).
+        pretrain_force: Recompute pretrain even if its output is committed (else a committed run is reused and an
+            interrupted one resumes from its newest checkpoint); default false.
+        pretrain_accelerator: "nvidia.com/gpu" (default: the pretrain step requests one GPU) or "cpu" (no
+            accelerator request, so a CPU-only cluster can run it; the image runs on CPUs too, and precision
+            "auto" then trains in fp32).
     """
     closer = _with_cluster_env(close_lineage_run(run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                                                  mlflow_tracking_uri=mlflow_tracking_uri,
@@ -99,3 +107,12 @@ def fourm_pretrain(
         tokens = _with_cluster_env(pretokenize(force=pretokenize_force, parts=pretokenize_width,
                                                part_uris=dsl.Collected(worker.output), **stage_inputs, **shared))
         tokens.set_display_name("pretokenize")
+        train_args = dict(force=pretrain_force, pretokenized_uri=tokens.outputs["output_uri"],
+                          tokenizers_uri=tokenizers.outputs["output_uri"], **shared)
+        with dsl.If(pretrain_accelerator == "cpu", name="pretrain-on-cpu"):
+            on_cpu = _with_cluster_env(pretrain(**train_args))
+            on_cpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
+        with dsl.Else(name="pretrain-on-accelerator"):
+            on_gpu = _with_cluster_env(pretrain(**train_args))
+            on_gpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
+            on_gpu.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
