@@ -112,8 +112,10 @@ def cmd_stage(args: argparse.Namespace) -> int:
                           s3_endpoint=args.s3_endpoint or "", tracking_uri=args.mlflow_tracking_uri, root=root,
                           parent_run_id=args.parent_run_id, force=args.force, input_uris=_input_uris(args.input),
                           parts=args.parts, part=args.part)
+    if not distributed.is_primary():
+        return 0  # under torchrun, rank 0 reports for all
     text = json.dumps(result if isinstance(result, str) else result.to_dict(), indent=2)
-    if args.json and distributed.is_primary():
+    if args.json:
         Path(args.json).write_text(text + "\n")
     print(text)
     return 0

@@ -144,6 +144,7 @@ def pretrain(ctx: StageContext) -> StageResult:
     resumed = trainer.restore(train.resume_from or None)
     state = trainer.fit()
 
+    divergence = replica_divergence(trunk) if train.parallelism == "ddp" else 0.0
     model_state = full_state_dict(trunk)  # collective under FSDP2
     if not distributed.is_primary():
         return StageResult()
@@ -165,9 +166,24 @@ def pretrain(ctx: StageContext) -> StageResult:
     ctx.write_report("training_curves.png", _curves(writer.history, trainer.val_history, marginal))
     ctx.tracker.log_artifact("model/model.json", json.dumps(card, indent=2).encode())
     metrics = {"steps": float(state.step), "tokens": float(state.tokens), "skipped_steps": float(state.skipped),
+               "replica_divergence": divergence,
                **{k.replace("/", "."): v for k, v in trainer.val_history[-1].items() if k != "step"}}
     return StageResult(counts={"steps": state.step, "parameters": card["parameters"], "modalities": list(args.names)},
                        metrics=metrics)
+
+
+def replica_divergence(model: torch.nn.Module) -> float:
+    """Largest difference between the ranks' parameter checksums (0 when the DDP replicas are identical, as they
+    must be); a divergence is a bug, so it fails the run."""
+    if distributed.world_size() == 1:
+        return 0.0
+    checksum = torch.stack([p.detach().double().sum() for p in unwrap(model).parameters()]).sum().reshape(1)
+    gathered = [torch.zeros_like(checksum) for _ in range(distributed.world_size())]
+    torch.distributed.all_gather(gathered, checksum)
+    spread = float((torch.cat(gathered).max() - torch.cat(gathered).min()).abs())
+    if spread != 0.0:
+        raise RuntimeError(f"DDP replicas diverged: parameter checksums differ by {spread:g} across ranks")
+    return spread
 
 
 def _init_weights(model: FourM, uri: str) -> None:

@@ -1,0 +1,108 @@
+"""The pretrain stage as users run it: a full smoke run whose model loads back from its URI; a run killed midway
+that resumes on its own with the very losses an uninterrupted run has (bitwise, CPU); two torchrun processes
+that end with identical replicas; and a cool-down start from another run's checkpoint on another world size."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fourm_kfp.config.loader import load_config
+from fourm_kfp.contract import run_stage
+from fourm_kfp.contract.manifest import MANIFEST_NAME
+from fourm_kfp.stages import get_stage
+from fourm_kfp.storage import open_store
+from fourm_kfp.train.export import load_model
+
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "MLFLOW_TRACKING_URI": "none", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> list[str]:
+    """``--input`` arguments pointing at committed smoke pretokenize and train-tokenizers outputs."""
+    store = open_store(str(tmp_path_factory.mktemp("upstream")), create=True)
+    config = load_config("smoke")
+    outcomes = {name: run_stage(get_stage(name), config, store).output_uri
+                for name in ("prepare-data", "train-tokenizers", "pretokenize")}
+    return ["--input", f"pretokenize={outcomes['pretokenize']}",
+            "--input", f"train-tokenizers={outcomes['train-tokenizers']}"]
+
+
+def _pretrain(root: Path, inputs: list[str], *sets: str, launcher: list[str] | None = None,
+              wait: bool = True) -> subprocess.Popen | dict:
+    args = ["stage", "pretrain", "--root", str(root), *inputs]
+    for item in sets:
+        args += ["--set", item]
+    cmd = (launcher or [str(BIN / "fourm-kfp")]) + args
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    if not wait:
+        return proc
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    return json.loads(out[out.index("{"):])
+
+
+def _losses(output_uri: str) -> dict[int, float]:
+    lines = open_store(output_uri).get_text("metrics.jsonl").splitlines()
+    return {int(r["step"]): r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+
+def test_a_smoke_run_exports_a_model_that_loads_from_its_uri(tmp_path, inputs):
+    outcome = _pretrain(tmp_path, inputs, "train.steps=6", "train.log_every=2", "train.checkpoint_every=3")
+    out = open_store(outcome["output_uri"])
+    model, card = load_model(outcome["output_uri"])
+    assert card["step"] == 6 and card["args"]["dim"] == 64 and card["tokenizers_uri"]
+    assert sum(p.numel() for p in model.parameters()) == card["parameters"]
+    manifest = json.loads(out.get_bytes(MANIFEST_NAME))
+    keys = {f["key"] for f in manifest["files"]}
+    assert {"model/model.safetensors", "model/model.json", "metrics.jsonl",
+            "checkpoints/step-00000006/_COMPLETE"} <= keys
+    report = json.loads(out.get_bytes("reports/pretrain_report.json"))
+    assert report["steps"] == 6 and set(report["modalities"]) == set(card["modalities"])
+    assert all(m["marginal_loss"] > 0 for m in report["modalities"].values())
+    assert out.get_bytes("reports/training_curves.png")[:4] == b"\x89PNG"
+    assert sorted(_losses(outcome["output_uri"])) == [2, 4, 6]
+
+
+def test_a_killed_run_resumes_with_the_uninterrupted_losses(tmp_path, inputs):
+    sets = ("train.steps=30", "train.checkpoint_every=5", "train.log_every=1", "train.global_batch_size=16")
+    reference = _pretrain(tmp_path / "reference", inputs, *sets)
+    proc = _pretrain(tmp_path / "killed", inputs, *sets, wait=False)
+    deadline = time.monotonic() + 300
+    markers = []
+    while not markers and time.monotonic() < deadline and proc.poll() is None:
+        markers = list((tmp_path / "killed").glob("pretrain/*/checkpoints/step-00000010/_COMPLETE"))
+        time.sleep(0.02)
+    assert markers, "the run ended before its step-10 checkpoint could be seen"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not list((tmp_path / "killed").glob("pretrain/*/_MANIFEST.json"))  # killed before committing
+    resumed = _pretrain(tmp_path / "killed", inputs, *sets)
+    assert resumed["status"] == "ran" and resumed["output_uri"].rsplit("/", 1)[1] == \
+        reference["output_uri"].rsplit("/", 1)[1]
+    after = _losses(resumed["output_uri"])
+    expected = _losses(reference["output_uri"])
+    assert min(after) >= 11 and max(after) == 30
+    assert {s: after[s] for s in after} == {s: expected[s] for s in after}  # bitwise equal trajectories
+
+
+def test_two_processes_end_with_identical_replicas_and_a_cool_down_reshards(tmp_path, inputs):
+    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", "29731", "-m", "fourm_kfp.cli"]
+    ddp = _pretrain(tmp_path / "ddp", inputs, "train.steps=4", "train.checkpoint_every=2", launcher=torchrun)
+    assert ddp["metrics"]["replica_divergence"] == 0.0 and ddp["metrics"]["steps"] == 4.0
+    # A cool-down on one process from the 2-process run's checkpoint (DCP reshards to the new world size).
+    source = f"{ddp['output_uri']}/checkpoints"
+    cool = _pretrain(tmp_path / "cool", inputs, "train.steps=2", f"train.resume_from={source}")
+    report = json.loads(open_store(cool["output_uri"]).get_bytes("reports/pretrain_report.json"))
+    first_val = report["val_history"][0]
+    ddp_last = json.loads(open_store(ddp["output_uri"]).get_bytes("reports/pretrain_report.json"))["val_history"][-1]
+    assert first_val["step"] == 0.0 and first_val["val/loss"] == pytest.approx(ddp_last["val/loss"], rel=1e-6)
