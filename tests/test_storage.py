@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fourm_kfp import storage
@@ -133,3 +135,87 @@ def test_write_survives_an_endpoint_that_comes_up_late(tmp_path, monkeypatch):
         stop.set()
         thread.join(15)
         storage._CLIENTS.clear()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _SilentServer:
+    """A loopback socket that accepts connections and never answers (a hung endpoint); stopped on exit."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.clients, self.stop = [], threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        self.sock.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                self.clients.append(self.sock.accept()[0])
+            except OSError:
+                continue
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        for c in self.clients:
+            c.close()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("endpoint_kind", ["closed port", "never answers"])
+def test_an_unreachable_endpoint_fails_within_the_deadline_naming_it(monkeypatch, endpoint_kind):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "fourm-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fourm-secret")
+    monkeypatch.setenv("FOURM_STORAGE_DEADLINE_S", "3")
+    monkeypatch.setenv("FOURM_STORAGE_CONNECT_TIMEOUT_S", "1")
+    monkeypatch.setenv("FOURM_STORAGE_READ_TIMEOUT_S", "1")
+    storage._CLIENTS.clear()
+    server = _SilentServer() if endpoint_kind == "never answers" else None
+    port = server.port if server else _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    start = time.monotonic()
+    try:
+        with pytest.raises(storage.StorageError) as err:
+            storage.open_store("s3://bucket/runs", s3_endpoint=endpoint).put_bytes("x.txt", b"hello")
+    finally:
+        if server:
+            server.__exit__(None, None, None)
+        storage._CLIENTS.clear()
+    seconds = time.monotonic() - start
+    message = str(err.value)
+    assert f"put s3://bucket/runs/x.txt at S3 endpoint {endpoint}" in message
+    assert "FOURM_STORAGE_DEADLINE_S=3" in message and "--s3-endpoint" in message
+    assert seconds < 15, f"took {seconds:.1f}s against a 3 s deadline"
+
+
+def test_the_cli_reports_an_unreachable_store_in_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "k1-key", "AWS_SECRET_ACCESS_KEY": "s1-secret",
+           "FOURM_STORAGE_DEADLINE_S": "2", "MLFLOW_TRACKING_URI": "none"}
+    cli = str(Path(sys.executable).parent / "fourm-kfp")
+    proc = subprocess.run([cli, "stage", "prepare-data", "--root", str(tmp_path), "--store", "s3://fourm-b/x",
+                           "--s3-endpoint", f"http://127.0.0.1:{_free_port()}"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("Error: create bucket s3://fourm-b/x at S3 endpoint http://127")

@@ -6,8 +6,13 @@ object (a temp file plus ``os.replace`` locally; a single PUT on S3), so a reade
 
 S3 goes through the ``minio`` client. The endpoint comes from ``open_store(..., s3_endpoint=...)`` or the
 ``AWS_ENDPOINT_URL`` environment variable; credentials only from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
-(a Kubernetes Secret fills them in the cluster) and are never logged or put in configs. Transient errors
-(connection resets, 5xx, throttling) are retried with exponential backoff.
+(a Kubernetes Secret fills them in the cluster) and are never logged or put in configs.
+
+Failures surface fast and clearly: there is one retry layer (ours; the client's own urllib3 retries are off),
+connections and reads time out after ``FOURM_STORAGE_CONNECT_TIMEOUT_S`` / ``FOURM_STORAGE_READ_TIMEOUT_S``
+(5 s / 30 s), and transient errors (refused or reset connections, timeouts, 5xx, throttling) are retried with
+exponential backoff until a total deadline, ``FOURM_STORAGE_DEADLINE_S`` (60 s), after which a
+:class:`StorageError` names the endpoint, the operation and the object.
 """
 
 from __future__ import annotations
@@ -195,7 +200,7 @@ class LocalStore(Store):
 class S3Store(Store):
     """``s3://bucket/prefix`` through the minio client (any S3 endpoint: MinIO, SeaweedFS, AWS, rclone)."""
 
-    def __init__(self, uri: str, client, retries: int = 5, backoff_s: float = 0.5):
+    def __init__(self, uri: str, client, retries: int = 1000, backoff_s: float = 0.5):
         parsed = urlparse(uri)
         if parsed.scheme != "s3" or not parsed.netloc:
             raise ValueError(f"not an s3:// URI: {uri!r}")
@@ -213,7 +218,9 @@ class S3Store(Store):
         return join_uri(self.prefix, key).lstrip("/")
 
     def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
-        return with_retries(fn, f"{what} {self.uri_of(key)}", self.retries, self.backoff_s)
+        endpoint = getattr(self.client, "_base_url", None)
+        where = f" at S3 endpoint {endpoint._url.scheme}://{endpoint._url.netloc}" if endpoint else ""
+        return with_retries(fn, f"{what} {self.uri_of(key)}{where}", self.retries, self.backoff_s)
 
     def ensure_bucket(self) -> None:
         def make() -> None:
@@ -306,20 +313,53 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (Urllib3Error, ConnectionError, TimeoutError))
 
 
-def with_retries(fn: Callable[[], T], what: str, retries: int = 5, backoff_s: float = 0.5) -> T:
-    """Call ``fn``; on a transient error wait ``backoff_s * 2**attempt`` (with jitter) and try again."""
+def _env_seconds(name: str, default: float) -> float:
+    value = os.environ.get(name, "")
+    try:
+        return float(value) if value else default
+    except ValueError:
+        raise StorageError(f"{name}={value!r} is not a number of seconds") from None
+
+
+def with_retries(fn: Callable[[], T], what: str, retries: int = 1000, backoff_s: float = 0.5,
+                 deadline_s: float | None = None) -> T:
+    """Call ``fn``; on a transient error wait ``backoff_s * 2**attempt`` (jittered, at most 10 s) and try again,
+    until ``deadline_s`` (default ``FOURM_STORAGE_DEADLINE_S``, 60 s) has passed."""
+    deadline_s = _env_seconds("FOURM_STORAGE_DEADLINE_S", 60.0) if deadline_s is None else deadline_s
+    start = time.monotonic()
     for attempt in range(retries + 1):
         try:
             return fn()
         except Exception as exc:
             if not is_transient(exc):
                 raise StorageError(f"{what}: {type(exc).__name__}: {exc}") from exc
-            if attempt == retries:
-                raise StorageError(f"{what}: still failing after {retries + 1} attempts: {exc}") from exc
-            delay = backoff_s * (2**attempt) * (0.5 + random.random())
-            log.warning("%s: transient error (%s), retrying in %.1fs", what, type(exc).__name__, delay)
+            elapsed = time.monotonic() - start
+            delay = min(backoff_s * (2**attempt), 10.0) * (0.5 + random.random())
+            if attempt == retries or elapsed + delay > deadline_s:
+                raise StorageError(
+                    f"{what}: still failing after {attempt + 1} attempts in {elapsed:.0f}s "
+                    f"({type(exc).__name__}: {_short(exc)}); is the endpoint up and is --s3-endpoint / "
+                    f"AWS_ENDPOINT_URL right? (deadline FOURM_STORAGE_DEADLINE_S={deadline_s:g})") from exc
+            log.warning("%s: %s, retrying in %.1fs", what, type(exc).__name__, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _http_client():
+    """urllib3 pool for minio: short timeouts, no retries of its own (``with_retries`` is the one layer)."""
+    import certifi
+    import urllib3
+
+    timeout = urllib3.Timeout(connect=_env_seconds("FOURM_STORAGE_CONNECT_TIMEOUT_S", 5.0),
+                              read=_env_seconds("FOURM_STORAGE_READ_TIMEOUT_S", 30.0))
+    return urllib3.PoolManager(timeout=timeout, retries=urllib3.Retry(total=0, redirect=0, raise_on_status=False),
+                               maxsize=16, cert_reqs="CERT_REQUIRED", ca_certs=os.environ.get("SSL_CERT_FILE")
+                               or certifi.where())
 
 
 def s3_client(endpoint: str | None = None):
@@ -341,6 +381,7 @@ def s3_client(endpoint: str | None = None):
         secret_key=secret_key,
         secure=parsed.scheme == "https",
         region=os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1",
+        http_client=_http_client(),
     )
 
 
