@@ -1,6 +1,6 @@
 """Benchmark the image tokenizers: encode (and decode) throughput in images/s per modality.
 
-    .venv/bin/python bench/tokenizers.py [--preset demo] [--bundle URI] [--batch 64] [--output bench.json]
+    .venv/bin/python bench/tokenizer_throughput.py [--preset demo] [--bundle URI] [--batch 64] [--output bench.json]
 
 With ``--bundle`` it measures a committed train-tokenizers output; otherwise it builds the preset's tokenizers
 (same architecture and sizes, freshly initialised: encode cost does not depend on the weights' values) with

@@ -1,0 +1,203 @@
+"""Benchmark of the 4M training step, printing JSON (issue 8).
+
+In one run, on one device:
+* ``matmul``: FLOP/s of a large square matmul (the reference for "fraction of matmul" on CPU);
+* per model shape (``demo``: 4+4 layers, width 192; ``4m-b``: 12+12, width 768, 14x14 grids): tokens/s of a full
+  step (forward, backward, AdamW), achieved model FLOP/s (``flops_per_token`` of :mod:`fourm_kfp.model.fourm`:
+  6 x matmul weights x tokens + attention + heads) as a fraction of the matmul's, and on CUDA MFU against the
+  dense bf16 peak;
+* ``attention``: the same step with the fused ``scaled_dot_product_attention`` and with an eager reference
+  attention (softmax(QK^T/sqrt(d)) V in plain ops), and their ratio;
+* ``loader``: samples/s of the token loader on synthetic pretokenized shards (demo shapes) against the demo step's
+  consumption (target >= 5x).
+
+    python bench/train_step.py [--device cpu|cuda] [--precision auto|fp32|bf16] [--steps 10] [--output f.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fourm_kfp.config.fourm_config import OptimizerConfig
+from fourm_kfp.masking.dirichlet_masking import MixtureComponent
+from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
+from fourm_kfp.model.batch import ModalitySpec
+from fourm_kfp.model.fourm import FourM, FourMArgs, flops_per_token
+from fourm_kfp.train.hardware import GPU_PEAKS, resolve_precision
+from fourm_kfp.train.optimizer import build_optimizer
+from fourm_kfp.train.step import StepSettings, train_step
+
+IMAGE = ("rgb", "depth", "normal", "semseg", "edge")
+SHAPES = {
+    #        layers  dim heads grid vocab text_vocab budgets  batch (cpu, cuda)
+    "demo": (4, 4, 192, 6, 16, 512, 4200, 96, 96, (32, 256)),
+    "4m-b": (12, 12, 768, 12, 14, 8192, 30000, 128, 128, (8, 128)),
+}
+
+
+def _specs(grid: int, vocab: int, text_vocab: int) -> tuple[ModalitySpec, ...]:
+    return tuple(ModalitySpec(m, "image", vocab, grid=(grid, grid)) for m in IMAGE) + (
+        ModalitySpec("det", "sequence", text_vocab, max_length=64),
+        ModalitySpec("caption", "sequence", text_vocab, max_length=64))
+
+
+def _masking(specs, enc: int, dec: int) -> MaskingArgs:
+    ones = tuple(0.5 for _ in specs)
+    return MaskingArgs(specs, enc, dec, (MixtureComponent(1.0, ones, ones),), tuple(range(4, 104)))
+
+
+def _batch(masking: MaskingArgs, size: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(size):
+        tokens = {s.name: rng.integers(0, s.vocab_size, s.grid) for s in masking.modalities if s.kind == "image"}
+        tokens.update({s.name: rng.integers(104, s.vocab_size, 20).tolist() for s in masking.modalities
+                       if s.kind == "sequence"})
+        samples.append(mask_sample(rng, masking, tokens, None))
+    return collate(samples, masking)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
+    size = 4096 if device.type == "cuda" else 2048
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    reps = 50 if device.type == "cuda" else 5
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _sync(device)
+    return 2 * size**3 * reps / (time.perf_counter() - start)
+
+
+def _eager_sdpa(q, k, v, attn_mask=None, **_):
+    scores = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+
+
+@contextmanager
+def eager_attention():
+    fused = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = _eager_sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = fused
+
+
+def time_steps(name: str, device: torch.device, dtype: torch.dtype | None, steps: int) -> dict:
+    enc_l, dec_l, dim, heads, grid, vocab, text_vocab, enc, dec, batches = SHAPES[name]
+    batch_size = batches[1] if device.type == "cuda" else batches[0]
+    specs = _specs(grid, vocab, text_vocab)
+    args = FourMArgs(specs, enc_l, dec_l, dim, heads)
+    torch.manual_seed(0)
+    model = FourM(args).to(device)
+    optimizer = build_optimizer(model, OptimizerConfig(), 1e-4)
+    settings = StepSettings(dtype, 1.0, tuple(s.name for s in specs))
+    batch = _batch(_masking(specs, enc, dec), batch_size).to(device)
+    for _ in range(2):
+        train_step(model, optimizer, [batch], settings, device)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        train_step(model, optimizer, [batch], settings, device)
+    _sync(device)
+    seconds = (time.perf_counter() - start) / steps
+    tokens = batch_size * (enc + dec)
+    return {"batch": batch_size, "step_s": seconds, "tokens_per_s": tokens / seconds,
+            "samples_per_s": batch_size / seconds,
+            "model_flops_per_s": flops_per_token(args, enc, dec) * tokens / seconds,
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def loader_samples_per_s(batch_size: int, workers: int) -> float:
+    """The token loader over synthetic pretokenized shards with demo shapes."""
+    from fourm_kfp.data.pretokenized import CROP, encode_member, member_ext
+    from fourm_kfp.data.shard_writer import ShardWriter
+    from fourm_kfp.data.token_loader import DatasetRef, LoaderArgs, measure_loader_throughput
+    from fourm_kfp.storage import open_store
+    from fourm_kfp.tokenizers.text_tokenizer import train_text_tokenizer
+
+    rng = np.random.default_rng(0)
+    words = ["a", "small", "red", "sphere", "left", "of", "large", "blue", "cube", "green", "cone"]
+    captions = [" ".join(rng.choice(words, 8)) for _ in range(200)]
+    tokenizer = train_text_tokenizer(captions, 200, num_sentinels=100)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = open_store(tmp)
+        names = tuple(f"tok_{m}" for m in IMAGE) + ("caption", "det", CROP)
+        for shard in range(4):
+            writer = ShardWriter(store, "train", names, 500, ext=member_ext, first_index=shard)
+            for i in range(500):
+                members = {f"tok_{m}": encode_member(f"tok_{m}", rng.integers(0, 512, (4, 16, 16), dtype=np.uint16))
+                           for m in IMAGE}
+                members["caption"] = encode_member("caption", captions[i % 200])
+                members["det"] = encode_member("det", ["v0=1 v1=2 v2=30 v3=40 sphere"] * 4)
+                members[CROP] = encode_member(CROP, [{"x0": 0, "y0": 0, "width": 64, "height": 64, "flip": False}] * 4)
+                writer.write(f"{shard:02d}{i:06d}", members)
+            writer.close()
+        enc_l, dec_l, dim, heads, grid, vocab, text_vocab, enc, dec, _ = SHAPES["demo"]
+        specs = _specs(grid, vocab, tokenizer.get_vocab_size())
+        args = LoaderArgs((DatasetRef(tmp),), _masking(specs, enc, dec), tokenizer.to_str(), batch_size,
+                          num_workers=workers)
+        return measure_loader_throughput(args, batches=30)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--shapes", default="demo,4m-b")
+    parser.add_argument("--loader-workers", type=int, default=2)
+    parser.add_argument("--output")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    dtype = resolve_precision(args.precision, device)
+    peak_matmul = matmul_flops(device, dtype or torch.float32)
+    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "threads": torch.get_num_threads(), "precision": "bf16" if dtype else "fp32",
+              "torch": torch.__version__, "matmul_flops_per_s": peak_matmul, "shapes": {}}
+    peak = next((bf16 for k, (bf16, _) in GPU_PEAKS.items() if k in result["device"]), None)
+    for name in args.shapes.split(","):
+        timing = time_steps(name, device, dtype, args.steps)
+        timing["fraction_of_matmul"] = timing["model_flops_per_s"] / peak_matmul
+        if peak and dtype == torch.bfloat16:
+            timing["mfu_vs_bf16_peak"] = timing["model_flops_per_s"] / peak
+        result["shapes"][name] = timing
+    with eager_attention():
+        eager = time_steps("demo", device, dtype, args.steps)
+    fused = result["shapes"].get("demo") or time_steps("demo", device, dtype, args.steps)
+    result["attention"] = {"sdpa_step_s": fused["step_s"], "eager_step_s": eager["step_s"],
+                           "sdpa_speedup": eager["step_s"] / fused["step_s"]}
+    if args.loader_workers >= 0:
+        samples = loader_samples_per_s(SHAPES["demo"][-1][0], args.loader_workers)
+        result["loader"] = {"workers": args.loader_workers, "samples_per_s": samples,
+                            "demo_step_samples_per_s": fused["samples_per_s"],
+                            "ratio_to_consumption": samples / fused["samples_per_s"]}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
