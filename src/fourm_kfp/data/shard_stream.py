@@ -158,14 +158,14 @@ def iter_split(store: Store, split: str, modalities: Sequence[str], *, decode: D
         rng.shuffle(indices)
     samples = (s for i in indices for s in iter_joined_shard(store, split, i, modalities, decode))
     if shuffle_buffer:
-        samples = _shuffled(samples, shuffle_buffer, rng)
+        samples = bounded_shuffle(samples, shuffle_buffer, rng)
     for count, sample in enumerate(samples):
         if limit is not None and count >= limit:
             return
         yield sample
 
 
-def _shuffled(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
+def bounded_shuffle(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
     """A bounded shuffle: at most ``size`` samples are held at once."""
     buffer: list[Any] = []
     for sample in samples:

@@ -26,7 +26,7 @@ import numpy as np
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fourm_kfp.data.pretokenized import INDEX_FILE, decode_member, token_name
-from fourm_kfp.data.shard_stream import iter_joined_shard, shard_indices
+from fourm_kfp.data.shard_stream import bounded_shuffle, iter_joined_shard, shard_indices
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
 from fourm_kfp.model.batch import MaskedBatch
 from fourm_kfp.storage import open_store
@@ -134,7 +134,7 @@ class TrainStream(IterableDataset):
             store = open_store(args.datasets[dataset].uri)
             available = [n for n in names if _has(store, args.split, n)]
             stream = iter_joined_shard(store, args.split, shard, available, decode=decode_member)
-            ordered = _shuffled(stream, SHUFFLE_BUFFER, random.Random(int(rng.integers(1 << 62))))
+            ordered = bounded_shuffle(stream, SHUFFLE_BUFFER, random.Random(int(rng.integers(1 << 62))))
             for index, (key, sample) in enumerate(ordered):
                 if index < skip:
                     continue
@@ -150,19 +150,6 @@ class TrainStream(IterableDataset):
 
 def _has(store, split: str, name: str) -> bool:
     return bool(store.list(f"{split}/{name}"))
-
-
-def _shuffled(items: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
-    buffer: list[Any] = []
-    for item in items:
-        if len(buffer) < size:
-            buffer.append(item)
-            continue
-        i = rng.randrange(size)
-        yield buffer[i]
-        buffer[i] = item
-    rng.shuffle(buffer)
-    yield from buffer
 
 
 @dataclass
