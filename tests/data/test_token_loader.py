@@ -74,6 +74,8 @@ def test_a_weighted_mixture_samples_both_datasets(pretokenized):
     list(itertools.islice(loader.batches(), 40))
     counts = loader.samples_per_dataset
     assert set(counts) == {0, 1} and counts[1] > counts[0]
+    metrics = loader.metrics()  # over both ranks of the args (world size 2); 16 train samples per dataset
+    assert metrics["data/1/seen"] == 2 * counts[1] and metrics["data/1/epoch"] == 2 * counts[1] / 16
 
 
 def test_loader_reads_from_s3_and_feeds_the_model(pretokenized, s3_uri):

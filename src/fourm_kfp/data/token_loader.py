@@ -160,6 +160,7 @@ class TokenLoader:
     positions: dict[int, tuple[int, int]] = field(default_factory=dict)
     consumed_batches: int = 0
     samples_per_dataset: dict[int, int] = field(default_factory=dict)
+    _sizes: dict[int, int] = field(default_factory=dict)
 
     def batches(self) -> Iterator[MaskedBatch]:
         workers = max(self.args.num_workers, 1)
@@ -173,6 +174,17 @@ class TokenLoader:
             for d, n in per_dataset.items():
                 self.samples_per_dataset[d] = self.samples_per_dataset.get(d, 0) + n
             yield batch
+
+    def metrics(self) -> dict[str, float]:
+        """Examples seen and epochs per dataset of the mixture, over all ranks (``data/<i>/seen``, ``/epoch``)."""
+        out = {}
+        for d, seen in sorted(self.samples_per_dataset.items()):
+            total = seen * self.args.world_size
+            if d not in self._sizes:
+                self._sizes[d] = read_index(self.args.datasets[d].uri)["splits"][self.args.split]
+            size = self._sizes[d]
+            out[f"data/{d}/seen"], out[f"data/{d}/epoch"] = float(total), total / max(size, 1)
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"positions": {str(w): list(p) for w, p in self.positions.items()},

@@ -33,6 +33,8 @@ class ConsoleSink:
         self.total_steps = total_steps
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
+        if "loss" not in values:
+            return  # validation values: the trainer logs its own line for them
         parts = [f"pretrain step {step}/{self.total_steps} ({100 * step / max(self.total_steps, 1):.0f}%)"]
         if "loss" in values:
             parts.append(f"loss {values['loss']:.4f}")
@@ -45,8 +47,9 @@ class ConsoleSink:
             if key in values:
                 parts.append(fmt.format(values[key]))
         for key, value in values.items():
-            if key.startswith("data/"):
-                parts.append(f"{key[5:]} {value:g}")
+            if key.startswith("data/") and key.endswith("/epoch"):
+                parts.append(f"data {key.split('/')[1]}: {values[key.replace('/epoch', '/seen')]:.0f} seen, "
+                             f"epoch {value:.2f}")
         if "eta_s" in values:
             parts.append(f"ETA {format_seconds(values['eta_s'])}")
         log.info(" ".join(parts))

@@ -138,7 +138,7 @@ def pretrain(ctx: StageContext) -> StageResult:
                         peak_flops(device, dtype) * world)
     profile_dir = Path(tempfile.mkdtemp(prefix="fourm-profile-")) if train.profile_steps else None
     trainer = Trainer(trunk, optimizer, schedule,
-                      Loader(loader.batches, loader.state_dict, loader.load_state_dict),
+                      Loader(loader.batches, loader.state_dict, loader.load_state_dict, loader.metrics),
                       _validator(val, device, dtype, args.names), checkpoints, writer, loop,
                       StepSettings(dtype, train.optimizer.grad_clip, args.names), device, profile_dir)
     resumed = trainer.restore(train.resume_from or None)

@@ -64,6 +64,7 @@ class Loader:
     batches: Callable[[], Iterator[MaskedBatch]]  # a fresh iterator from the current position
     state_dict: Callable[[], dict[str, Any]]  # position after the batches consumed so far
     load_state_dict: Callable[[dict[str, Any]], None]
+    metrics: Callable[[], dict[str, float]] = dict  # e.g. examples seen and epoch per dataset
 
 
 @dataclass
@@ -178,6 +179,7 @@ class Trainer:
         host.update(lr=self.schedule.lr(step), skipped=float(self.state.skipped),
                     tokens=float(self.state.tokens), samples=float(self.state.samples))
         host.update(throughput.measure(self.state.step, self.state.tokens))
+        host.update(self.loader.metrics())
         self.metrics.write(self.state.step, host)
 
     def _validate(self) -> None:
