@@ -106,3 +106,13 @@ def test_two_processes_end_with_identical_replicas_and_a_cool_down_reshards(tmp_
     first_val = report["val_history"][0]
     ddp_last = json.loads(open_store(ddp["output_uri"]).get_bytes("reports/pretrain_report.json"))["val_history"][-1]
     assert first_val["step"] == 0.0 and first_val["val/loss"] == pytest.approx(ddp_last["val/loss"], rel=1e-6)
+
+
+def test_fsdp2_on_two_processes_trains_checkpoints_and_exports(tmp_path, inputs):
+    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", "29732", "-m", "fourm_kfp.cli"]
+    fsdp = _pretrain(tmp_path, inputs, "train.steps=2", "train.checkpoint_every=1", "train.parallelism=fsdp",
+                     launcher=torchrun)
+    assert fsdp["metrics"]["steps"] == 2.0
+    model, card = load_model(fsdp["output_uri"])  # the gathered full state dict
+    assert sum(p.numel() for p in model.parameters()) == card["parameters"]
+    assert open_store(fsdp["output_uri"]).exists("checkpoints/step-00000002/_COMPLETE")

@@ -35,6 +35,8 @@ from fourm_kfp.train.trainer import LoopSettings, Loader, Trainer
 
 log = logging.getLogger("fourm_kfp.train")
 PRETOKENIZED, TOKENIZERS = "pretokenize", "train-tokenizers"
+#: The exported weights are also an MLflow artifact up to this size.
+MAX_MLFLOW_MODEL_BYTES = 512 << 20
 
 
 def batch_layout(train: Any, world: int) -> tuple[int, int]:
@@ -165,6 +167,8 @@ def pretrain(ctx: StageContext) -> StageResult:
     ctx.write_report("pretrain_report.md", _markdown(report).encode())
     ctx.write_report("training_curves.png", _curves(writer.history, trainer.val_history, marginal))
     ctx.tracker.log_artifact("model/model.json", json.dumps(card, indent=2).encode())
+    if card["parameters"] * 4 <= MAX_MLFLOW_MODEL_BYTES:  # larger models stay in the store; the card has the URI
+        ctx.tracker.log_artifact("model/model.safetensors", ctx.output.get_bytes("model/model.safetensors"))
     metrics = {"steps": float(state.step), "tokens": float(state.tokens), "skipped_steps": float(state.skipped),
                "replica_divergence": divergence,
                **{k.replace("/", "."): v for k, v in trainer.val_history[-1].items() if k != "step"}}

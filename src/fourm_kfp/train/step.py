@@ -61,6 +61,8 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches
     params = [p for p in model.parameters() if p.grad is not None]
     max_norm = settings.grad_clip if settings.grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: the norm is a DTensor
+        grad_norm = grad_norm.full_tensor()
     loss = loss_sum / count
     finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
     _guarded_update(optimizer, finite, device)
@@ -97,13 +99,18 @@ def global_norm(tensors: Iterator[torch.Tensor]) -> torch.Tensor:
     return total.sqrt()
 
 
-def parameter_snapshot(model: nn.Module) -> list[torch.Tensor]:
+def optimized_parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The parameters as the optimizer holds them (under FSDP2 always the sharded DTensors)."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def parameter_snapshot(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """Detached copies of the parameters (taken before a log step's update, for the update norm)."""
-    return [p.detach().clone() for p in model.parameters()]
+    return [p.detach().clone() for p in optimized_parameters(optimizer)]
 
 
-def update_norm(model: nn.Module, before: list[torch.Tensor]) -> torch.Tensor:
-    return global_norm(p.detach() - b for p, b in zip(model.parameters(), before))
+def update_norm(optimizer: torch.optim.Optimizer, before: list[torch.Tensor]) -> torch.Tensor:
+    return global_norm(p.detach() - b for p, b in zip(optimized_parameters(optimizer), before))
 
 
 def to_host(values: dict[str, Any]) -> dict[str, float]:

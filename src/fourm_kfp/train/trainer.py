@@ -24,7 +24,8 @@ from fourm_kfp.model.batch import MaskedBatch
 from fourm_kfp.train.checkpoint import CheckpointManager, find_checkpoint, load_checkpoint, set_rng_state
 from fourm_kfp.train.metrics import MetricWriter, Throughput
 from fourm_kfp.train.optimizer import Schedule, set_learning_rate
-from fourm_kfp.train.step import StepSettings, global_norm, parameter_snapshot, to_host, train_step, update_norm
+from fourm_kfp.train.step import (StepSettings, global_norm, optimized_parameters, parameter_snapshot, to_host,
+                                  train_step, update_norm)
 
 log = logging.getLogger("fourm_kfp.train")
 
@@ -136,7 +137,7 @@ class Trainer:
             self.state.tokens += _tokens(micro) * distributed.world_size()
             set_learning_rate(self.optimizer, self.schedule.lr(step))
             logging_now = (step + 1) % loop.log_every == 0 or step + 1 == loop.total_steps
-            before = parameter_snapshot(self.model) if logging_now else None
+            before = parameter_snapshot(self.optimizer) if logging_now else None
             values = train_step(self.model, self.optimizer, [b.to(self.device) for b in micro],
                                 self.step_settings, self.device)
             interval.add(values)
@@ -160,9 +161,9 @@ class Trainer:
 
     def _log(self, interval: "_Interval", before: list[torch.Tensor] | None, throughput: Throughput,
              step: int) -> None:
-        extra = {"param_norm": global_norm(self.model.parameters())}
+        extra = {"param_norm": global_norm(optimized_parameters(self.optimizer))}
         if before is not None:
-            extra["update_norm"] = update_norm(self.model, before)
+            extra["update_norm"] = update_norm(self.optimizer, before)
         host = to_host({**interval.means(), **extra})
         skipped_now = int(host.pop("skipped"))
         self.state.skipped += skipped_now
