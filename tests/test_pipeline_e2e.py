@@ -36,7 +36,8 @@ def _run(root: Path, *extra: str, env: dict | None = None) -> tuple[dict, float]
 STAGES = [spec.name for spec in PIPELINE]
 REPORTS = {"prepare-data": {"reports/preview.png", "reports/dataset_report.json"},
            "train-tokenizers": {"reports/reconstructions.png", "reports/tokenizer_report.md"},
-           "pretokenize": {"reports/pretokenize_report.md", "reports/codebook_usage.png"}}
+           "pretokenize": {"reports/pretokenize_report.md", "reports/codebook_usage.png"},
+           "pretrain": {"reports/pretrain_report.md", "reports/training_curves.png"}}
 
 
 def _check_mlflow(summary: dict, stage_status: str) -> None:
