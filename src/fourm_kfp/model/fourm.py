@@ -120,9 +120,13 @@ class FourM(nn.Module):
         return tokens + self._context(batch.enc_modality, batch.enc_position)
 
     def embed_decoder(self, batch: MaskedBatch) -> torch.Tensor:
-        tokens = self.dec_token_embed(batch.dec_tokens + self.token_offset[batch.dec_modality])
-        queries = torch.where(self.is_sequence[batch.dec_modality].unsqueeze(-1), tokens, self.mask_token)
-        return queries + self._context(batch.dec_modality, batch.dec_position)
+        return self.decoder_queries(batch.dec_tokens, batch.dec_modality, batch.dec_position)
+
+    def decoder_queries(self, tokens: torch.Tensor, modality: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Decoder inputs: the previous token for a sequence slot, the mask token for an image slot, plus context."""
+        embedded = self.dec_token_embed(tokens + self.token_offset[modality])
+        queries = torch.where(self.is_sequence[modality].unsqueeze(-1), embedded, self.mask_token)
+        return queries + self._context(modality, position)
 
     # -- masks (once per batch) -----------------------------------------------------------------------------------
 
@@ -139,7 +143,15 @@ class FourM(nn.Module):
         causal = ~self.is_sequence[mod][:, :, None] | (pos[:, None, :] <= pos[:, :, None])
         eye = torch.eye(mod.shape[1], dtype=torch.bool, device=mod.device)
         self_mask = (same & causal & valid[:, None, :]) | eye
-        return self_mask.unsqueeze(1), batch.enc_valid[:, None, None, :]
+        return self_mask.unsqueeze(1), self.cross_mask(batch.enc_valid)
+
+    @staticmethod
+    def cross_mask(enc_valid: torch.Tensor) -> torch.Tensor:
+        """``[B, 1, 1, E]``: decoder queries see every valid encoder token. A sample with none (an unconditional
+        pass of classifier-free guidance) sees slot 0, a padding embedding, so attention stays finite."""
+        first = torch.zeros_like(enc_valid)
+        first[:, 0] = True
+        return (enc_valid | (first & ~enc_valid.any(-1, keepdim=True)))[:, None, None, :]
 
     # -- trunk ---------------------------------------------------------------------------------------------------
 
@@ -157,6 +169,23 @@ class FourM(nn.Module):
         self_mask, cross_mask = self.decoder_masks(batch)
         for block in self.decoder:
             x = block(x, memory, self_mask, cross_mask)
+        return self.decoder_norm(x)
+
+    def decoder_cache(self, memory: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        """Per decoder block: the cross-attention keys/values of ``memory``, ready for :meth:`decode_step`."""
+        caches = []
+        for block in self.decoder:
+            k, v = block.cross_attn.context_kv(block.context_norm(memory))
+            caches.append({"cross_k": k, "cross_v": v})
+        return caches
+
+    def decode_step(self, queries: torch.Tensor, caches: list[dict[str, torch.Tensor]],
+                    cross_mask: torch.Tensor) -> torch.Tensor:
+        """Decoder output for the next positions of one sequence modality, attending causally to the positions
+        already in ``caches`` (which grow): the KV-cached equivalent of :meth:`decode` for autoregressive text."""
+        x = queries
+        for block, cache in zip(self.decoder, caches):
+            x = block.step(x, cache, cross_mask)
         return self.decoder_norm(x)
 
     def head_weight(self, modality: int) -> torch.Tensor:

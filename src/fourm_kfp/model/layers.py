@@ -47,6 +47,19 @@ class SelfAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
+    def step(self, x: torch.Tensor, cache: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Causal attention of new positions ``x`` [B, n, dim] over the cached keys/values plus their own
+        (``cache`` holds ``k``/``v`` [B, heads, past, head_dim] and grows in place)."""
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        if "k" in cache:
+            k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+        cache["k"], cache["v"] = k, v
+        past = k.shape[2] - n
+        mask = torch.ones(n, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(out.transpose(1, 2).reshape(b, n, d))
+
 
 class CrossAttention(nn.Module):
     def __init__(self, dim: int, heads: int):
@@ -56,11 +69,17 @@ class CrossAttention(nn.Module):
         self.kv = nn.Linear(dim, 2 * dim, bias=False)
         self.proj = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        b, n, d = x.shape
-        m = context.shape[1]
-        q = self.q(x).view(b, n, self.heads, d // self.heads).transpose(1, 2)
+    def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``[B, heads, M, head_dim]`` of the (normalised) encoder output."""
+        b, m, d = context.shape
         k, v = self.kv(context).view(b, m, 2, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        return k, v
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, mask: torch.Tensor,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        b, n, d = x.shape
+        q = self.q(x).view(b, n, self.heads, d // self.heads).transpose(1, 2)
+        k, v = kv if kv is not None else self.context_kv(context)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
@@ -90,6 +109,14 @@ class DecoderBlock(nn.Module):
                 cross_mask: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.norm1(x), self_mask)
         x = x + self.cross_attn(self.query_norm(x), self.context_norm(context), cross_mask)
+        return x + self.mlp(self.norm2(x))
+
+    def step(self, x: torch.Tensor, cache: dict[str, torch.Tensor], cross_mask: torch.Tensor) -> torch.Tensor:
+        """Incremental decoding of one causal (sequence) modality: ``x`` [B, n, dim] are the next positions;
+        ``cache`` holds this block's self-attention keys/values and the encoder's cross keys/values
+        (``cross_k``/``cross_v``, computed once by the caller with :meth:`CrossAttention.context_kv`)."""
+        x = x + self.self_attn.step(self.norm1(x), cache)
+        x = x + self.cross_attn(self.query_norm(x), None, cross_mask, kv=(cache["cross_k"], cache["cross_v"]))
         return x + self.mlp(self.norm2(x))
 
 

@@ -1,0 +1,150 @@
+"""Generation: the unmasking schedule, sampling filters, MaskGIT with one greedy step = one argmax pass, ROAR,
+determinism for a seed, KV-cached text decoding = full teacher-forced decoding, guidance, and chains."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fourm_kfp.model.batch import ModalitySpec
+from fourm_kfp.model.fourm import FourM, FourMArgs
+from fourm_kfp.model.generation import Generator, SamplingArgs, sample_logits, unmasking_schedule
+
+SPECS = (ModalitySpec("rgb", "image", 32, grid=(4, 4)),
+         ModalitySpec("depth", "image", 24, grid=(4, 4)),
+         ModalitySpec("caption", "sequence", 50, max_length=12))
+SENTINELS = (5, 6)
+
+
+@pytest.fixture(scope="module")
+def model() -> FourM:
+    torch.manual_seed(0)
+    return FourM(FourMArgs(SPECS, encoder_layers=2, decoder_layers=2, dim=32, heads=4)).eval()
+
+
+def _samples(n: int = 3, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"rgb": rng.integers(0, 32, 16), "caption": rng.integers(10, 50, int(rng.integers(3, 8)))}
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("n,steps", [(16, 8), (256, 12), (5, 10), (7, 1)])
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_unmasking_schedule_fixes_every_token_at_least_one_per_step(n, steps, schedule):
+    counts = unmasking_schedule(n, steps, schedule)
+    assert sum(counts) == n and min(counts) >= 1 and len(counts) == min(n, steps)
+    if schedule == "cosine" and steps > 1 and n >= 4 * steps:
+        assert counts[0] < counts[-1]  # cosine: few tokens first, many at the end
+
+
+def test_sampling_filters():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.9]]).repeat(500, 1)
+    g = torch.Generator().manual_seed(0)
+    greedy, lp = sample_logits(logits, SamplingArgs(temperature=0), g)
+    assert (greedy == 1).all() and torch.allclose(lp, logits.log_softmax(-1)[:, 1])
+    top1, _ = sample_logits(logits, SamplingArgs(temperature=1.0, top_k=1), g)
+    assert (top1 == 1).all()
+    top2, _ = sample_logits(logits, SamplingArgs(temperature=1.0, top_k=2), g)
+    assert set(top2.tolist()) == {1, 3}
+    nucleus, _ = sample_logits(logits, SamplingArgs(temperature=1.0, top_p=0.3), g)
+    assert (nucleus == 1).all()  # the most likely token alone already holds 30% of the mass
+    free, _ = sample_logits(logits, SamplingArgs(temperature=1.0), g)
+    assert set(free.tolist()) == {0, 1, 2, 3}
+
+
+def test_one_greedy_maskgit_step_equals_one_argmax_pass(model):
+    samples = _samples()
+    out = Generator(model, SENTINELS).generate(samples, "depth", SamplingArgs(steps=1, temperature=0))
+    gen = Generator(model, SENTINELS)
+    with torch.inference_mode():
+        cond = gen._conditioning(samples)
+        positions = torch.arange(16).expand(3, 16)
+        batch = gen._batch(cond, torch.zeros_like(positions), 1, positions)
+        expected = model.logits(model.decode(model.encode(batch), batch), "depth").argmax(-1).reshape(3, 4, 4)
+    assert np.array_equal(np.stack([o.tokens for o in out]), expected.numpy())
+
+
+@pytest.mark.parametrize("order", ["maskgit", "roar"])
+def test_image_generation_is_deterministic_for_a_seed(model, order):
+    gen = Generator(model, SENTINELS)
+    args = SamplingArgs(steps=4, order=order, temperature=1.0)
+    first = gen.generate(_samples(), "depth", args, seed=3)
+    again = gen.generate(_samples(), "depth", args, seed=3)
+    other = gen.generate(_samples(), "depth", args, seed=4)
+    assert all(np.array_equal(a.tokens, b.tokens) for a, b in zip(first, again))
+    assert not all(np.array_equal(a.tokens, b.tokens) for a, b in zip(first, other))
+    assert first[0].tokens.shape == (4, 4) and first[0].tokens.max() < 24
+    assert np.all(first[0].logprobs <= 0)
+
+
+def test_maskgit_keeps_the_most_confident_tokens_of_each_step(model):
+    """With greedy sampling, the tokens fixed in the first of two steps are the most confident of that pass."""
+    samples = _samples(1)
+    gen = Generator(model, SENTINELS)
+    two = gen.generate(samples, "depth", SamplingArgs(steps=2, temperature=0, schedule="linear"))[0]
+    one = gen.generate(samples, "depth", SamplingArgs(steps=1, temperature=0))[0]
+    first_pass = np.argsort(-one.logprobs.reshape(-1), kind="stable")[:8]
+    assert np.array_equal(two.tokens.reshape(-1)[first_pass], one.tokens.reshape(-1)[first_pass])
+
+
+def test_kv_cached_text_equals_full_teacher_forced_decoding(model):
+    samples = _samples()
+    out = Generator(model, SENTINELS).generate(samples, "caption", SamplingArgs(temperature=0, max_text_tokens=8))
+    gen = Generator(model, SENTINELS)
+    for sample, result in zip(samples, out):
+        # Recompute every position from scratch with the generated prefix as the teacher-forced decoder input.
+        sequence = [SENTINELS[0], *result.tokens.tolist()]
+        length = min(len(sequence), 8)
+        with torch.inference_mode():
+            cond = gen._conditioning([{"rgb": sample["rgb"]}])
+            dec_tokens = torch.tensor([sequence[:length]])
+            batch = gen._batch(cond, dec_tokens, 2, torch.arange(length)[None])
+            logits = model.logits(model.decode(model.encode(batch), batch), "caption")
+        greedy = logits.argmax(-1)[0].tolist()
+        expected = (result.tokens.tolist() + [SENTINELS[1]])[:length]
+        assert greedy == expected
+        n = min(len(result.tokens), length)
+        full = logits.log_softmax(-1)[0, torch.arange(n), torch.tensor(expected[:n], dtype=torch.long)]
+        assert np.allclose(result.logprobs[:n], full.numpy(), atol=1e-4)
+
+
+def test_guidance_changes_the_logits_and_works_without_any_input(model):
+    gen = Generator(model, SENTINELS)
+    plain = gen.generate(_samples(), "depth", SamplingArgs(steps=1, temperature=0))
+    guided = gen.generate(_samples(), "depth", SamplingArgs(steps=1, temperature=0, guidance=3.0))
+    assert not all(np.allclose(a.logprobs, b.logprobs) for a, b in zip(plain, guided))
+    empty = gen.generate([{}, {}], "caption", SamplingArgs(temperature=1.0, guidance=2.0, max_text_tokens=6))
+    assert all(np.isfinite(e.logprobs).all() for e in empty)
+    unconditional = gen.generate([{}, {}], "depth", SamplingArgs(steps=2))
+    assert all(np.isfinite(u.logprobs).all() for u in unconditional)
+
+
+def test_a_chain_feeds_each_output_to_the_next_target(model):
+    gen = Generator(model, SENTINELS)
+    args = SamplingArgs(steps=3, temperature=1.0, max_text_tokens=6)
+    start = [{"rgb": s["rgb"]} for s in _samples()]
+    chained = gen.chain(start, ["caption", "depth"], args, seed=7)
+    captions = gen.generate(start, "caption", args, seed=7)
+    with_caption = [{**s, "caption": c.tokens} for s, c in zip(start, captions)]
+    depth = gen.generate(with_caption, "depth", args, seed=8)
+    for c, cap, d in zip(chained, captions, depth):
+        assert np.array_equal(c["caption"], cap.tokens)
+        assert np.array_equal(c["depth"], d.tokens.reshape(-1))
+    # The depth really depends on the caption it was chained from.
+    no_caption = gen.generate(start, "depth", args, seed=8)
+    assert not all(np.array_equal(a.tokens, b.tokens) for a, b in zip(no_caption, depth))
+
+
+def test_bad_requests_name_the_problem(model):
+    gen = Generator(model, SENTINELS)
+    with pytest.raises(ValueError, match="no modality 'normal'"):
+        gen.generate(_samples(), "normal")
+    with pytest.raises(ValueError, match="'rgb' has 5 tokens"):
+        gen.generate([{"rgb": np.zeros(5, np.int64)}], "depth")
+
+
+def test_cross_mask_keeps_an_empty_sample_finite():
+    valid = torch.tensor([[False, False], [True, False]])
+    mask = FourM.cross_mask(valid)
+    assert mask[:, 0, 0].tolist() == [[True, False], [True, False]]
