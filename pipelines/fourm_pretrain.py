@@ -9,6 +9,7 @@ Parameters are flat. The shared ones configure every stage; the ``<stage>_*`` on
 
 from kfp import dsl, kubernetes
 
+from fourm_kfp.components.evaluate import evaluate
 from fourm_kfp.components.lineage import close_lineage_run, open_lineage_run
 from fourm_kfp.components.prepare_data import prepare_data
 from fourm_kfp.components.pretokenize import fan_out, pretokenize, pretokenize_part
@@ -47,6 +48,7 @@ def fourm_pretrain(
     pretokenize_width: int = 1,
     pretrain_force: bool = False,
     pretrain_accelerator: str = "nvidia.com/gpu",
+    evaluate_force: bool = False,
 ):
     """Pre-train a 4M-style model.
 
@@ -71,7 +73,9 @@ def fourm_pretrain(
             interrupted one resumes from its newest checkpoint); default false.
         pretrain_accelerator: "nvidia.com/gpu" (default: the pretrain step requests one GPU) or "cpu" (no
             accelerator request, so a CPU-only cluster can run it; the image runs on CPUs too, and precision
-            "auto" then trains in fp32).
+            "auto" then trains in fp32); the evaluate step follows it on the same kind of node.
+        evaluate_force: Re-evaluate even if this model's evaluation is committed (registers a new model version
+            and applies the gate again); default false.
     """
     closer = _with_cluster_env(close_lineage_run(run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                                                  mlflow_tracking_uri=mlflow_tracking_uri,
@@ -109,10 +113,18 @@ def fourm_pretrain(
         tokens.set_display_name("pretokenize")
         train_args = dict(force=pretrain_force, pretokenized_uri=tokens.outputs["output_uri"],
                           tokenizers_uri=tokenizers.outputs["output_uri"], **shared)
+        eval_args = dict(force=evaluate_force, pretokenized_uri=tokens.outputs["output_uri"], **stage_inputs,
+                         **shared)
+        # Each branch trains and then evaluates on its kind of node (KFP has no single task after an If/Else).
         with dsl.If(pretrain_accelerator == "cpu", name="pretrain-on-cpu"):
             on_cpu = _with_cluster_env(pretrain(**train_args))
             on_cpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
+            scored_cpu = _with_cluster_env(evaluate(model_uri=on_cpu.outputs["output_uri"], **eval_args))
+            scored_cpu.set_display_name("evaluate").set_cpu_limit("8").set_memory_limit("32Gi")
         with dsl.Else(name="pretrain-on-accelerator"):
             on_gpu = _with_cluster_env(pretrain(**train_args))
             on_gpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
             on_gpu.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
+            scored_gpu = _with_cluster_env(evaluate(model_uri=on_gpu.outputs["output_uri"], **eval_args))
+            scored_gpu.set_display_name("evaluate").set_cpu_limit("8").set_memory_limit("32Gi")
+            scored_gpu.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)

@@ -37,7 +37,8 @@ STAGES = [spec.name for spec in PIPELINE]
 REPORTS = {"prepare-data": {"reports/preview.png", "reports/dataset_report.json"},
            "train-tokenizers": {"reports/reconstructions.png", "reports/tokenizer_report.md"},
            "pretokenize": {"reports/pretokenize_report.md", "reports/codebook_usage.png"},
-           "pretrain": {"reports/pretrain_report.md", "reports/training_curves.png"}}
+           "pretrain": {"reports/pretrain_report.md", "reports/training_curves.png"},
+           "evaluate": {"reports/evaluation_report.md", "reports/evaluation_report.html"}}
 
 
 def _check_mlflow(summary: dict, stage_status: str) -> None:
@@ -82,6 +83,8 @@ def test_smoke_pipeline_local_then_skipped(tmp_path):
     assert (tmp_path / "mlflow.db").exists()
     _check_output(first["stages"][0]["output_uri"])
     _check_mlflow(first, "ran")
+    # The evaluated model is registered and, being the first, promoted to champion.
+    assert first["model_gate"]["promoted"] and first["model_gate"]["model_name"] == "fourm-smoke"
 
     second, seconds = _run(tmp_path)
     assert [s["status"] for s in second["stages"]] == ["skipped"] * len(STAGES)

@@ -64,6 +64,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store_args(status)
     status.add_argument("--json", action="store_true", help="print the plan as JSON")
 
+    generate = sub.add_parser("generate", help="any-to-any generation with a trained model (from its URI)")
+    generate.add_argument("--model", required=True, help="a pretrain output URI (local path or s3://...)")
+    generate.add_argument("--from", dest="inputs", action="append", default=[], metavar="MODALITY=VALUE",
+                          help="an input: an image file for rgb/depth/normal/semseg/edge, a text file or the text "
+                               "itself for caption/det (repeatable; none = unconditional)")
+    generate.add_argument("--to", required=True, help="comma-separated targets, generated in order (a chain: "
+                                                      "each output joins the inputs of the next)")
+    generate.add_argument("--out", required=True, help="folder for the outputs (files per target, generate.json)")
+    generate.add_argument("--steps", type=int, default=8, help="image targets: MaskGIT/ROAR steps (default 8)")
+    generate.add_argument("--order", choices=("maskgit", "roar"), default="maskgit")
+    generate.add_argument("--schedule", choices=("cosine", "linear"), default="cosine")
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 (default) = most likely tokens")
+    generate.add_argument("--top-k", type=int, default=0)
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--guidance", type=float, default=1.0, help="classifier-free guidance (1 = off)")
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
+    generate.add_argument("--s3-endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
+
     compile_ = sub.add_parser("compile", help="compile the KFP pipeline to YAML")
     compile_.add_argument("--output", help="default: fourm_pretrain.yaml beside the pipeline definition")
 
@@ -143,6 +162,33 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    from fourm_kfp.errors import UserError
+    from fourm_kfp.evaluation.any_to_any import run_generate
+    from fourm_kfp.launch import apply_s3_endpoint
+    from fourm_kfp.model.generation import SamplingArgs
+
+    apply_s3_endpoint(args.s3_endpoint)
+    inputs = {}
+    for item in args.inputs:
+        name, sep, value = item.partition("=")
+        if not sep or not value:
+            raise UserError(f"--from {item!r}: expected MODALITY=VALUE")
+        inputs[name] = value
+    targets = [t.strip() for t in args.to.split(",") if t.strip()]
+    try:
+        sampling = SamplingArgs(steps=args.steps, order=args.order, schedule=args.schedule,
+                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                guidance=args.guidance)
+        summary = run_generate(args.model, inputs, targets, args.out, sampling, args.seed, args.device)
+    except (ValueError, FileNotFoundError) as exc:
+        raise UserError(str(exc)) from exc
+    for name, paths in summary["written"].items():
+        shown = f" \"{summary['text'][name]}\"" if name in summary["text"] else ""
+        print(f"{name}: {', '.join(paths)}{shown}")
+    return 0
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from fourm_kfp.pipeline_compiler import compile_pipeline
 
@@ -170,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     handler = {"run": cmd_run, "stage": cmd_stage, "status": cmd_status, "compile": cmd_compile,
-               "config": cmd_config}[args.command]
+               "config": cmd_config, "generate": cmd_generate}[args.command]
     try:
         return handler(args)
     except UserError as exc:

@@ -131,6 +131,14 @@ def closing_summary(summary: dict[str, Any]) -> str:
         f"MLflow:     {tracking} (parent run {summary['mlflow']['parent_run_id']})",
         f"KFP log:    {summary.get('kfp_log') or '-'}",
     ]
+    evaluation = next((s for s in summary["stages"] if s["name"] == "evaluate" and s["output_uri"]), None)
+    if evaluation:
+        lines.insert(-3, f"evaluation: {evaluation['output_uri']}/reports/evaluation_report.html (and .md)")
+    gate = summary.get("model_gate")
+    if gate and gate.get("version"):
+        state = "champion" if gate["promoted"] else "candidate"
+        lines.insert(-3, f"model:      {gate['model_name']} version {gate['version']} ({state}) in the MLflow "
+                         f"registry: {gate['reason']}")
     if tracking.startswith("sqlite:"):
         lines.append(f"MLflow UI:  pip install mlflow==3.17.2 && mlflow ui --backend-store-uri {tracking} "
                      "(mlflow-skinny, which this package uses, ships no UI)")

@@ -60,9 +60,10 @@ def close_lineage_step(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str
 def run_stage_component(stage: str, preset: str, config_overrides: Sequence[str], store_uri: str,
                         s3_endpoint: str, mlflow_tracking_uri: str, parent_run_id: str, force: bool,
                         input_uris: dict[str, str] | None = None, report_path: str | None = None,
-                        metrics=None, parts: int = 1) -> StageOutcome:
+                        metrics=None, parts: int = 1, html_path: str | None = None) -> StageOutcome:
     """Run one stage as a pipeline step; its Markdown report and metrics also become KFP output artifacts
-    (``report_path``: a Markdown artifact's path; ``metrics``: a ``dsl.Metrics`` artifact), which the UI shows."""
+    (``report_path``: a Markdown artifact's path; ``metrics``: a ``dsl.Metrics`` artifact; ``html_path``: an HTML
+    artifact's path, for a stage with an HTML report), which the UI shows."""
     outcome = launch_stage(stage, preset=preset, overrides=config_overrides, store_uri=store_uri,
                            s3_endpoint=s3_endpoint, tracking_uri=mlflow_tracking_uri or None,
                            parent_run_id=parent_run_id, force=force, input_uris=input_uris, parts=parts)
@@ -72,6 +73,11 @@ def run_stage_component(stage: str, preset: str, config_overrides: Sequence[str]
         text = "\n\n".join(output.get_text(k) for k in reports) or f"# {stage}\n"
         with open(report_path, "w") as fh:
             fh.write(text)
+    if html_path:
+        output = open_store(outcome.output_uri)
+        pages = [k for k in output.list("reports") if k.endswith(".html")]
+        with open(html_path, "w") as fh:
+            fh.write(output.get_text(pages[0]) if pages else f"<h1>{stage}</h1>")
     if metrics is not None:
         for name, value in sorted(outcome.metrics.items()):
             metrics.log_metric(name, float(value))

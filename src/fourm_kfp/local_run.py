@@ -23,6 +23,7 @@ from fourm_kfp.contract import lineage
 from fourm_kfp.kfp_runtime import open_pipeline_run
 from fourm_kfp.launch import apply_s3_endpoint, local_root, resolve_store_uri
 from fourm_kfp.stages import STAGES
+from fourm_kfp.storage import open_store
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,12 @@ def build_summary(run_label: str, tracking_uri: str, parent_run_id: str) -> dict
             "seconds": round(run.data.metrics.get("seconds", 0.0), 3),
             "mlflow_run_id": run.info.run_id,
         })
-    return {
+    summary = {
         "run_id": run_label,
         "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent_run_id},
         "stages": stages,
     }
+    evaluation = next((s for s in stages if s["name"] == "evaluate" and s["output_uri"]), None)
+    if evaluation:
+        summary["model_gate"] = json.loads(open_store(evaluation["output_uri"]).get_bytes("gate.json"))
+    return summary

@@ -298,6 +298,54 @@ class PretokenizeConfig:
                 raise ValueError(f"{name} must be [low, high] with low <= high, got {list(low_high)}")
 
 
+#: Cross-modal tasks the evaluate stage knows (``<source>-to-<target>``; see :mod:`fourm_kfp.evaluation.tasks`).
+EVALUATION_TASKS = ("rgb-to-depth", "rgb-to-normal", "rgb-to-semseg", "rgb-to-det", "rgb-to-caption", "caption-to-rgb")
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the evaluate stage generates (the fields of :class:`fourm_kfp.model.generation.SamplingArgs`)."""
+
+    steps: int = option(8, "image targets: MaskGIT/ROAR steps", min=1)
+    order: str = option("maskgit", "image targets: keep the most confident tokens (maskgit) or random ones (roar)",
+                        choices=("maskgit", "roar"))
+    schedule: str = option("cosine", "image targets: tokens fixed per step", choices=("cosine", "linear"))
+    temperature: float = option(0.0, "sampling temperature (0 = most likely token)", min=0.0)
+    top_k: int = option(0, "sample among the k most likely tokens (0 = all)", min=0)
+    top_p: float = option(1.0, "nucleus sampling mass", min=0.0, max=1.0)
+    guidance: float = option(1.0, "classifier-free guidance scale (1 = off)", min=0.0)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """The model gate: register the evaluated model, and promote it to ``champion`` when it beats the current one.
+
+    Not versioned: changing the gate does not re-evaluate a model (a rerun with the same model skips the stage)."""
+
+    model_name: str = option("fourm-4m", "registered model name in the MLflow model registry", versioned=False)
+    metric: str = option("val.loss", "primary metric of the evaluation (a key of evaluation.json's metrics)",
+                         versioned=False)
+    higher_is_better: bool = option(False, "direction of the primary metric", versioned=False)
+    margin: float = option(0.01, "relative improvement over the champion needed to promote", versioned=False,
+                           min=0.0)
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """The evaluate stage: masked-modeling loss, cross-modal generation against ground truth, report, gate."""
+
+    tasks: tuple[str, ...] = option(EVALUATION_TASKS, "cross-modal tasks (those the data and model allow run)",
+                                    choices=EVALUATION_TASKS)
+    num_samples: int = option(64, "val scenes per cross-modal task", min=1)
+    batch_size: int = option(32, "samples generated together", versioned=False, min=1)
+    masked_batches: int = option(8, "val batches for the masked-modeling loss (budgets and seed of train)", min=1)
+    baseline_samples: int = option(512, "train samples the trivial baselines are fitted on", min=1)
+    grid_samples: int = option(6, "samples shown per task in the report's grids", versioned=False, min=1)
+    seed: int = option(0, "generation seed")
+    sampling: SamplingConfig = option(SamplingConfig(), "generation settings")
+    gate: GateConfig = option(GateConfig(), "the model gate")
+
+
 #: Config sections in load order (train links data, data links alphas): name -> dataclass.
 SECTIONS: dict[str, type] = {
     "train": TrainConfig,
@@ -306,6 +354,7 @@ SECTIONS: dict[str, type] = {
     "prepare_data": PrepareDataConfig,
     "train_tokenizers": TrainTokenizersConfig,
     "pretokenize": PretokenizeConfig,
+    "evaluate": EvaluateConfig,
 }
 
 
@@ -320,6 +369,7 @@ class FourMConfig:
     prepare_data: PrepareDataConfig
     train_tokenizers: TrainTokenizersConfig
     pretokenize: PretokenizeConfig
+    evaluate: EvaluateConfig
 
     def __post_init__(self) -> None:
         for component in self.alphas.mixture:

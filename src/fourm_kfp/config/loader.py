@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
 #: The file each section is read from when no link names another.
 DEFAULT_FILES = {"train": "train.yaml", "prepare_data": "prepare_data.yaml",
-                 "train_tokenizers": "train_tokenizers.yaml", "pretokenize": "pretokenize.yaml"}
+                 "train_tokenizers": "train_tokenizers.yaml", "pretokenize": "pretokenize.yaml",
+                 "evaluate": "evaluate.yaml"}
 #: Linked sections: section -> (section holding the link, link key).
 LINKS = {"data": ("train", "data"), "alphas": ("data", "alphas")}
 

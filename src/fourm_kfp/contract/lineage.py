@@ -57,6 +57,8 @@ class Tracker:
     """Where a run's lineage goes. This base class is the no-op sink."""
 
     run_id: str | None = None
+    tracking_uri: str | None = None  # where the run lives (the model registry is there too)
+    parent_run_id: str | None = None  # the pipeline run
 
     def log_params(self, params: Mapping[str, Any]) -> None: ...
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
@@ -71,9 +73,11 @@ NullTracker = Tracker
 class MLflowTracker(Tracker):
     """A tracker writing to one MLflow run through ``MlflowClient`` (no global active-run state)."""
 
-    def __init__(self, client, run_id: str):
+    def __init__(self, client, run_id: str, tracking_uri: str | None = None, parent_run_id: str | None = None):
         self.client = client
         self.run_id = run_id
+        self.tracking_uri = tracking_uri
+        self.parent_run_id = parent_run_id
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -178,7 +182,7 @@ def stage_run(tracking_uri: str | None, parent_run_id: str | None, stage: str,
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     run = client.create_run(_experiment_id(client, tracking_uri), run_name=stage, tags=tags)
-    tracker = MLflowTracker(client, run.info.run_id)
+    tracker = MLflowTracker(client, run.info.run_id, tracking_uri, parent_run_id)
     try:
         yield tracker
     except BaseException:

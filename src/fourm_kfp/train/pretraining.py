@@ -74,7 +74,7 @@ def marginal_losses(train_batches: list, val_batches: list, names: tuple[str, ..
     return out
 
 
-def _validator(batches: list, device: torch.device, dtype: torch.dtype | None, names: tuple[str, ...]):
+def masked_modeling_validator(batches: list, device: torch.device, dtype: torch.dtype | None, names: tuple[str, ...]):
     def validate(model: torch.nn.Module) -> dict[str, float]:
         sums: dict[str, list[float]] = {}
         for batch in batches:
@@ -141,7 +141,7 @@ def pretrain(ctx: StageContext) -> StageResult:
     profile_dir = Path(tempfile.mkdtemp(prefix="fourm-profile-")) if train.profile_steps else None
     trainer = Trainer(trunk, optimizer, schedule,
                       Loader(loader.batches, loader.state_dict, loader.load_state_dict, loader.metrics),
-                      _validator(val, device, dtype, args.names), checkpoints, writer, loop,
+                      masked_modeling_validator(val, device, dtype, args.names), checkpoints, writer, loop,
                       StepSettings(dtype, train.optimizer.grad_clip, args.names), device, profile_dir)
     resumed = trainer.restore(train.resume_from or None)
     state = trainer.fit()

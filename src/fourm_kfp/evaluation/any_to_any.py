@@ -1,0 +1,154 @@
+"""Any-to-any with real data: a trained model and its tokenizers, loaded from the model's URI alone.
+
+:class:`AnyToAny` turns modality values (an rgb ``uint8 [H, W, 3]`` array, a depth map in metres, a caption
+string, ...) into tokens with the tokenizers the model was trained with, generates targets with
+:class:`~fourm_kfp.model.generation.Generator` (one after another, each added to the inputs: a chain), and decodes
+generated tokens back to arrays and text. :func:`read_input` and :func:`write_output` are the file side used by
+``fourm-kfp generate --model URI --from rgb=photo.png --to depth,caption --out DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+from fourm_kfp.data.modalities import get_modality
+from fourm_kfp.data.modality_visuals import visualize
+from fourm_kfp.model.generation import Generated, Generator, SamplingArgs
+from fourm_kfp.tokenizers.bundle import load_tokenizers
+from fourm_kfp.train.export import load_model
+
+
+class AnyToAny:
+    """A model and its tokenizers. ``device`` defaults to CUDA when there is one."""
+
+    def __init__(self, model_uri: str, device: str | None = None, tokenizers_uri: str | None = None):
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model, self.card = load_model(model_uri, self.device)
+        self.tokenizers = load_tokenizers(tokenizers_uri or self.card["tokenizers_uri"], device=str(self.device))
+        specials = self.card.get("text_special_ids") or {}
+        sentinels = tuple(specials[s] for s in ("[S_0]", "[S_1]") if s in specials)
+        self.generator = Generator(self.model, sentinels)
+        self.specs = self.generator.specs
+        self.image_size = int(self.card.get("image_size") or self._image_size())
+
+    def _image_size(self) -> int:
+        image = [n for n, s in self.specs.items() if s.kind == "image"]
+        if not image:
+            return 0
+        config = self.tokenizers.image[image[0]].config
+        return config.image_size
+
+    @property
+    def modalities(self) -> list[str]:
+        return list(self.specs)
+
+    # -- values <-> tokens ---------------------------------------------------------------------------------------
+
+    def tokenize(self, modality: str, values: Sequence[Any]) -> list[np.ndarray]:
+        """Token ids of a batch of values of one modality (image grids flattened; text cut to the model's length)."""
+        spec = self._spec(modality)
+        if spec.kind == "image":
+            return list(self.tokenizers.image[modality].encode(np.stack(values)).reshape(len(values), -1).cpu()
+                        .numpy())
+        if self.tokenizers.text is None:
+            raise ValueError("the tokenizer bundle has no text tokenizer")
+        return [np.asarray(self.tokenizers.text.encode(str(v)).ids[: spec.max_length - 2], np.int64) for v in values]
+
+    def detokenize(self, modality: str, tokens: Sequence[np.ndarray]) -> list[Any]:
+        """Arrays (image modalities, through the VQ-VAE decoder) or strings (text) from token ids."""
+        spec = self._spec(modality)
+        if spec.kind == "image":
+            grids = torch.as_tensor(np.stack([np.asarray(t, dtype=np.int64).reshape(spec.grid) for t in tokens]))
+            return list(self.tokenizers.image[modality].decode(grids))
+        return [self.tokenizers.text.decode([int(i) for i in t]) for t in tokens]
+
+    def _spec(self, modality: str):
+        if modality not in self.specs:
+            raise ValueError(f"the model has no modality {modality!r}; it knows {sorted(self.specs)}")
+        return self.specs[modality]
+
+    # -- generation ----------------------------------------------------------------------------------------------
+
+    def generate_tokens(self, inputs: Sequence[Mapping[str, np.ndarray]], target: str, sampling: SamplingArgs,
+                        seed: int = 0, batch_size: int = 32) -> list[Generated]:
+        """Generated tokens of ``target`` for token inputs, ``batch_size`` samples at a time."""
+        out: list[Generated] = []
+        for start in range(0, len(inputs), batch_size):
+            out += self.generator.generate(list(inputs[start:start + batch_size]), target, sampling, seed + start)
+        return out
+
+    def generate(self, inputs: Sequence[Mapping[str, Any]], targets: Sequence[str],
+                 sampling: SamplingArgs = SamplingArgs(temperature=0.0), seed: int = 0,
+                 batch_size: int = 32) -> list[dict[str, Any]]:
+        """Decoded ``targets`` for samples of values, generated in order (a chain: each joins the inputs)."""
+        names = sorted({k for s in inputs for k in s})
+        tokens: list[dict[str, np.ndarray]] = [{} for _ in inputs]
+        for name in names:
+            rows = [i for i, s in enumerate(inputs) if name in s]
+            for i, t in zip(rows, self.tokenize(name, [inputs[i][name] for i in rows])):
+                tokens[i][name] = t
+        outputs: list[dict[str, Any]] = [{} for _ in inputs]
+        for step, target in enumerate(targets):
+            generated = self.generate_tokens(tokens, target, sampling, seed + 1000 * step, batch_size)
+            for i, (g, value) in enumerate(zip(generated, self.detokenize(target, [g.tokens for g in generated]))):
+                tokens[i][target] = g.tokens.reshape(-1)
+                outputs[i][target] = value
+        return outputs
+
+
+def read_input(modality: str, value: str, image_size: int) -> Any:
+    """A ``--from`` value: an image file for an image modality (resized to the model's size), a text file or the
+    text itself for a sequence modality."""
+    info = get_modality(modality)
+    path = Path(value)
+    if info.kind == "sequence":
+        return path.read_text().strip() if path.is_file() else value
+    if not path.is_file():
+        raise FileNotFoundError(f"--from {modality}={value}: no such file")
+    if modality == "rgb":
+        image = Image.open(path).convert("RGB")
+        if image.size != (image_size, image_size):
+            image = image.resize((image_size, image_size), Image.BICUBIC)
+        return np.asarray(image)
+    array = info.decode(path.read_bytes())
+    if array.shape[0] != image_size:
+        raise ValueError(f"--from {modality}={value}: {array.shape[0]} px, the model needs {image_size} px")
+    return array
+
+
+def write_output(out_dir: Path, modality: str, value: Any, size: int = 256) -> list[Path]:
+    """Write one generated value: text as ``<modality>.txt``; an image modality in its shard format
+    (``<modality>.<ext>``) and as a picture (``<modality>_view.png``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    info = get_modality(modality)
+    if info.kind == "sequence":
+        path = out_dir / f"{modality}.txt"
+        path.write_text(str(value) + "\n")
+        return [path]
+    data = out_dir / f"{modality}.{info.ext}"
+    data.write_bytes(info.encode(value))
+    view = out_dir / f"{modality}_view.png"
+    Image.fromarray(visualize(modality, value, size)).save(view)
+    return [data, view]
+
+
+def run_generate(model_uri: str, inputs: Mapping[str, str], targets: Sequence[str], out_dir: str,
+                 sampling: SamplingArgs, seed: int = 0, device: str | None = None) -> dict[str, Any]:
+    """The ``generate`` command: read the inputs, generate the chain of targets, write them; returns a summary."""
+    engine = AnyToAny(model_uri, device)
+    unknown = sorted((set(inputs) | set(targets)) - set(engine.modalities))
+    if unknown:
+        raise ValueError(f"the model at {model_uri} has no modality {unknown}; it knows {engine.modalities}")
+    sample = {name: read_input(name, value, engine.image_size) for name, value in inputs.items()}
+    [generated] = engine.generate([sample], targets, sampling, seed)
+    written = {name: [str(p) for p in write_output(Path(out_dir), name, value)] for name, value in generated.items()}
+    summary = {"model": model_uri, "inputs": dict(inputs), "targets": list(targets), "written": written,
+               "text": {k: v for k, v in generated.items() if isinstance(v, str)}}
+    (Path(out_dir) / "generate.json").write_text(json.dumps(summary, indent=2))
+    return summary

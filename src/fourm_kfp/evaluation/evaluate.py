@@ -1,0 +1,169 @@
+"""The ``evaluate`` stage's body: masked-modeling loss, cross-modal tasks with references, report, model gate.
+
+Reads the model by URI (the pretrain output), its tokenizers, the pretokenized val split (the model's inputs) and
+the prepared val split (exact ground truth). Writes ``evaluation.json`` (every number), the reports, and
+``gate.json`` (registered version, promoted or not and why) so CI retraining can act on the outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import torch
+
+from fourm_kfp.config.schema import to_dict
+from fourm_kfp.contract import StageContext, StageResult
+from fourm_kfp.data.pretokenized import decode_member, token_name
+from fourm_kfp.data.shard_stream import available_modalities, iter_split
+from fourm_kfp.evaluation.any_to_any import AnyToAny
+from fourm_kfp.evaluation.report import report_html, report_markdown, task_grid
+from fourm_kfp.evaluation.tasks import Baselines, Scenes, TaskResult, run_task, split_task
+from fourm_kfp.model.generation import SamplingArgs
+from fourm_kfp.progress import progress
+
+log = logging.getLogger("fourm_kfp.evaluate")
+PREPARED, TOKENIZERS, PRETOKENIZED, PRETRAIN = "prepare-data", "train-tokenizers", "pretokenize", "pretrain"
+
+
+def load_scenes(engine: AnyToAny, prepared, pretokenized, limit: int) -> Scenes:
+    """The first ``limit`` val scenes: ground truth of every modality the model knows, and their crop-0 tokens."""
+    truth_names = [m for m in engine.modalities if m in available_modalities(prepared, "val")]
+    keys, truth = [], {m: [] for m in truth_names}
+    for key, sample in iter_split(prepared, "val", truth_names, limit=limit):
+        keys.append(key)
+        for m in truth_names:
+            truth[m].append(sample[m])
+    tokens: dict[str, list[np.ndarray]] = {}
+    image = [m for m in truth_names if engine.specs[m].kind == "image"]
+    token_names = [token_name(m) for m in image if token_name(m) in available_modalities(pretokenized, "val")]
+    token_keys = []
+    for key, sample in iter_split(pretokenized, "val", token_names, decode=decode_member, limit=limit):
+        token_keys.append(key)
+        for name in token_names:
+            tokens.setdefault(name.removeprefix("tok_"), []).append(np.asarray(sample[name])[0].reshape(-1).astype(np.int64))
+    if token_names and token_keys != keys:
+        raise ValueError(f"val keys differ between {prepared.uri} and {pretokenized.uri}: the pretokenized data "
+                         "was not made from this prepared data")
+    for m in truth_names:
+        if engine.specs[m].kind == "sequence":
+            tokens[m] = engine.tokenize(m, truth[m])
+    return Scenes(keys, truth, tokens)
+
+
+def train_ground_truth(prepared, names: list[str], limit: int) -> dict[str, list[Any]]:
+    names = [m for m in names if m in available_modalities(prepared, "train")]
+    values: dict[str, list[Any]] = {m: [] for m in names}
+    for _, sample in iter_split(prepared, "train", names, limit=limit):
+        for m in names:
+            values[m].append(sample[m])
+    return values
+
+
+def runnable_tasks(requested: tuple[str, ...], scenes: Scenes, modalities: list[str]) -> tuple[list[str], list[str]]:
+    """Tasks whose modalities the model and the data both have; the others with the reason."""
+    run, skipped = [], []
+    for task in requested:
+        needed = set(split_task(task)) | ({"semseg"} if task == "caption-to-rgb" else set())
+        missing = sorted(needed - (set(modalities) & set(scenes.truth)))
+        (skipped.append(f"{task} (no {', '.join(missing)})") if missing else run.append(task))
+    return run, skipped
+
+
+def masked_modeling(ctx: StageContext, engine: AnyToAny) -> dict[str, dict[str, float]]:
+    """Loss and token accuracy per modality on the val split, with train's budgets and seed (as pretrain does)."""
+    from fourm_kfp.data.token_loader import validation_batches
+    from fourm_kfp.train.build import TrainingInputs, loader_args, masking_args
+    from fourm_kfp.train.pretraining import masked_modeling_validator
+
+    cfg = ctx.config
+    inputs = TrainingInputs.read(ctx.inputs[PRETOKENIZED].uri, ctx.inputs[TOKENIZERS].uri)
+    specs = engine.model.args.modalities
+    masking = masking_args(cfg, specs, inputs)
+    loader = loader_args(cfg, inputs, masking, cfg.evaluate.batch_size, 0, 1, pin_memory=False)
+    batches = validation_batches(loader, cfg.evaluate.masked_batches)
+    dtype = torch.bfloat16 if engine.device.type == "cuda" else None
+    values = masked_modeling_validator(batches, engine.device, dtype, engine.model.args.names)(engine.model)
+    out = {name: {"loss": values[f"val/loss/{name}"], "accuracy": values[f"val/accuracy/{name}"]}
+           for name in engine.model.args.names if f"val/loss/{name}" in values}
+    out["all"] = {"loss": values["val/loss"],
+                  "accuracy": float(np.mean([v["accuracy"] for v in out.values()])) if out else math.nan}
+    return out
+
+
+def evaluate(ctx: StageContext) -> StageResult:
+    cfg = ctx.config.evaluate
+    started = time.perf_counter()
+    model_uri = ctx.inputs[PRETRAIN].uri
+    engine = AnyToAny(model_uri, tokenizers_uri=ctx.inputs[TOKENIZERS].uri)
+    log.info("evaluate: model %s (%s) on %s", model_uri, ", ".join(engine.modalities), engine.device)
+    masked = masked_modeling(ctx, engine)
+    scenes = load_scenes(engine, ctx.inputs[PREPARED].store, ctx.inputs[PRETOKENIZED].store, cfg.num_samples)
+    tasks, skipped = runnable_tasks(cfg.tasks, scenes, engine.modalities)
+    if skipped:
+        log.info("evaluate: tasks skipped: %s", "; ".join(skipped))
+    baselines = Baselines.fit(train_ground_truth(ctx.inputs[PREPARED].store, ["depth", "normal", "semseg", "det",
+                                                                               "caption"], cfg.baseline_samples))
+    sampling = SamplingArgs(**to_dict(cfg.sampling))
+    results: list[TaskResult] = []
+    for task in progress(tasks, total=len(tasks), desc="evaluate tasks", unit="task", interval=0):
+        results.append(run_task(engine, scenes, task, baselines, sampling, cfg.seed, cfg.batch_size,
+                                cfg.grid_samples))
+        r = results[-1]
+        log.info("evaluate %s: %s %.4f (ceiling %.4f, baseline %.4f)%s", task, r.primary, r.metrics[r.primary],
+                 r.ceiling[r.primary], r.baseline[r.primary], "" if r.beats_baseline else " — not above baseline")
+
+    metrics = {f"val.loss.{m}" if m != "all" else "val.loss": v["loss"] for m, v in masked.items()}
+    metrics |= {f"val.accuracy.{m}" if m != "all" else "val.accuracy": v["accuracy"] for m, v in masked.items()}
+    for r in results:
+        metrics |= {f"{r.task}.{k}": v for k, v in r.metrics.items()}
+        metrics |= {f"{r.task}.ceiling.{k}": v for k, v in r.ceiling.items()}
+        metrics |= {f"{r.task}.baseline.{k}": v for k, v in r.baseline.items()}
+    metrics["tasks_beating_baseline"] = float(sum(r.beats_baseline for r in results))
+    report: dict[str, Any] = {
+        "model_uri": model_uri, "step": engine.card.get("step"), "num_samples": len(scenes),
+        "sampling": asdict(sampling), "masked": masked, "tasks": [r.to_dict() for r in results],
+        "tasks_skipped": skipped, "tasks_beating_baseline": int(metrics["tasks_beating_baseline"]),
+        "metrics": metrics, "seconds": time.perf_counter() - started,
+    }
+    grids = {r.task: task_grid(r.examples) for r in results}
+    report["gate"], report["gate_skipped"] = _gate(ctx, model_uri, metrics)
+    if report["gate"]:
+        metrics["promoted"] = float(report["gate"]["promoted"])
+    ctx.output.put_bytes("evaluation.json", json.dumps(report, indent=2, sort_keys=True, default=float).encode())
+    ctx.output.put_bytes("gate.json", json.dumps(report["gate"] or {"skipped": report["gate_skipped"]},
+                                                 indent=2).encode())
+    for task, png in grids.items():
+        if png:
+            ctx.write_report(f"grid_{task}.png", png)
+    ctx.write_report("evaluation_report.md", report_markdown(report).encode())
+    ctx.write_report("evaluation_report.html", report_html(report, grids).encode())
+    return StageResult(counts={"val_scenes": len(scenes), "tasks": tasks, "tasks_skipped": skipped},
+                       metrics={k: float(v) for k, v in metrics.items() if np.isfinite(v)})
+
+
+def _gate(ctx: StageContext, model_uri: str, metrics: dict[str, float]) -> tuple[dict[str, Any] | None, str]:
+    """Register the model and apply the gate (needs an MLflow tracking store: lineage on)."""
+    gate = ctx.config.evaluate.gate
+    tracking = ctx.tracker.tracking_uri
+    if not tracking:
+        return None, "Lineage is off (no MLflow tracking store), so the model was not registered."
+    from fourm_kfp.evaluation.model_gate import register_and_gate
+
+    lineage = {"model_uri": model_uri, "pipeline_run_id": ctx.tracker.parent_run_id or "",
+               "evaluate_run_id": ctx.tracker.run_id or ""}
+    for name, stage_input in ctx.inputs.items():
+        lineage[f"{name}.uri"] = stage_input.uri
+        lineage[f"{name}.address"] = stage_input.uri.rstrip("/").rsplit("/", 1)[-1]
+        lineage[f"{name}.manifest_digest"] = stage_input.digest
+    decision = register_and_gate(tracking, model_name=gate.model_name, model_uri=model_uri,
+                                 run_id=ctx.tracker.run_id, metrics=metrics, primary_metric=gate.metric,
+                                 higher_is_better=gate.higher_is_better, margin=gate.margin, lineage=lineage)
+    log.info("model gate: %s version %s %s — %s", decision.model_name, decision.version,
+             "promoted to champion" if decision.promoted else "not promoted", decision.reason)
+    return decision.to_dict(), ""

@@ -1,0 +1,161 @@
+"""Cross-modal tasks on the val scenes: the model's generations, the tokenizer ceiling and a trivial baseline,
+scored with the same metric in the same run.
+
+A task is ``<source>-to-<target>``. The model gets the source's tokens (crop 0, the full view, as pretokenized) and
+generates the target (:class:`~fourm_kfp.evaluation.any_to_any.AnyToAny`); the generation is decoded and scored
+against the exact ground truth of the prepared val scenes. Beside it:
+
+* the **tokenizer ceiling**: the ground truth's own tokens decoded (what a perfect token predictor would score);
+* the **trivial baseline**: one prediction for every scene, fitted on training scenes (the per-pixel mean depth or
+  normal, the per-pixel majority class, the most common det text, caption, or set of shapes).
+
+``caption-to-rgb`` is scored by what the generated image shows: the model predicts semseg from its own generated
+rgb (a chain), and the shapes visible in it are compared with the shapes the caption names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from fourm_kfp.data.modalities import parse_det
+from fourm_kfp.evaluation import task_metrics as tm
+from fourm_kfp.evaluation.any_to_any import AnyToAny
+from fourm_kfp.model.generation import SamplingArgs
+from fourm_kfp.tokenizers.metrics import METRICS
+
+
+def split_task(task: str) -> tuple[str, str]:
+    source, target = task.split("-to-")
+    return source, target
+
+
+@dataclass
+class Scenes:
+    """Val scenes: ground truth values per modality (prepared data) and crop-0 tokens (pretokenized data)."""
+
+    keys: list[str]
+    truth: dict[str, list[Any]]
+    tokens: dict[str, list[np.ndarray]]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass
+class TaskResult:
+    task: str
+    metrics: dict[str, float]  # the model's
+    ceiling: dict[str, float]
+    baseline: dict[str, float]
+    primary: str
+    higher_is_better: bool
+    # per shown sample: column title -> (modality, value)
+    examples: list[dict[str, tuple[str, Any]]] = field(default_factory=list)
+
+    @property
+    def beats_baseline(self) -> bool:
+        return tm.better(self.task, self.metrics[self.primary], self.baseline[self.primary])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "primary": self.primary, "higher_is_better": self.higher_is_better,
+                "model": self.metrics, "ceiling": self.ceiling, "baseline": self.baseline,
+                "beats_baseline": self.beats_baseline}
+
+
+# -- scoring per target -------------------------------------------------------------------------------------------
+
+def _image_score(target: str) -> Callable[[list[np.ndarray], list[np.ndarray]], dict[str, float]]:
+    if target == "depth":
+        return lambda pred, true: tm.depth_metrics(np.stack(pred), np.stack(true))
+    if target == "normal":
+        return lambda pred, true: tm.normal_metrics(np.stack(pred), np.stack(true))
+    if target == "semseg":
+        return lambda pred, true: tm.semseg_miou(np.stack(pred), np.stack(true))
+    raise ValueError(f"no image metric for target {target!r}")
+
+
+def _det_predictions(texts: list[str], scores: list[float]) -> list[list[tuple[Any, str, float]]]:
+    """Boxes of generated det texts; a box's score is its sequence's mean log-probability, earlier boxes first."""
+    return [[(box, name, score - 1e-3 * i) for i, (box, name) in enumerate(tm.parse_generated_det(text))]
+            for text, score in zip(texts, scores)]
+
+
+def _det_truth(texts: list[str]) -> list[list[tuple[Any, str]]]:
+    return [[(tuple(float(c) for c in box), name) for box, name in parse_det(text)] for text in texts]
+
+
+# -- the tasks ----------------------------------------------------------------------------------------------------
+
+@dataclass
+class Baselines:
+    """Trivial predictions fitted on training scenes (one value used for every val scene)."""
+
+    images: dict[str, np.ndarray]
+    det: str
+    caption: str
+    shapes: frozenset[str]
+
+    @classmethod
+    def fit(cls, train: dict[str, list[Any]]) -> "Baselines":
+        images = {m: METRICS[m].baseline(np.stack(values)) for m, values in train.items()
+                  if m in ("depth", "normal", "semseg") and values}
+        captions = train.get("caption", [])
+        shapes = [frozenset(s for _, _, s in tm.parse_caption(c)) for c in captions]
+        return cls(images, tm.most_common(train["det"]) if train.get("det") else "",
+                   tm.most_common(captions) if captions else "", tm.most_common(shapes) if shapes else frozenset())
+
+
+def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, sampling: SamplingArgs,
+             seed: int, batch_size: int, shown: int) -> TaskResult:
+    source, target = split_task(task)
+    inputs = [{source: t} for t in scenes.tokens[source]]
+    primary, direction = tm.TASK_PRIMARY[task]
+    if task == "caption-to-rgb":
+        return _caption_to_rgb(engine, scenes, inputs, baselines, sampling, seed, batch_size, shown, primary)
+    generated = engine.generate_tokens(inputs, target, sampling, seed, batch_size)
+    predicted = engine.detokenize(target, [g.tokens for g in generated])
+    ceiling_values = engine.detokenize(target, scenes.tokens[target]) if target in scenes.tokens else None
+    truth = scenes.truth[target]
+    n = len(scenes)
+    if target in ("depth", "normal", "semseg"):
+        score = _image_score(target)
+        metrics, baseline = score(predicted, truth), score([baselines.images[target]] * n, truth)
+        ceiling = score(ceiling_values, truth)
+    elif target == "det":
+        scores = [float(g.logprobs.mean()) if g.logprobs.size else -1e9 for g in generated]
+        gt = _det_truth(truth)
+        metrics = tm.box_ap50(_det_predictions(predicted, scores), gt)
+        ceiling = tm.box_ap50(_det_predictions(ceiling_values, [0.0] * n), gt)
+        baseline = tm.box_ap50(_det_predictions([baselines.det] * n, [0.0] * n), gt)
+    elif target == "caption":
+        metrics = tm.caption_metrics(predicted, truth)
+        ceiling = tm.caption_metrics(ceiling_values, truth)
+        baseline = tm.caption_metrics([baselines.caption] * n, truth)
+    else:
+        raise ValueError(f"no metric for task {task!r}")
+    examples = [{"input": (source, scenes.truth[source][i]), "generated": (target, predicted[i]),
+                 "tokenizer ceiling": (target, ceiling_values[i]), "ground truth": (target, truth[i])}
+                for i in range(min(shown, n))]
+    return TaskResult(task, metrics, ceiling, baseline, primary, direction == "higher", examples)
+
+
+def _caption_to_rgb(engine: AnyToAny, scenes: Scenes, inputs: list[dict[str, np.ndarray]], baselines: Baselines,
+                    sampling: SamplingArgs, seed: int, batch_size: int, shown: int, primary: str) -> TaskResult:
+    captions = scenes.truth["caption"]
+    rgb = engine.generate_tokens(inputs, "rgb", sampling, seed, batch_size)
+    # The model reads its own image: semseg predicted from the generated rgb alone.
+    semseg = engine.generate_tokens([{"rgb": g.tokens.reshape(-1)} for g in rgb], "semseg", sampling, seed + 1,
+                                    batch_size)
+    predicted = engine.detokenize("semseg", [g.tokens for g in semseg])
+    metrics = tm.shape_presence_f1(predicted, captions)
+    ceiling = tm.shape_presence_f1(engine.detokenize("semseg", scenes.tokens["semseg"]), captions)
+    baseline = tm.shape_set_f1([baselines.shapes] * len(captions),
+                               [frozenset(s for _, _, s in tm.parse_caption(c)) for c in captions])
+    images = engine.detokenize("rgb", [g.tokens for g in rgb[:shown]])
+    examples = [{"input": ("caption", captions[i]), "generated": ("rgb", images[i]),
+                 "semseg of generated": ("semseg", predicted[i]), "ground truth": ("rgb", scenes.truth["rgb"][i])}
+                for i in range(min(shown, len(captions)))]
+    return TaskResult("caption-to-rgb", metrics, ceiling, baseline, primary, True, examples)
