@@ -1,76 +1,209 @@
-"""The model gate on a real MLflow store: the first model is promoted, a better one takes over, a worse or
-within-margin one is refused (but is the candidate), lower-is-better metrics, NaN, a missing metric."""
+"""The model gate on real MLflow stores (no mocks): the first model is promoted, a better one takes over, a worse or
+within-margin one is refused (but becomes the candidate), lower-is-better metrics, NaN, a missing metric, a deleted
+champion, and the same flow against a real tracking server."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
 
 import pytest
-from mlflow import MlflowClient
 
-from fourm_kfp.evaluation.model_gate import champion_info, register_and_gate
+from fourm_kfp.contract.lineage import _client
+from fourm_kfp.evaluation.model_gate import beats, champion_info, register_and_gate
+
+LINEAGE = {"data.uri": "s3://bucket/prepare-data/123", "pipeline_run_id": "p1"}
+
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory) -> str:
+    """One SQLite store for the module (creating one costs a second or two); each test uses its own model name."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
 
 
 @pytest.fixture
-def tracking(tmp_path) -> str:
-    return f"sqlite:///{tmp_path}/mlflow.db"
+def name() -> str:
+    return f"m-{uuid.uuid4().hex[:8]}"
 
 
-def _gate(tracking: str, value: float, *, higher: bool = True, margin: float = 0.1, name: str = "m",
-          uri: str = "s3://bucket/pretrain/abc"):
-    return register_and_gate(tracking, model_name=name, model_uri=uri, run_id=None,
+def _gate(tracking: str, name: str, value: float, *, higher: bool = True, margin: float = 0.1,
+          uri: str = "s3://bucket/pretrain/abc", run_id: str | None = None):
+    return register_and_gate(tracking, model_name=name, model_uri=uri, run_id=run_id,
                              metrics={"score": value, "other": 1.0}, primary_metric="score",
-                             higher_is_better=higher, margin=margin,
-                             lineage={"data.uri": "s3://bucket/prepare-data/123", "pipeline_run_id": "p1"})
+                             higher_is_better=higher, margin=margin, lineage=LINEAGE)
 
 
-def _alias(tracking: str, alias: str, name: str = "m") -> str:
-    return str(MlflowClient(tracking).get_model_version_by_alias(name, alias).version)
+def _alias(tracking: str, name: str, alias: str) -> str:
+    return str(_client(tracking).get_model_version_by_alias(name, alias).version)
 
 
-def test_promote_take_over_and_refuse(tracking):
-    first = _gate(tracking, 0.50)
+def _run(tracking: str) -> str:
+    client = _client(tracking)
+    experiment = client.get_experiment_by_name("gate-tests") or client.get_experiment(
+        client.create_experiment("gate-tests"))
+    return client.create_run(experiment.experiment_id).info.run_id
+
+
+def test_first_promoted_better_takes_over_worse_refused(tracking, name):
+    run_id = _run(tracking)
+    first = _gate(tracking, name, 0.50, run_id=run_id)
     assert first.promoted and first.version == "1" and "no champion" in first.reason
-    assert first.champion_version is None and _alias(tracking, "champion") == "1"
+    assert first.champion_version is None and first.champion_value is None
+    assert _alias(tracking, name, "champion") == "1" == _alias(tracking, name, "candidate")
 
-    better = _gate(tracking, 0.60)  # +20% > 10% margin
+    better = _gate(tracking, name, 0.60)  # +20% > 10% margin
     assert better.promoted and better.champion_version == "1" and better.champion_value == pytest.approx(0.5)
-    assert "beats champion v1" in better.reason
-    assert _alias(tracking, "champion") == "2" and _alias(tracking, "candidate") == "2"
+    assert better.reason == "score 0.6 beats champion v1 (0.5) by 20% (margin 10%, higher is better)"
+    assert _alias(tracking, name, "champion") == "2" == _alias(tracking, name, "candidate")
 
-    within = _gate(tracking, 0.63)  # +5%: better, but not by the margin
-    assert not within.promoted and "does not beat champion v2" in within.reason
-    worse = _gate(tracking, 0.10)
-    assert not worse.promoted
-    assert _alias(tracking, "champion") == "2" and _alias(tracking, "candidate") == "4"
+    within = _gate(tracking, name, 0.63)  # +5%: better, but not by the margin
+    assert not within.promoted and "does not beat champion v2 (0.6) by the 10% margin" in within.reason
+    assert _alias(tracking, name, "champion") == "2" and _alias(tracking, name, "candidate") == "3"
+    worse = _gate(tracking, name, 0.10)
+    assert not worse.promoted and worse.champion_version == "2" and worse.champion_value == pytest.approx(0.6)
+    assert _alias(tracking, name, "champion") == "2" and _alias(tracking, name, "candidate") == "4"
 
-    version = MlflowClient(tracking).get_model_version("m", "4")
-    assert version.source == "s3://bucket/pretrain/abc"
-    assert version.tags["fourm.gate"] == "refused" and version.tags["fourm.data.uri"] == "s3://bucket/prepare-data/123"
-    info = champion_info(tracking, "m")
+    client = _client(tracking)
+    refused = client.get_model_version(name, "4")
+    assert refused.source == "s3://bucket/pretrain/abc"
+    assert refused.tags["fourm.gate"] == "refused" and refused.tags["fourm.gate_reason"] == worse.reason
+    assert refused.tags["fourm.data.uri"] == "s3://bucket/prepare-data/123" and refused.tags["metric.score"] == "0.1"
+    assert client.get_model_version(name, "1").run_id == run_id
+    assert client.get_model_version(name, "2").tags["fourm.gate"] == "promoted"
+
+    info = champion_info(tracking, name)
     assert info["version"] == "2" and info["metrics"] == {"score": 0.6, "other": 1.0}
+    assert info["source"] == "s3://bucket/pretrain/abc" and info["tags"]["fourm.pipeline_run_id"] == "p1"
+    assert better.to_dict()["champion_version"] == "1"
 
 
-def test_lower_is_better_and_local_model_paths(tracking, tmp_path):
-    model_dir = str(tmp_path / "pretrain" / "abc")
-    assert _gate(tracking, 2.0, higher=False, uri=model_dir).promoted
-    assert not _gate(tracking, 1.9, higher=False, uri=model_dir).promoted  # 5% lower, margin 10%
-    assert _gate(tracking, 1.7, higher=False, uri=model_dir).promoted
-    assert _alias(tracking, "champion") == "3"
-    assert champion_info(tracking, "m")["source"] == model_dir
+def test_lower_is_better_and_local_model_folders(tracking, name, tmp_path, monkeypatch):
+    model_dir = tmp_path / "pretrain" / "abc"
+    first = _gate(tracking, name, 2.0, higher=False, uri=str(model_dir))
+    assert first.promoted
+    within = _gate(tracking, name, 1.9, higher=False, uri=str(model_dir))  # 5% lower, margin 10%
+    assert not within.promoted and "lower is better" in within.reason
+    assert not _gate(tracking, name, 2.5, higher=False, uri=str(model_dir)).promoted
+    assert _gate(tracking, name, 1.7, higher=False, uri=str(model_dir)).promoted
+    assert _alias(tracking, name, "champion") == "4"
+    assert champion_info(tracking, name)["source"] == champion_info(tracking, name)["registry_source"] == str(model_dir)
+    monkeypatch.chdir(tmp_path)  # a relative folder is registered as an absolute path
+    assert _client(tracking).get_model_version(name, _gate(tracking, name, 1.0, uri="pretrain/abc").version
+                                                    ).source == str(model_dir)
 
 
-def test_nan_is_never_promoted_and_a_missing_metric_is_an_error(tracking):
-    assert not _gate(tracking, math.nan).promoted
-    assert champion_info(tracking, "m") is None
-    assert _gate(tracking, 0.1).promoted  # the first finite score becomes champion
-    with pytest.raises(ValueError, match="'missing' is not among the evaluation's metrics"):
-        register_and_gate(tracking, model_name="m", model_uri="x", run_id=None, metrics={"score": 1.0},
-                          primary_metric="missing", higher_is_better=True, margin=0.0, lineage={})
+def test_margin_rule_edge_cases():
+    assert beats(0.011, 0.01, True, 0.1) and not beats(0.0105, 0.01, True, 0.1)
+    assert beats(1e-9, 0.0, True, 0.5) and not beats(0.0, 0.0, True, 0.0)  # champion at 0: any strict gain
+    assert beats(-0.9, -1.0, True, 0.1) and not beats(-0.95, -1.0, True, 0.1)  # negative scores use |old|
+    assert beats(-1.1, -1.0, False, 0.1) and not beats(1.0, 1.0, False, 0.0)  # a tie never moves the champion
 
 
-def test_a_champion_without_the_metric_is_replaced(tracking):
-    register_and_gate(tracking, model_name="m", model_uri="x", run_id=None, metrics={"old": 1.0},
+def test_nan_refused_and_missing_metric_or_bad_margin_is_an_error(tracking, name):
+    nan = _gate(tracking, name, math.nan)
+    assert not nan.promoted and "never promoted" in nan.reason
+    assert champion_info(tracking, name) is None and _alias(tracking, name, "candidate") == "1"
+    assert _gate(tracking, name, 0.1).promoted  # the first finite score becomes champion
+    assert not _gate(tracking, name, math.inf).promoted and _alias(tracking, name, "champion") == "2"
+    with pytest.raises(ValueError, match=r"'missing' is not among the evaluation's metrics \(other, score\)"):
+        register_and_gate(tracking, model_name=name, model_uri="s3://b/x", run_id=None,
+                          metrics={"score": 1.0, "other": 2.0}, primary_metric="missing", higher_is_better=True,
+                          margin=0.0, lineage={})
+    with pytest.raises(ValueError, match="margin"):
+        _gate(tracking, name, 0.5, margin=-0.1)
+    assert len(_client(tracking).search_model_versions(f"name = '{name}'")) == 3  # errors register nothing
+
+
+def test_champion_without_the_metric_is_replaced_and_a_deleted_champion_is_gone(tracking, name):
+    register_and_gate(tracking, model_name=name, model_uri="s3://b/x", run_id=None, metrics={"old": 1.0},
                       primary_metric="old", higher_is_better=True, margin=0.0, lineage={})
-    decision = _gate(tracking, 0.2)
-    assert decision.promoted and "has no score" in decision.reason
+    decision = _gate(tracking, name, 0.2)
+    assert decision.promoted and decision.reason.startswith("champion v1 has no score")
+    assert decision.champion_version == "1" and decision.champion_value is None
+
+    _client(tracking).delete_model_version(name, "2")  # MLflow drops the aliases of a deleted version
+    assert champion_info(tracking, name) is None and champion_info(tracking, "never-registered") is None
+    again = _gate(tracking, name, 0.1)
+    assert again.promoted and again.version == "3" and "no champion" in again.reason
+
+
+def test_twice_the_same_model(tracking, name):
+    first, second = _gate(tracking, name, 0.5), _gate(tracking, name, 0.5)
+    assert (first.version, second.version) == ("1", "2") and first.promoted and not second.promoted
+    assert champion_info(tracking, name)["version"] == "1" and _alias(tracking, name, "candidate") == "2"
+
+
+def _server_missing() -> str | None:
+    missing = [m for m in ("flask", "flask_cors") if importlib.util.find_spec(m) is None]
+    return f"the MLflow tracking server needs {', '.join(missing)}, which mlflow-skinny does not install" \
+        if missing else None
+
+
+SERVER_SCRIPT = """
+import os, sys
+os.environ["_MLFLOW_SERVER_FILE_STORE"], os.environ["_MLFLOW_SERVER_ARTIFACT_ROOT"] = sys.argv[1], sys.argv[2]
+from mlflow.server import app
+app.run(host="127.0.0.1", port=int(sys.argv[3]), threaded=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def tracking_server(tmp_path_factory):
+    """MLflow's tracking server app (the Flask app ``mlflow server`` serves) on loopback, over a SQLite store.
+    Served by Werkzeug: the ``mlflow server`` command's uvicorn front end needs packages (aiohttp, huey, ...) that
+    mlflow-skinny does not have either."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log_path = root / "server.log"
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT, f"sqlite:///{root}/mlflow.db",
+                                    str(root / "artifacts"), str(port)], stdout=log, stderr=log, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=1).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"the MLflow server did not start:\n{log_path.read_text()[-3000:]}")
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.skipif(_server_missing() is not None, reason=_server_missing() or "")
+def test_against_a_tracking_server(tracking_server, name, tmp_path):
+    run_id = _run(tracking_server)
+    first = _gate(tracking_server, name, 0.5, run_id=run_id)
+    assert first.promoted and first.version == "1"
+    assert _client(tracking_server).get_model_version(name, "1").source == "s3://bucket/pretrain/abc"
+    assert not _gate(tracking_server, name, 0.52).promoted  # within the margin
+
+    # The server refuses local paths (and file:// URIs) as sources: registered as the evaluate run instead.
+    model_dir = str(tmp_path / "pretrain" / "abc")
+    better = _gate(tracking_server, name, 0.9, uri=model_dir, run_id=run_id)
+    assert better.promoted and better.version == "3" and better.champion_version == "1"
+    info = champion_info(tracking_server, name)
+    assert info["version"] == "3" and info["source"] == model_dir and info["registry_source"] == f"runs:/{run_id}/"
+    assert info["run_id"] == run_id and info["metrics"]["score"] == 0.9
+    assert _alias(tracking_server, name, "candidate") == "3"
+    with pytest.raises(ValueError, match="refuses the local model folder"):
+        _gate(tracking_server, name, 0.95, uri=model_dir)  # without a run id, a local folder cannot be registered

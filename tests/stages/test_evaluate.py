@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -92,3 +93,27 @@ def test_generate_command_writes_images_and_text(smoke, tmp_path):
     bad = subprocess.run([str(BIN / "fourm-kfp"), "generate", "--model", model_uri, "--from", "rgb=missing.png",
                           "--to", "depth", "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2 and "missing.png: no such file" in bad.stderr
+
+
+def test_real_data_gets_the_tasks_that_make_sense(tmp_path):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(photos / f"p{i}.png")
+        (photos / f"p{i}.txt").write_text(f"a photo of thing {i}")
+    only = "[rgb,caption]"
+    config = load_config("smoke", overrides=[
+        "prepare_data.source=image_folder", f"prepare_data.source_uri={photos}", "prepare_data.val_fraction=0.3",
+        f"data.modalities={only}", f"data.input_modalities={only}", f"data.target_modalities={only}"])
+    store = open_store(str(tmp_path / "store"), create=True)
+    for name in ("prepare-data", "train-tokenizers", "pretokenize", "pretrain"):
+        run_stage(get_stage(name), config, store)
+    outcome = run_stage(get_stage("evaluate"), config, store)  # lineage off: nothing to register with
+    report = json.loads(open_store(outcome.output_uri).get_bytes("evaluation.json"))
+    [task] = report["tasks"]
+    assert task["task"] == "rgb-to-caption" and task["primary"] == "word_f1"
+    assert task["ceiling"]["word_f1"] > 0.8  # the round trip loses only words unknown to the tokenizer ("10")
+    assert any(s.startswith("caption-to-rgb (no semseg") for s in report["tasks_skipped"])
+    assert set(report["masked"]) == {"rgb", "caption", "all"}
+    assert report["gate"] is None and "not registered" in report["gate_skipped"]

@@ -93,13 +93,24 @@ class AnyToAny:
             rows = [i for i, s in enumerate(inputs) if name in s]
             for i, t in zip(rows, self.tokenize(name, [inputs[i][name] for i in rows])):
                 tokens[i][name] = t
+                if self._spec(name).pixel_input:
+                    tokens[i]["pixels"] = np.asarray(inputs[i][name])
         outputs: list[dict[str, Any]] = [{} for _ in inputs]
         for step, target in enumerate(targets):
             generated = self.generate_tokens(tokens, target, sampling, seed + 1000 * step, batch_size)
             for i, (g, value) in enumerate(zip(generated, self.detokenize(target, [g.tokens for g in generated]))):
                 tokens[i][target] = g.tokens.reshape(-1)
+                if self._spec(target).pixel_input:  # the next step reads the generated image as pixels
+                    tokens[i]["pixels"] = value
                 outputs[i][target] = value
         return outputs
+
+    def token_inputs(self, modality: str, tokens: Sequence[np.ndarray], values: Sequence[Any] | None = None
+                     ) -> list[dict[str, np.ndarray]]:
+        """Generator inputs of one modality: its tokens, plus the pixels when the model reads it as pixels."""
+        pixels = self._spec(modality).pixel_input and values is not None
+        return [{modality: t, **({"pixels": np.asarray(v)} if pixels else {})}
+                for t, v in zip(tokens, values if pixels else [None] * len(tokens))]
 
 
 def read_input(modality: str, value: str, image_size: int) -> Any:

@@ -47,17 +47,22 @@ def task_grid(examples: Sequence[Mapping[str, tuple[str, Any]]], tile: int = TIL
 
 
 def _rows(results: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """The primary metric of each task first (with its direction and the gain over the baseline), then the rest."""
     rows = []
     for r in results:
-        for name in r["model"]:
-            arrow = "↑" if (name == r["primary"] and r["higher_is_better"]) else "↓" if name == r["primary"] else ""
-            mark = ("yes" if r["beats_baseline"] else "no") if name == r["primary"] else ""
-            rows.append([r["task"] if name == r["primary"] else "", f"{name} {arrow}".strip(), _fmt(r["model"][name]),
+        names = [r["primary"]] + [n for n in r["model"] if n != r["primary"]]
+        for name in names:
+            primary = name == r["primary"]
+            arrow = ("↑" if r["higher_is_better"] else "↓") if primary else ""
+            gain = r["gain_over_baseline"]
+            mark = (f"{'yes' if r['beats_baseline'] else 'no'} ({gain:+.0%})" if np.isfinite(gain)
+                    else "yes" if r["beats_baseline"] else "no") if primary else ""
+            rows.append([r["task"] if primary else "", f"{name} {arrow}".strip(), _fmt(r["model"][name]),
                          _fmt(r["ceiling"].get(name)), _fmt(r["baseline"].get(name)), mark])
     return rows
 
 
-HEAD = ["task", "metric", "model", "tokenizer ceiling", "trivial baseline", "beats baseline"]
+HEAD = ["task", "metric", "model", "tokenizer ceiling", "trivial baseline", "beats baseline (gain)"]
 
 
 def report_markdown(report: Mapping[str, Any]) -> str:

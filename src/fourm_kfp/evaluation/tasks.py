@@ -57,12 +57,21 @@ class TaskResult:
 
     @property
     def beats_baseline(self) -> bool:
-        return tm.better(self.task, self.metrics[self.primary], self.baseline[self.primary])
+        return tm.better(self.task, self.metrics[self.primary], self.baseline[self.primary],
+                         higher=self.higher_is_better)
+
+    @property
+    def gain_over_baseline(self) -> float:
+        """Relative improvement of the primary metric over the baseline (0.2 = 20% better)."""
+        model, base = self.metrics[self.primary], self.baseline[self.primary]
+        if base == 0:
+            return float("inf") if (model > 0) == self.higher_is_better and model != 0 else 0.0
+        return (model - base) / abs(base) * (1 if self.higher_is_better else -1)
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "primary": self.primary, "higher_is_better": self.higher_is_better,
                 "model": self.metrics, "ceiling": self.ceiling, "baseline": self.baseline,
-                "beats_baseline": self.beats_baseline}
+                "beats_baseline": self.beats_baseline, "gain_over_baseline": self.gain_over_baseline}
 
 
 # -- scoring per target -------------------------------------------------------------------------------------------
@@ -111,7 +120,7 @@ class Baselines:
 def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, sampling: SamplingArgs,
              seed: int, batch_size: int, shown: int) -> TaskResult:
     source, target = split_task(task)
-    inputs = [{source: t} for t in scenes.tokens[source]]
+    inputs = engine.token_inputs(source, scenes.tokens[source], scenes.truth.get(source))
     primary, direction = tm.TASK_PRIMARY[task]
     if task == "caption-to-rgb":
         return _caption_to_rgb(engine, scenes, inputs, baselines, sampling, seed, batch_size, shown, primary)
@@ -131,6 +140,7 @@ def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, 
         ceiling = tm.box_ap50(_det_predictions(ceiling_values, [0.0] * n), gt)
         baseline = tm.box_ap50(_det_predictions([baselines.det] * n, [0.0] * n), gt)
     elif target == "caption":
+        primary = tm.caption_primary(truth)
         metrics = tm.caption_metrics(predicted, truth)
         ceiling = tm.caption_metrics(ceiling_values, truth)
         baseline = tm.caption_metrics([baselines.caption] * n, truth)
@@ -146,15 +156,15 @@ def _caption_to_rgb(engine: AnyToAny, scenes: Scenes, inputs: list[dict[str, np.
                     sampling: SamplingArgs, seed: int, batch_size: int, shown: int, primary: str) -> TaskResult:
     captions = scenes.truth["caption"]
     rgb = engine.generate_tokens(inputs, "rgb", sampling, seed, batch_size)
+    images = engine.detokenize("rgb", [g.tokens for g in rgb])
     # The model reads its own image: semseg predicted from the generated rgb alone.
-    semseg = engine.generate_tokens([{"rgb": g.tokens.reshape(-1)} for g in rgb], "semseg", sampling, seed + 1,
-                                    batch_size)
+    semseg = engine.generate_tokens(engine.token_inputs("rgb", [g.tokens.reshape(-1) for g in rgb], images),
+                                    "semseg", sampling, seed + 1, batch_size)
     predicted = engine.detokenize("semseg", [g.tokens for g in semseg])
     metrics = tm.shape_presence_f1(predicted, captions)
     ceiling = tm.shape_presence_f1(engine.detokenize("semseg", scenes.tokens["semseg"]), captions)
     baseline = tm.shape_set_f1([baselines.shapes] * len(captions),
                                [frozenset(s for _, _, s in tm.parse_caption(c)) for c in captions])
-    images = engine.detokenize("rgb", [g.tokens for g in rgb[:shown]])
     examples = [{"input": ("caption", captions[i]), "generated": ("rgb", images[i]),
                  "semseg of generated": ("semseg", predicted[i]), "ground truth": ("rgb", scenes.truth["rgb"][i])}
                 for i in range(min(shown, len(captions)))]

@@ -8,7 +8,9 @@ whose ``rgb`` enters as pixel patches. Every modality present is an encoder inpu
   each, and keeps the ``k`` most confident (``order="maskgit"``, confidence = the model's log-probability of the
   sampled token) or ``k`` random ones (``order="roar"``); kept tokens join the encoder inputs for the next step, as
   in 4M. ``k`` follows a cosine or linear schedule over ``steps``. With one step and temperature 0 this is a single
-  argmax pass.
+  argmax pass. A modality the model reads as pixel patches cannot take its generated tokens back: every step
+  then sees the inputs only (decode the tokens to pixels to chain it, as :class:`~fourm_kfp.evaluation.any_to_any.
+  AnyToAny` does).
 * **Sequence targets** are decoded autoregressively from the first sentinel until the second (the format the model
   was trained on, :func:`~fourm_kfp.masking.span_masking.whole_target`), with a KV cache: each new token runs the
   decoder on that token only.
@@ -195,9 +197,9 @@ class Generator:
     def _generate_image(self, conditioning, target: str, args: SamplingArgs,
                         generator: torch.Generator) -> list[Generated]:
         spec, m = self.specs[target], self.index[target]
-        if spec.pixel_input:
-            raise ValueError(f"{target!r} enters this model as pixel patches, so its tokens cannot be fed back "
-                             "between steps; train with model.rgb_input=tokens to generate it")
+        # A modality that enters the encoder as pixels cannot take its own tokens back between steps: each step
+        # then sees only the inputs (the schedule still decides which predictions are kept when).
+        feed_back = not spec.pixel_input
         b, n = len(conditioning), spec.num_positions
         cond = self._conditioning(conditioning)
         known = torch.zeros(b, n, dtype=torch.bool, device=self.device)
@@ -208,6 +210,8 @@ class Generator:
             # Fixed shapes: every sample has the same number of known tokens, so sorting the mask groups them.
             order = known.long().argsort(dim=1, stable=True)
             masked_pos, known_pos = order[:, :remaining], order[:, remaining:]
+            if not feed_back:
+                known_pos = known_pos[:, :0]
             enc = {**cond,
                    "tokens": torch.cat([cond["tokens"], tokens.gather(1, known_pos)], 1),
                    "modality": torch.cat([cond["modality"], torch.full_like(known_pos, m)], 1),
