@@ -102,17 +102,22 @@ def eager_attention():
         F.scaled_dot_product_attention = fused
 
 
-def time_steps(name: str, device: torch.device, dtype: torch.dtype | None, steps: int) -> dict:
+def time_steps(name: str, device: torch.device, dtype: torch.dtype | None, steps: int,
+               compile: bool = False) -> dict:
     enc_l, dec_l, dim, heads, grid, vocab, text_vocab, enc, dec, batches = SHAPES[name]
     batch_size = batches[1] if device.type == "cuda" else batches[0]
     specs = _specs(grid, vocab, text_vocab)
     args = FourMArgs(specs, enc_l, dec_l, dim, heads)
     torch.manual_seed(0)
     model = FourM(args).to(device)
+    if compile:  # as train.compile does: torch.compile per block (parallelize module)
+        from fourm_kfp.model.parallelize import parallelize
+
+        model = parallelize(model, mode="none", compile=True)
     optimizer = build_optimizer(model, OptimizerConfig(), 1e-4)
     settings = StepSettings(dtype, 1.0, tuple(s.name for s in specs))
     batch = _batch(_masking(specs, enc, dec), batch_size).to(device)
-    for _ in range(2):
+    for _ in range(3 if compile else 2):
         train_step(model, optimizer, [batch], settings, device)
     _sync(device)
     start = time.perf_counter()
@@ -166,6 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--shapes", default="demo,4m-b")
     parser.add_argument("--loader-workers", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block (train.compile)")
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -173,10 +179,11 @@ def main(argv: list[str] | None = None) -> dict:
     peak_matmul = matmul_flops(device, dtype or torch.float32)
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "threads": torch.get_num_threads(), "precision": "bf16" if dtype else "fp32",
-              "torch": torch.__version__, "matmul_flops_per_s": peak_matmul, "shapes": {}}
+              "torch": torch.__version__, "compile": args.compile, "matmul_flops_per_s": peak_matmul,
+              "shapes": {}}
     peak = next((bf16 for k, (bf16, _) in GPU_PEAKS.items() if k in result["device"]), None)
     for name in args.shapes.split(","):
-        timing = time_steps(name, device, dtype, args.steps)
+        timing = time_steps(name, device, dtype, args.steps, args.compile)
         timing["fraction_of_matmul"] = timing["model_flops_per_s"] / peak_matmul
         if peak and dtype == torch.bfloat16:
             timing["mfu_vs_bf16_peak"] = timing["model_flops_per_s"] / peak

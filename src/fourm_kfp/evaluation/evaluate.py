@@ -45,8 +45,9 @@ def load_scenes(engine: AnyToAny, prepared, pretokenized, limit: int) -> Scenes:
     token_keys = []
     for key, sample in iter_split(pretokenized, "val", token_names, decode=decode_member, limit=limit):
         token_keys.append(key)
-        for name in token_names:
-            tokens.setdefault(name.removeprefix("tok_"), []).append(np.asarray(sample[name])[0].reshape(-1).astype(np.int64))
+        for name in token_names:  # crop 0: the full view
+            grid = np.asarray(sample[name])[0].reshape(-1).astype(np.int64)
+            tokens.setdefault(name.removeprefix("tok_"), []).append(grid)
     if token_names and token_keys != keys:
         raise ValueError(f"val keys differ between {prepared.uri} and {pretokenized.uri}: the pretokenized data "
                          "was not made from this prepared data")
@@ -71,7 +72,10 @@ def runnable_tasks(requested: tuple[str, ...], scenes: Scenes, modalities: list[
     for task in requested:
         needed = set(split_task(task)) | ({"semseg"} if task == "caption-to-rgb" else set())
         missing = sorted(needed - (set(modalities) & set(scenes.truth)))
-        (skipped.append(f"{task} (no {', '.join(missing)})") if missing else run.append(task))
+        if missing:
+            skipped.append(f"{task} (no {', '.join(missing)})")
+        else:
+            run.append(task)
     return run, skipped
 
 

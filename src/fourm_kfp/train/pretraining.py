@@ -75,6 +75,7 @@ def marginal_losses(train_batches: list, val_batches: list, names: tuple[str, ..
 
 
 def masked_modeling_validator(batches: list, device: torch.device, dtype: torch.dtype | None, names: tuple[str, ...]):
+    @torch.no_grad()
     def validate(model: torch.nn.Module) -> dict[str, float]:
         sums: dict[str, list[float]] = {}
         for batch in batches:
