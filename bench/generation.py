@@ -10,12 +10,12 @@ Prints one JSON object. Needs only torch and numpy (``PYTHONPATH=src`` from a ch
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
 import torch
 
+from bench_output import emit
 from fourm_kfp.model.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.generation import Generator, SamplingArgs
@@ -49,6 +49,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="MaskGIT steps")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--output")
     args = parser.parse_args()
     device = torch.device(args.device)
     grid, image_vocab, text_vocab, text_len, (enc, dec, dim, heads) = SHAPES[args.shape]
@@ -85,7 +86,7 @@ def main() -> None:
 
     recompute_s = _timed(recompute, device, args.repeats)
     text_tokens = args.batch * length
-    print(json.dumps({
+    emit({
         "bench": "generation", "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "shape": args.shape, "batch": args.batch, "parameters": sum(p.numel() for p in model.parameters()),
         "maskgit_steps": args.steps, "image_tokens": grid[0] * grid[1],
@@ -94,7 +95,7 @@ def main() -> None:
         "text_tokens_per_s_kv_cache": round(text_tokens / cached_s, 1),
         "text_tokens_per_s_recompute": round(text_tokens / recompute_s, 1),
         "kv_cache_speedup": round(recompute_s / cached_s, 2),
-    }, indent=2))
+    }, args.output)
 
 
 if __name__ == "__main__":

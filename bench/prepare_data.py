@@ -9,7 +9,6 @@ in the same run as the local-disk figure, so their ratio compares like with like
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile
@@ -21,6 +20,8 @@ from fourm_kfp.data.modalities import MODALITIES
 from fourm_kfp.data.shard_writer import ShardWriter, encode_sample
 from fourm_kfp.data.synthetic_scenes import synthetic_sample
 from fourm_kfp.local_s3 import serve_s3
+
+from bench_output import emit
 
 
 def render_rate(count: int, image_size: int) -> tuple[float, float, list[dict[str, bytes]]]:
@@ -104,10 +105,7 @@ def main() -> None:
         "shard_write_s3": s3,
         "s3_over_local_throughput": round(s3["mb_per_s"] / local["mb_per_s"], 3),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(result, args.output)
 
 
 if __name__ == "__main__":

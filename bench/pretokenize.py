@@ -12,7 +12,6 @@ quality does not change their speed).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -26,6 +25,8 @@ from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers
 from fourm_kfp.tokenizers.pretokenizer import CropSettings, Pretokenizer, ShardJob, output_names, pretokenize_shards
+
+from bench_output import emit
 
 IMAGE = ("rgb", "depth", "normal", "semseg", "edge")
 
@@ -80,11 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
               "samples": samples, "crops": args.crops, "images_per_sample": args.crops * len(IMAGE),
               "stage_samples_per_s": samples / stage_seconds, "encoder_samples_per_s": samples / encoder_seconds,
               "ratio": encoder_seconds / stage_seconds}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text + "\n")
+    emit(result, args.output)
     return result
 
 

@@ -9,16 +9,7 @@ normalisation fitted on synthetic scenes. Runs on CUDA when available (bf16 auto
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# Run as a script, this file's folder comes first on sys.path, where this file would shadow the Hugging Face
-# `tokenizers` package; drop it.
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    sys.path.pop(0)
-
-import argparse  # noqa: E402
-import json
+import argparse
 import os
 import platform
 import time
@@ -31,6 +22,8 @@ from fourm_kfp.data.synthetic_scenes import synthetic_sample
 from fourm_kfp.tokenizers.bundle import load_tokenizers
 from fourm_kfp.tokenizers.modality_codecs import fit_normalisation
 from fourm_kfp.tokenizers.vqvae import VQVAE, VQVAEConfig
+
+from bench_output import emit
 
 
 def preset_tokenizers(preset: str, images: dict[str, np.ndarray], device: str) -> dict[str, VQVAE]:
@@ -92,10 +85,7 @@ def main() -> None:
               "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(), "python": platform.python_version(),
               "source": args.bundle or f"preset {args.preset} (fresh weights)", "image_size": image_size,
               "batch": args.batch, "modalities": results}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(result, args.output)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ In one run, on one device:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -35,6 +34,8 @@ from fourm_kfp.model.fourm import FourM, FourMArgs, flops_per_token
 from fourm_kfp.train.hardware import GPU_PEAKS, resolve_precision
 from fourm_kfp.train.optimizer import build_optimizer
 from fourm_kfp.train.step import StepSettings, train_step
+
+from bench_output import emit
 
 IMAGE = ("rgb", "depth", "normal", "semseg", "edge")
 SHAPES = {
@@ -198,11 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["loader"] = {"workers": args.loader_workers, "samples_per_s": samples,
                             "demo_step_samples_per_s": fused["samples_per_s"],
                             "ratio_to_consumption": samples / fused["samples_per_s"]}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text + "\n")
+    emit(result, args.output)
     return result
 
 

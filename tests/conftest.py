@@ -49,3 +49,23 @@ def any_store_uri(request, tmp_path) -> str:
 def _no_ambient_mlflow(monkeypatch):
     """Tests choose their own tracking store; never write to one configured in the developer's shell."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+@pytest.fixture
+def photo_config(tmp_path):
+    """The smoke config over a real-data folder: 12 random photos with caption side files, rgb + caption only."""
+    import numpy as np
+    from PIL import Image
+
+    from fourm_kfp.config.loader import load_config
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(photos / f"p{i}.png")
+        (photos / f"p{i}.txt").write_text(f"a photo of thing {i}")
+    only = "[rgb,caption]"
+    return load_config("smoke", overrides=[
+        "prepare_data.source=image_folder", f"prepare_data.source_uri={photos}", "prepare_data.val_fraction=0.3",
+        f"data.modalities={only}", f"data.input_modalities={only}", f"data.target_modalities={only}"])

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -95,17 +94,8 @@ def test_generate_command_writes_images_and_text(smoke, tmp_path):
     assert bad.returncode == 2 and "missing.png: no such file" in bad.stderr
 
 
-def test_real_data_gets_the_tasks_that_make_sense(tmp_path):
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(12):
-        Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(photos / f"p{i}.png")
-        (photos / f"p{i}.txt").write_text(f"a photo of thing {i}")
-    only = "[rgb,caption]"
-    config = load_config("smoke", overrides=[
-        "prepare_data.source=image_folder", f"prepare_data.source_uri={photos}", "prepare_data.val_fraction=0.3",
-        f"data.modalities={only}", f"data.input_modalities={only}", f"data.target_modalities={only}"])
+def test_real_data_gets_the_tasks_that_make_sense(tmp_path, photo_config):
+    config = photo_config
     store = open_store(str(tmp_path / "store"), create=True)
     for name in ("prepare-data", "train-tokenizers", "pretokenize", "pretrain"):
         run_stage(get_stage(name), config, store)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract import run_stage, run_stage_part
@@ -93,17 +92,8 @@ def test_two_parts_give_what_one_worker_gives(upstream, tmp_path):
     assert _token_files(one.output_uri) == _token_files(two.output_uri)
 
 
-def test_real_data_with_rgb_and_captions_pretokenizes_only_rgb(tmp_path):
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(12):
-        Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(photos / f"p{i}.png")
-        (photos / f"p{i}.txt").write_text(f"a photo of thing {i}")
-    only = "[rgb,caption]"
-    config = load_config("smoke", overrides=[
-        "prepare_data.source=image_folder", f"prepare_data.source_uri={photos}", "prepare_data.val_fraction=0.3",
-        f"data.modalities={only}", f"data.input_modalities={only}", f"data.target_modalities={only}"])
+def test_real_data_with_rgb_and_captions_pretokenizes_only_rgb(tmp_path, photo_config):
+    config = photo_config
     store = open_store(str(tmp_path / "store"), create=True)
     for name in ("prepare-data", "train-tokenizers"):
         run_stage(get_stage(name), config, store)

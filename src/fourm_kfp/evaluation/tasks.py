@@ -147,7 +147,7 @@ def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, 
     else:
         raise ValueError(f"no metric for task {task!r}")
     examples = [{"input": (source, scenes.truth[source][i]), "generated": (target, predicted[i]),
-                 "tokenizer ceiling": (target, ceiling_values[i]), "ground truth": (target, truth[i])}
+                 "ceiling": (target, ceiling_values[i]), "ground truth": (target, truth[i])}
                 for i in range(min(shown, n))]
     return TaskResult(task, metrics, ceiling, baseline, primary, direction == "higher", examples)
 
@@ -166,6 +166,6 @@ def _caption_to_rgb(engine: AnyToAny, scenes: Scenes, inputs: list[dict[str, np.
     baseline = tm.shape_set_f1([baselines.shapes] * len(captions),
                                [frozenset(s for _, _, s in tm.parse_caption(c)) for c in captions])
     examples = [{"input": ("caption", captions[i]), "generated": ("rgb", images[i]),
-                 "semseg of generated": ("semseg", predicted[i]), "ground truth": ("rgb", scenes.truth["rgb"][i])}
+                 "its semseg": ("semseg", predicted[i]), "ground truth": ("rgb", scenes.truth["rgb"][i])}
                 for i in range(min(shown, len(captions)))]
     return TaskResult("caption-to-rgb", metrics, ceiling, baseline, primary, True, examples)
