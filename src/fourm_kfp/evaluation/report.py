@@ -78,7 +78,8 @@ def report_markdown(report: Mapping[str, Any]) -> str:
               f"{len(report['tasks'])} tasks (primary metric of each, marked ↑/↓).", "",
               "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     lines += ["| " + " | ".join(row) + " |" for row in _rows(report["tasks"])]
-    lines += ["", "Grids: `reports/grid_<task>.png` (input / generated / ceiling = the ground truth's tokens decoded / ground truth).", ""]
+    lines += ["", "Grids: `reports/grid_<task>.png` (input / generated / ceiling = the ground truth's tokens decoded "
+              "/ ground truth).", ""]
     gate = report.get("gate")
     lines += ["## Model gate", ""]
     if gate:
