@@ -67,14 +67,13 @@ def run_stage_component(stage: str, preset: str, config_overrides: Sequence[str]
     outcome = launch_stage(stage, preset=preset, overrides=config_overrides, store_uri=store_uri,
                            s3_endpoint=s3_endpoint, tracking_uri=mlflow_tracking_uri or None,
                            parent_run_id=parent_run_id, force=force, input_uris=input_uris, parts=parts)
+    output = open_store(outcome.output_uri) if report_path or html_path else None
     if report_path:
-        output = open_store(outcome.output_uri)
-        reports = [k for k in output.list("reports") if k.endswith(".md")]
-        text = "\n\n".join(output.get_text(k) for k in reports) or f"# {stage}\n"
+        pages = [k for k in output.list("reports") if k.endswith(".md")]
+        text = "\n\n".join(output.get_text(k) for k in pages) or f"# {stage}\n"
         with open(report_path, "w") as fh:
             fh.write(text)
     if html_path:
-        output = open_store(outcome.output_uri)
         pages = [k for k in output.list("reports") if k.endswith(".html")]
         with open(html_path, "w") as fh:
             fh.write(output.get_text(pages[0]) if pages else f"<h1>{stage}</h1>")

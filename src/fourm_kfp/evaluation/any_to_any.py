@@ -35,14 +35,8 @@ class AnyToAny:
         sentinels = tuple(specials[s] for s in ("[S_0]", "[S_1]") if s in specials)
         self.generator = Generator(self.model, sentinels)
         self.specs = self.generator.specs
-        self.image_size = int(self.card.get("image_size") or self._image_size())
-
-    def _image_size(self) -> int:
         image = [n for n, s in self.specs.items() if s.kind == "image"]
-        if not image:
-            return 0
-        config = self.tokenizers.image[image[0]].config
-        return config.image_size
+        self.image_size = self.tokenizers.image[image[0]].config.image_size if image else 0
 
     @property
     def modalities(self) -> list[str]:

@@ -200,6 +200,11 @@ def parse_caption(text: str) -> list[CaptionObject]:
     return [(size, colour, shape) for size, colour, shape in _OBJECT.findall(text.lower())]
 
 
+def caption_shapes(text: str) -> frozenset[str]:
+    """The set of shapes a caption names."""
+    return frozenset(shape for _, _, shape in parse_caption(text))
+
+
 def _f1(matched: int, predicted: int, actual: int) -> float:
     """F1 from counts; 1.0 when both sides are empty."""
     return 1.0 if predicted + actual == 0 else 2.0 * matched / (predicted + actual)
@@ -259,7 +264,7 @@ def shape_set_f1(pred_sets: Sequence[frozenset[str]], true_sets: Sequence[frozen
 def shape_presence_f1(pred_semsegs: Sequence[np.ndarray], captions: Sequence[str]) -> dict[str, float]:
     """Micro F1 of the shapes visible in each predicted semseg vs the set of shapes its caption names."""
     return shape_set_f1([shapes_in_semseg(s) for s in pred_semsegs],
-                        [frozenset(shape for _, _, shape in parse_caption(c)) for c in captions])
+                        [caption_shapes(c) for c in captions])
 
 
 def most_common(items: Sequence[H]) -> H:

@@ -64,8 +64,8 @@ class TaskResult:
     def gain_over_baseline(self) -> float:
         """Relative improvement of the primary metric over the baseline (0.2 = 20% better)."""
         model, base = self.metrics[self.primary], self.baseline[self.primary]
-        if base == 0:
-            return float("inf") if (model > 0) == self.higher_is_better and model != 0 else 0.0
+        if base == 0:  # no relative gain to speak of: unbounded if it beats the baseline at all
+            return float("inf") if self.beats_baseline else 0.0
         return (model - base) / abs(base) * (1 if self.higher_is_better else -1)
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,7 +112,7 @@ class Baselines:
         images = {m: METRICS[m].baseline(np.stack(values)) for m, values in train.items()
                   if m in ("depth", "normal", "semseg") and values}
         captions = train.get("caption", [])
-        shapes = [frozenset(s for _, _, s in tm.parse_caption(c)) for c in captions]
+        shapes = [tm.caption_shapes(c) for c in captions]
         return cls(images, tm.most_common(train["det"]) if train.get("det") else "",
                    tm.most_common(captions) if captions else "", tm.most_common(shapes) if shapes else frozenset())
 
@@ -164,7 +164,7 @@ def _caption_to_rgb(engine: AnyToAny, scenes: Scenes, inputs: list[dict[str, np.
     metrics = tm.shape_presence_f1(predicted, captions)
     ceiling = tm.shape_presence_f1(engine.detokenize("semseg", scenes.tokens["semseg"]), captions)
     baseline = tm.shape_set_f1([baselines.shapes] * len(captions),
-                               [frozenset(s for _, _, s in tm.parse_caption(c)) for c in captions])
+                               [tm.caption_shapes(c) for c in captions])
     examples = [{"input": ("caption", captions[i]), "generated": ("rgb", images[i]),
                  "its semseg": ("semseg", predicted[i]), "ground truth": ("rgb", scenes.truth["rgb"][i])}
                 for i in range(min(shown, len(captions)))]

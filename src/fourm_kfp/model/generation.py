@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from fourm_kfp.masking.multimodal_masking import PIXEL_MEAN, PIXEL_STD
-from fourm_kfp.model.batch import MaskedBatch
+from fourm_kfp.model.batch import IGNORE_INDEX, MaskedBatch
 
 Sample = dict[str, np.ndarray]
 
@@ -175,22 +175,32 @@ class Generator:
         b, d = dec_position.shape
         full = lambda v: torch.full((b, d), v, dtype=torch.long, device=self.device)  # noqa: E731
         return MaskedBatch(enc["tokens"], enc["modality"], enc["position"], enc["valid"], dec_tokens,
-                           full(-100), full(dec_modality), dec_position, torch.ones(b, d, dtype=torch.bool,
+                           full(IGNORE_INDEX), full(dec_modality), dec_position, torch.ones(b, d, dtype=torch.bool,
                                                                                      device=self.device),
                            torch.zeros(0, dtype=torch.long, device=self.device), [], enc["pixels"])
 
     @staticmethod
-    def _unconditional(enc: dict[str, torch.Tensor | None], keep: torch.Tensor) -> dict[str, torch.Tensor | None]:
-        return {**enc, "valid": enc["valid"] & keep}
+    def _with_unconditional(enc: dict[str, torch.Tensor | None], keep: torch.Tensor) -> dict[str, torch.Tensor | None]:
+        """``enc`` stacked over a copy where only the ``keep`` slots stay valid: the unconditional half of
+        classifier-free guidance, run in the same forward pass as the conditional one."""
+        doubled = {k: (torch.cat([v, v]) if v is not None else None) for k, v in enc.items()}
+        doubled["valid"] = torch.cat([enc["valid"], enc["valid"] & keep])
+        return doubled
+
+    @staticmethod
+    def _guide(logits: torch.Tensor, guidance: float) -> torch.Tensor:
+        """Conditional (first half of the batch) and unconditional (second half) logits mixed: ``u + g (c - u)``."""
+        cond, uncond = logits.chunk(2)
+        return uncond + guidance * (cond - uncond)
 
     def _guided_logits(self, enc, dec_tokens, modality: int, dec_position, keep, args: SamplingArgs) -> torch.Tensor:
+        guided = args.guidance != 1.0
+        if guided:
+            enc = self._with_unconditional(enc, keep)
+            dec_tokens, dec_position = torch.cat([dec_tokens, dec_tokens]), torch.cat([dec_position, dec_position])
         batch = self._batch(enc, dec_tokens, modality, dec_position)
         logits = self.model.logits(self.model.decode(self.model.encode(batch), batch), modality).float()
-        if args.guidance != 1.0:
-            plain = self._batch(self._unconditional(enc, keep), dec_tokens, modality, dec_position)
-            uncond = self.model.logits(self.model.decode(self.model.encode(plain), plain), modality).float()
-            logits = uncond + args.guidance * (logits - uncond)
-        return logits
+        return self._guide(logits, args.guidance) if guided else logits
 
     # -- image targets: MaskGIT / ROAR ---------------------------------------------------------------------------
 
@@ -245,9 +255,8 @@ class Generator:
         cond = self._conditioning(conditioning)
         b = len(conditioning)
         guided = args.guidance != 1.0
-        valid = torch.cat([cond["valid"], torch.zeros_like(cond["valid"])]) if guided else cond["valid"]
-        enc = {k: (torch.cat([v, v]) if guided and v is not None else v) for k, v in cond.items()}
-        enc["valid"] = valid
+        enc = self._with_unconditional(cond, torch.zeros_like(cond["valid"])) if guided else cond
+        valid = enc["valid"]
         rows = 2 * b if guided else b
         probe = self._batch(enc, torch.zeros(rows, 1, dtype=torch.long, device=self.device), m,
                             torch.zeros(rows, 1, dtype=torch.long, device=self.device))
@@ -265,7 +274,7 @@ class Generator:
                                             cross_mask)
             logits = self.model.logits(hidden[:, 0], m).float()
             if guided:
-                logits = logits[b:] + args.guidance * (logits[:b] - logits[b:])
+                logits = self._guide(logits, args.guidance)
             token, logprob = sample_logits(logits, args, generator)
             token = torch.where(finished, torch.full_like(token, end), token)
             out_tokens.append(token)

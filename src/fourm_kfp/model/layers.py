@@ -41,9 +41,14 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.proj = nn.Linear(dim, dim, bias=False)
 
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v ``[B, heads, n, head_dim]`` from one fused projection."""
+        b, n, d = x.shape
+        return self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = self._heads(x)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
@@ -51,7 +56,7 @@ class SelfAttention(nn.Module):
         """Causal attention of new positions ``x`` [B, n, dim] over the cached keys/values plus their own
         (``cache`` holds ``k``/``v`` [B, heads, past, head_dim] and grows in place)."""
         b, n, d = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = self._heads(x)
         if "k" in cache:
             k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
         cache["k"], cache["v"] = k, v
