@@ -21,6 +21,7 @@ import contextlib
 import io
 import logging
 import os
+import posixpath
 import random
 import shutil
 import tempfile
@@ -54,6 +55,32 @@ def join_uri(base: str, *parts: str) -> str:
         if part:
             out = f"{out}/{part}"
     return out
+
+
+def _split_uri(uri: str) -> tuple[str, str]:
+    """``(scheme and bucket, absolute path)``: ``s3://b/x/y`` → ``("s3://b", "/x/y")``; a local path → ``("", abs)``."""
+    if is_s3_uri(uri):
+        bucket, _, key = uri[len("s3://"):].partition("/")
+        return f"s3://{bucket}", "/" + key.strip("/")
+    return "", os.path.abspath(uri)
+
+
+def relative_uri(base: str, target: str) -> str:
+    """``target`` as seen from ``base`` (``../../stage/address``) when both live in one store (the same bucket, or
+    local disk), else ``target`` itself. Outputs record their inputs this way, so their bytes do not depend on
+    where the store is, and a store copied elsewhere stays whole."""
+    (root_a, path_a), (root_b, path_b) = _split_uri(base), _split_uri(target)
+    if root_a != root_b:
+        return target
+    return posixpath.relpath(path_b, path_a)
+
+
+def resolve_uri(base: str, ref: str) -> str:
+    """The URI that :func:`relative_uri` ``(base, target)`` returned ``ref`` for (an absolute ``ref`` as it is)."""
+    if is_s3_uri(ref) or ref.startswith("/") or "://" in ref:
+        return ref
+    root, path = _split_uri(base)
+    return root + posixpath.normpath(posixpath.join(path, ref))
 
 
 class Store:

@@ -56,6 +56,10 @@ class StageSpec:
     run_part: Callable[["StageContext", int, int], StageResult] | None = None
     #: keep what an interrupted run committed (the stage skips its committed pieces itself)
     resumable: bool = False
+    #: output keys that record what this run did outside its output (e.g. the model gate's registry decision):
+    #: listed in the manifest like every file, but not part of the payload, which is a function of the config and
+    #: the inputs alone (the determinism check and ``fourm-kfp verify`` compare the payload)
+    run_records: tuple[str, ...] = ()
 
     @property
     def input_names(self) -> tuple[str, ...]:
