@@ -72,3 +72,39 @@ def test_json_save_load_round_trip(tok, tmp_path):
 def test_vocab_size_must_leave_room_for_learned_tokens():
     with pytest.raises(ValueError, match="vocab_size"):
         train_text_tokenizer(CAPTIONS, vocab_size=10, num_sentinels=10)
+
+
+# Words that tie in count, so the trainer's choice among equally frequent merges decides the vocabulary.
+TIED_TEXTS = ["Wel come to the Tok en izers libr ary.", "Welcome to the tokenizers library, café naïve",
+              "a small red sphere left of a large blue cube"] * 3
+TRAIN_IN_A_FRESH_PROCESS = """
+import hashlib, json, sys
+from fourm_kfp.tokenizers.text_tokenizer import train_text_tokenizer
+tok = train_text_tokenizer(json.loads(sys.argv[1]), vocab_size=120, num_sentinels=4)
+print(hashlib.sha256(tok.to_str().encode()).hexdigest())
+"""
+
+
+def test_training_gives_the_same_bytes_in_every_process():
+    """``WordPieceTrainer`` alone numbers its ``##`` symbols in a randomly seeded hash map's order and breaks
+    merge ties by those numbers (huggingface/tokenizers#1794): each fresh process could learn another vocabulary.
+    Ours must not: five fresh processes (each with its own hash seeds), one tokenizer."""
+    import json
+    import subprocess
+    import sys
+
+    digests = {subprocess.run([sys.executable, "-c", TRAIN_IN_A_FRESH_PROCESS, json.dumps(TIED_TEXTS)],
+                              capture_output=True, text=True, check=True).stdout.strip() for _ in range(5)}
+    assert len(digests) == 1, f"{len(digests)} different tokenizers from 5 processes"
+
+
+def test_every_continuation_piece_a_word_needs_is_in_the_vocabulary():
+    tok = train_text_tokenizer(TIED_TEXTS, vocab_size=120, num_sentinels=4)
+    vocab = tok.get_vocab()
+    assert {"##" + c for c in "elcomkniazrsby"} <= set(vocab)  # accents are stripped by the normaliser
+    assert not [t for t in vocab if t.startswith("##") and tok.token_to_id(t) < 8]  # no continuation is special
+    assert "[UNK]" not in encode_tokens(tok, "welcome café naïve libraries")
+
+
+def encode_tokens(tok, text: str) -> list[str]:
+    return tok.encode(text).tokens

@@ -27,7 +27,9 @@ def save_image_tokenizer(model: VQVAE, directory: str | os.PathLike) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
-    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": FORMAT, "modality": model.config.modality})
+    # One metadata entry only: safetensors writes the metadata map in hash-map order, which differs from process
+    # to process, so two entries would make the same weights different bytes (the modality is in config.json).
+    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": FORMAT})
     document = {"format": FORMAT, "config": model.config.to_dict()}
     (directory / CONFIG_FILE).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
     return directory

@@ -11,7 +11,14 @@ punctuation), WordPiece model and decoder. The vocabulary, in id order:
 4. any class name the training did not already learn as a whole word, added the same way.
 
 ``vocab_size`` bounds parts 1 and 2 together (as ``WordPieceTrainer`` does); parts 3 and 4 come on top, so
-the final size is ``tok.get_vocab_size()``. No post-processor is set: :func:`encode` returns the bare ids and
+the final size is ``tok.get_vocab_size()``.
+
+Training is deterministic: the same texts give the same vocabulary, byte for byte, in every process.
+``WordPieceTrainer`` on its own is not (huggingface/tokenizers#1794): it numbers the ``##`` continuation symbols
+in the iteration order of a randomly seeded hash map, and those numbers break ties between equally frequent merge
+candidates, so two runs can learn different vocabularies. We count the words ourselves (with the tokenizer's own
+normaliser and pre-tokenizer), hand the trainer every continuation symbol the words need, in sorted order, as
+reserved tokens (so none is numbered by the hash map), and feed it the words in sorted order. No post-processor is set: :func:`encode` returns the bare ids and
 the caller adds ``[SOS]``/``[EOS]``. The tokenizer is saved as its own JSON (:func:`save_text_tokenizer`).
 """
 
@@ -20,13 +27,15 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from typing import Iterable, Sequence
+from collections import Counter
+from typing import Iterable, Iterator, Sequence
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from fourm_kfp.data.modalities import CLASS_NAMES, COORD_BINS
 
 PAD, UNK, SOS, EOS = "[PAD]", "[UNK]", "[SOS]", "[EOS]"
+CONTINUATION = "##"  # WordPiece's prefix of a word's non-initial pieces
 BASE_SPECIAL_TOKENS = (PAD, UNK, SOS, EOS)
 _COORDINATE = re.compile(r"(?<!\S)v\d+=\d+(?!\S)")
 
@@ -39,6 +48,41 @@ def coordinate_tokens(coord_bins: int = COORD_BINS) -> list[str]:
     return [f"v{axis}={value}" for axis in range(4) for value in range(coord_bins)]
 
 
+def _empty_tokenizer(vocab: dict[str, int] | None = None) -> Tokenizer:
+    """A WordPiece tokenizer with our normaliser, pre-tokenizer and decoder (``vocab`` None: untrained)."""
+    tok = Tokenizer(models.WordPiece(vocab, unk_token=UNK) if vocab else models.WordPiece(unk_token=UNK))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    return tok
+
+
+def count_words(tok: Tokenizer, texts: Iterable[str], chunk: int = 512) -> Counter[str]:
+    """How often each word occurs in ``texts`` as ``tok`` normalises and pre-tokenizes them (coordinate tokens
+    dropped). Texts are processed ``chunk`` at a time, one call each into the Rust normaliser."""
+    counts: Counter[str] = Counter()
+    for batch in _chunks((_COORDINATE.sub(" ", text) for text in texts), chunk):
+        normalized = tok.normalizer.normalize_str("\n".join(batch))
+        counts.update(word for word, _ in tok.pre_tokenizer.pre_tokenize_str(normalized))
+    return counts
+
+
+def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    iterator = iter(items)
+    while batch := list(itertools.islice(iterator, size)):
+        yield batch
+
+
+def _word_stream(counts: Counter[str], words_per_text: int = 4096) -> Iterator[str]:
+    """The counted words again, in sorted order, as texts of at most ``words_per_text`` words."""
+    for word in sorted(counts):
+        remaining = counts[word]
+        while remaining:
+            n = min(remaining, words_per_text)
+            yield " ".join([word] * n)
+            remaining -= n
+
+
 def train_text_tokenizer(
     texts: Iterable[str],
     vocab_size: int,
@@ -46,20 +90,21 @@ def train_text_tokenizer(
     coord_bins: int = COORD_BINS,
     class_names: Sequence[str] = CLASS_NAMES,
 ) -> Tokenizer:
-    """Train the WordPiece tokenizer on ``texts`` (captions and det strings; streamed once)."""
+    """Train the WordPiece tokenizer on ``texts`` (captions and det strings; streamed once), deterministically
+    (see the module docstring)."""
     specials = [*BASE_SPECIAL_TOKENS, *sentinel_tokens(num_sentinels)]
     if vocab_size <= len(specials):
         raise ValueError(f"vocab_size {vocab_size} leaves no room after {len(specials)} special tokens")
-    tok = Tokenizer(models.WordPiece(unk_token=UNK))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
-    tok.train_from_iterator((_COORDINATE.sub(" ", text) for text in texts), trainer)
-    # The trainer numbers tokens in hash-map order; sorting makes the ids a function of the learned token set.
-    # (That set itself can still vary between runs on count ties: huggingface/tokenizers#1794.)
+    tok = _empty_tokenizer()
+    counts = count_words(tok, texts)
+    continuations = sorted({CONTINUATION + c for word in counts for c in word[1:]})
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=[*specials, *continuations],
+                                        continuing_subword_prefix=CONTINUATION, show_progress=False)
+    tok.train_from_iterator(_word_stream(counts), trainer)
+    # The trainer numbers its tokens in hash-map order: sorted, the ids are a function of the learned token set.
     learned = sorted(set(tok.get_vocab(with_added_tokens=False)) - set(specials))
-    tok.model = models.WordPiece({t: i for i, t in enumerate([*specials, *learned])}, unk_token=UNK)
+    tok = _empty_tokenizer({t: i for i, t in enumerate([*specials, *learned])})
+    tok.add_special_tokens(specials)
     tok.add_tokens([AddedToken(t, single_word=True) for t in coordinate_tokens(coord_bins)])
     missing = [name for name in class_names if tok.token_to_id(name.lower()) is None]
     tok.add_tokens([AddedToken(name.lower(), single_word=True) for name in missing])
