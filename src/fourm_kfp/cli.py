@@ -1,4 +1,5 @@
-"""The ``fourm-kfp`` command: run the pipeline locally, run one stage, plan, compile the pipeline, show configs.
+"""The ``fourm-kfp`` command: run the pipeline locally, run one stage, plan, verify a committed stage, compile the
+pipeline, show configs.
 
 Start-up stays light: heavy modules (torch, kfp, mlflow) are imported inside the commands that need them. A user
 error (:class:`fourm_kfp.errors.UserError`) prints one line, ``Error: ...``, and exits 2; ``--debug`` adds the
@@ -63,6 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(status)
     _add_store_args(status)
     status.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+    verify = sub.add_parser(
+        "verify", help="recompute a committed stage into a scratch store and compare it file by file",
+        description="Hash the committed payload of STAGE against its manifest, recompute the stage from the same "
+                    "committed inputs into a scratch store (lineage off: nothing is registered), and compare "
+                    "each payload file. Exit status: 0 the same bytes, 1 a difference (listed), 2 a user error.")
+    verify.add_argument("name", choices=list(STAGES), metavar="STAGE")
+    _add_config_args(verify)
+    _add_store_args(verify)
+    verify.add_argument("--scratch", help="where to recompute (a local folder or s3:// URI; default: a temporary "
+                                          "folder, deleted afterwards)")
+    verify.add_argument("--json", help="write the result JSON here")
 
     generate = sub.add_parser("generate", help="any-to-any generation with a trained model (from its URI)")
     generate.add_argument("--model", required=True, help="a pretrain output URI (local path or s3://...)")
@@ -162,6 +175,42 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from fourm_kfp.config.loader import load_config
+    from fourm_kfp.contract.verify import verify_stage
+    from fourm_kfp.launch import apply_s3_endpoint, local_root, resolve_store_uri, setup_logging
+    from fourm_kfp.stages import get_stage
+    from fourm_kfp.storage import open_store
+
+    setup_logging()
+    root = local_root(args.root)
+    apply_s3_endpoint(args.s3_endpoint)
+    config = load_config(args.preset, overrides=args.overrides)
+    store = open_store(resolve_store_uri(root, args.store, args.s3_endpoint), s3_endpoint=args.s3_endpoint)
+    with tempfile.TemporaryDirectory(prefix="fourm-verify-") as tmp:
+        scratch = open_store(args.scratch or tmp, s3_endpoint=args.s3_endpoint, create=True)
+        result = verify_stage(get_stage(args.name), config, store, scratch)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    print(f"{result.stage}: committed {result.committed_uri} ({result.files} payload files)")
+    print(f"  payload digest  committed  {result.payload_digest or '-'}")
+    print(f"                  recomputed {result.recomputed_payload_digest}")
+    for key, how in result.differences:
+        print(f"  {how:8s} {key}")
+    if result.inputs_changed:
+        print(f"  note: its inputs {result.inputs_changed} were recommitted since; differences may come from them")
+    if not result.deterministic:
+        print(f"  note: the committed output is marked not deterministic: {'; '.join(result.nondeterminism)}")
+    if result.matches:
+        print("  verified: the same bytes, file by file")
+        return 0
+    print(f"  NOT verified: {len(result.differences)} of {result.files} payload files differ "
+          f"(first: {result.differences[0][0]})")
+    return 1
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from fourm_kfp.errors import UserError
     from fourm_kfp.evaluation.any_to_any import run_generate
@@ -216,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     handler = {"run": cmd_run, "stage": cmd_stage, "status": cmd_status, "compile": cmd_compile,
-               "config": cmd_config, "generate": cmd_generate}[args.command]
+               "config": cmd_config, "generate": cmd_generate, "verify": cmd_verify}[args.command]
     try:
         return handler(args)
     except UserError as exc:

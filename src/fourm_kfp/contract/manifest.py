@@ -4,6 +4,13 @@ A stage writes its objects first and its manifest last. An output prefix without
 stage was killed or failed midway): it is never read, and the next run clears it and starts over. The manifest
 records what was made from what: the inputs with their manifest digests, the resolved config, the code version
 (package version and git commit when known), counts, every file with its byte size and SHA-256, and timings.
+
+The **payload** is every file but the stage's run records (``StageSpec.run_records``: what the run did outside its
+output, such as the model gate's registry decision) and the manifest itself. It is a function of the config and
+the inputs alone: two runs of a stage at one address commit the same payload, byte for byte
+(``payload_digest``), unless the manifest says ``"deterministic": false`` and why (``nondeterminism``).
+Wall-clock measures, run ids and where the store is live in the manifest (``timings``, ``metrics``,
+``mlflow_run_id``, ``output_uri``), never in the payload. :func:`payload_differences` compares two manifests.
 """
 
 from __future__ import annotations
@@ -147,6 +154,33 @@ def require_manifest(store: Store, what: str) -> tuple[dict[str, Any], str]:
         raise IncompleteOutputError(
             f"{what}: {store.uri} has no {MANIFEST_NAME}; its stage did not finish, so it cannot be used as input")
     return found
+
+
+def payload_files(manifest: dict[str, Any]) -> dict[str, str]:
+    """``{key: sha256}`` of a manifest's payload (its files less its run records)."""
+    records = set(manifest.get("run_records", ()))
+    return {f["key"]: f["sha256"] for f in manifest["files"] if f["key"] not in records}
+
+
+def payload_digest(files: dict[str, str]) -> str:
+    """One digest of a payload: the SHA-256 of its sorted ``key sha256`` lines."""
+    lines = "".join(f"{key} {sha}\n" for key, sha in sorted(files.items()))
+    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+
+
+def payload_differences(expected: dict[str, Any], actual: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(key, how)`` for every payload file that differs between two manifests, sorted by key; ``how`` is
+    ``differs``, ``missing`` (only in ``expected``) or ``extra`` (only in ``actual``). Empty: same bytes."""
+    a, b = payload_files(expected), payload_files(actual)
+    out = []
+    for key in sorted(a.keys() | b.keys()):
+        if key not in b:
+            out.append((key, "missing"))
+        elif key not in a:
+            out.append((key, "extra"))
+        elif a[key] != b[key]:
+            out.append((key, "differs"))
+    return out
 
 
 def commit_manifest(store: Store, manifest: dict[str, Any]) -> str:

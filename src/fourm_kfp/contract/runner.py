@@ -32,7 +32,7 @@ from fourm_kfp.contract import lineage
 from fourm_kfp.contract.addressing import config_view, stage_address
 from fourm_kfp.contract.guarded_config import GuardedConfig, guard
 from fourm_kfp.contract.manifest import (MANIFEST_NAME, FileRecord, RecordingStore, code_version, commit_manifest,
-                                         manifest_bytes, read_manifest, require_manifest)
+                                         manifest_bytes, payload_digest, read_manifest, require_manifest)
 from fourm_kfp.contract.spec import StageResult, StageSpec
 from fourm_kfp.storage import Store, open_store
 
@@ -225,6 +225,8 @@ def _execute(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[s
         for record in ctx.part_records():
             files.update({f["key"]: FileRecord(**f) for f in record["files"]})
     ordered = sorted(files.values(), key=lambda r: r.key)
+    run_records = sorted(key for key in spec.run_records if key in files)
+    nondeterminism = sorted(set(result.nondeterminism))
     manifest = {
         "stage": spec.name,
         "code_version": spec.code_version,
@@ -239,6 +241,10 @@ def _execute(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[s
         "metrics": result.metrics,
         "files": [asdict(f) for f in ordered],
         "bytes_total": sum(f.bytes for f in ordered),
+        "run_records": run_records,
+        "payload_digest": payload_digest({f.key: f.sha256 for f in ordered if f.key not in run_records}),
+        "deterministic": not nondeterminism,
+        "nondeterminism": nondeterminism,
         "timings": {"started_at": started_at, "finished_at": _now(), "seconds": round(seconds, 3)},
         "mlflow_run_id": tracker.run_id,
     }

@@ -32,12 +32,14 @@ class ExternalSource:
 
 @dataclass
 class StageResult:
-    """What a stage function returns: counts for the manifest, metrics for MLflow (and the manifest), and the
-    external sources it read."""
+    """What a stage function returns: counts for the manifest, metrics for MLflow (and the manifest), the
+    external sources it read, and what (if anything) keeps its bytes from being reproducible."""
 
     counts: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     sources: list[ExternalSource] = field(default_factory=list)
+    #: why this run's payload may not be reproducible byte for byte (e.g. CUDA training kernels); empty = it is
+    nondeterminism: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

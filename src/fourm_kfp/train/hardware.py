@@ -66,3 +66,15 @@ def peak_flops(device: torch.device, dtype: torch.dtype | None) -> float:
             if fragment in name:
                 return bf16 if dtype == torch.bfloat16 else fp32
     return measured_matmul_flops(device.type, dtype or torch.float32)
+
+
+#: Why training on a CUDA device is not bitwise reproducible (the manifest's ``nondeterminism``).
+CUDA_TRAINING_NONDETERMINISM = (
+    "trained on CUDA: backward kernels that accumulate with atomic adds (embedding and index_add gradients, "
+    "scaled_dot_product_attention's fused backward) sum in a different order from run to run")
+
+
+def training_nondeterminism(device: torch.device | str) -> list[str]:
+    """Reasons a stage that trains on ``device`` commits different bytes from run to run (none on the CPU, where
+    every kernel we use is deterministic for a fixed thread count)."""
+    return [CUDA_TRAINING_NONDETERMINISM] if torch.device(device).type == "cuda" else []
