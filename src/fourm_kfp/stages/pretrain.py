@@ -23,4 +23,5 @@ SPEC = StageSpec(
     config_keys=("train", "data", "alphas"),
     upstream=(pretokenize.SPEC, train_tokenizers.SPEC),
     resumable=True,  # a restarted run keeps its checkpoints and continues from the newest complete one
+    code_version=2,  # 2: reproducible bytes (no timings, store-relative URIs, DCP metadata without save ids)
 )

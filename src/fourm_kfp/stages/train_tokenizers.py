@@ -19,4 +19,5 @@ SPEC = StageSpec(
     run=run,
     config_keys=("data.image_size", "train_tokenizers"),
     upstream=(prepare_data.SPEC,),
+    code_version=2,  # 2: reproducible bytes (deterministic WordPiece, no timings or absolute URIs)
 )

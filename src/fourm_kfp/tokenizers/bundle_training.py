@@ -34,6 +34,7 @@ from fourm_kfp.tokenizers.text_tokenizer import (mean_tokens_per_text, save_text
 from fourm_kfp.tokenizers.training import evaluate_tokenizer, train_vqvae
 from fourm_kfp.tokenizers.tokenizer_report import report_markdown
 from fourm_kfp.tokenizers.vqvae import VQVAEConfig
+from fourm_kfp.train.hardware import training_nondeterminism
 
 log = logging.getLogger(__name__)
 DATA = "prepare-data"
@@ -101,11 +102,12 @@ def _train_image_tokenizer(ctx: StageContext, modality: str, device: str) -> tup
                                  lr=settings.lr, warmup_steps=settings.warmup_steps, seed=cfg.seed, device=device,
                                  log_every=max(settings.steps // 10, 1))
     metrics = evaluate_tokenizer(model, val, reference)
-    metrics["train_seconds"] = time.monotonic() - started
     metrics["train_images_seen"] = float(settings.steps * settings.batch_size * distributed.world_size())
     summary = {"grid_size": config.grid_size, "codebook_size": config.codebook_size,
                "final_loss": records[-1]["loss"] if records else None}
-    return model, metrics, {"val": val[: cfg.recon_samples], "summary": summary}
+    # Wall-clock: the stage's metrics (manifest, MLflow) only, never the report or the index (the payload).
+    timing = {"train_seconds": time.monotonic() - started}
+    return model, metrics, {"val": val[: cfg.recon_samples], "summary": summary, "timing": timing}
 
 
 def _reconstruction_grid(models: dict[str, Any], examples: dict[str, np.ndarray]) -> bytes:
@@ -131,12 +133,13 @@ def train_bundle(ctx: StageContext) -> StageResult:
     if missing:
         log.info("train-tokenizers: the dataset has no %s; no tokenizer for them", missing)
 
-    models, metrics, examples, index_image = {}, {}, {}, {}
+    models, metrics, examples, index_image, timings = {}, {}, {}, {}, {}
     for modality in image_modalities:
         model, modality_metrics, extra = _train_image_tokenizer(ctx, modality, device)
         models[modality], examples[modality] = model, extra["val"]
         metrics[modality] = modality_metrics
         index_image[modality] = extra["summary"]
+        timings.update({f"{modality}.{k}": v for k, v in extra["timing"].items()})
         if ctx.is_primary:
             with tempfile.TemporaryDirectory() as tmp:
                 folder = save_image_tokenizer(model, Path(tmp) / modality)
@@ -168,7 +171,7 @@ def train_bundle(ctx: StageContext) -> StageResult:
             ctx.write_report("reconstructions.png", _reconstruction_grid(models, examples))
 
     flat = {f"{m}.{k}": v for m, values in metrics.items() for k, v in values.items()}
-    flat.update({f"text.{k}": v for k, v in text_metrics.items()})
+    flat.update({f"text.{k}": v for k, v in text_metrics.items()}, **timings)
     counts = {"image_tokenizers": sorted(models), "text_tokenizer": index_text is not None}
-    return StageResult(counts=counts, metrics=flat)
+    return StageResult(counts=counts, metrics=flat, nondeterminism=training_nondeterminism(device))
 

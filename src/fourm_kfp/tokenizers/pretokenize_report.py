@@ -67,8 +67,8 @@ def codebook_usage_png(histograms: Mapping[str, np.ndarray], width: int = 640, r
 
 def report_markdown(report: Mapping[str, Any]) -> str:
     lines = ["# pretokenize", "",
-             f"Samples: {report['samples']} · crops per sample: {report['crops']} · parts: {report['parts']} · "
-             f"{report['samples_per_s']:.1f} samples/s in the workers", "",
+             f"Samples: {report['samples']} · crops per sample: {report['crops']} (throughput and fan-out: the stage's "
+             "MLflow run and manifest metrics)", "",
              "| modality | tokens per crop | codebook usage | check (decoded vs report) |", "|---|---:|---:|---|"]
     for m, usage in report["codebook_usage"].items():
         check = [f"{k.split('.')[-1]} {v:.4g}" for k, v in report["check"].items() if k.startswith(f"check.{m}.")]

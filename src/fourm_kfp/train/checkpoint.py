@@ -109,7 +109,7 @@ class CheckpointManager:
         distributed.barrier()
         rank = distributed.rank()
         with tempfile.TemporaryDirectory(prefix=f"fourm-ckpt-r{rank}-") as tmp:
-            dcp.save(app_state, checkpoint_id=tmp)
+            dcp.save(app_state, storage_writer=_reproducible_writer(tmp))
             for path in sorted(Path(tmp).iterdir()):
                 if path.is_file():
                     target.put_file(path.name, path)
@@ -131,6 +131,18 @@ class CheckpointManager:
             if ckpt.step not in recent and not (self.keep_every and ckpt.step % self.keep_every == 0):
                 ckpt.store.delete_prefix()
                 log.info("checkpoint: pruned step %d", ckpt.step)
+
+
+def _reproducible_writer(path: str):
+    """DCP's file writer without its storage metadata: that records the staging folder and a random save id in
+    ``.metadata``, so the same state would be saved as different bytes every time."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class ReproducibleWriter(FileSystemWriter):
+        def storage_meta(self):
+            return None
+
+    return ReproducibleWriter(path)
 
 
 def load_checkpoint(ckpt: Checkpoint, app_state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:

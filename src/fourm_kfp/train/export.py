@@ -20,7 +20,7 @@ from torch import nn
 
 from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.model.batch import ModalitySpec
-from fourm_kfp.storage import Store, open_store
+from fourm_kfp.storage import Store, open_store, relative_uri, resolve_uri
 
 FORMAT = "fourm-kfp-model/1"
 WEIGHTS = "model/model.safetensors"
@@ -48,28 +48,31 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def export_model(state: dict[str, torch.Tensor], args: Any, output: Store, *, tokenizers_uri: str,
                  pretokenized_uri: str, text_special_ids: dict[str, int], step: int) -> dict[str, Any]:
-    """Write the model's weights and card under ``output``; returns the card."""
+    """Write the model's weights and card under ``output``; returns the card. The card names the tokenizers and
+    the pretokenized data relative to ``output`` (:func:`~fourm_kfp.storage.relative_uri`), so its bytes do not
+    depend on where the store is; :func:`load_model` gives them back as URIs."""
     card = {
         "format": FORMAT,
         "args": args_to_dict(args),
         "modalities": {m.name: {"kind": m.kind, "tokenizer": get_modality(m.name).tokenizer,
                                 "metric": get_modality(m.name).metric} for m in args.modalities},
-        "tokenizers_uri": tokenizers_uri,
-        "pretokenized_uri": pretokenized_uri,
+        "tokenizers_uri": relative_uri(output.uri, tokenizers_uri),
+        "pretokenized_uri": relative_uri(output.uri, pretokenized_uri),
         "text_special_ids": text_special_ids,
         "step": step,
         "parameters": int(sum(t.numel() for t in state.values())),
     }
     with tempfile.TemporaryDirectory(prefix="fourm-export-") as tmp:
         path = Path(tmp) / "model.safetensors"
-        save_file(state, str(path), metadata={"format": FORMAT})
+        save_file(state, str(path), metadata={"format": FORMAT})  # one entry: more would be written in hash order
         output.put_file(WEIGHTS, path)
     output.put_bytes(CARD, json.dumps(card, indent=2, sort_keys=True).encode())
     return card
 
 
 def load_model(uri: str | Store, device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
-    """``(model in eval mode on device, card)`` from a pretrain output URI."""
+    """``(model in eval mode on device, card)`` from a pretrain output URI; the card's ``tokenizers_uri`` and
+    ``pretokenized_uri`` resolved to URIs."""
     from fourm_kfp.contract.manifest import require_manifest
     from fourm_kfp.model.fourm import FourM
 
@@ -78,6 +81,8 @@ def load_model(uri: str | Store, device: str | torch.device = "cpu") -> tuple[nn
     card = json.loads(store.get_bytes(CARD))
     if card.get("format") != FORMAT:
         raise ValueError(f"{store.uri_of(CARD)}: format {card.get('format')!r}, expected {FORMAT!r}")
+    for key in ("tokenizers_uri", "pretokenized_uri"):
+        card[key] = resolve_uri(store.uri, card[key])
     model = FourM(args_from_dict(card["args"]))
     with tempfile.TemporaryDirectory(prefix="fourm-model-") as tmp:
         store.get_file(WEIGHTS, Path(tmp) / "model.safetensors")

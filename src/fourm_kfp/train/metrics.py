@@ -71,16 +71,22 @@ class TrackerSink:
         pass
 
 
+#: What :class:`Throughput` measures: wall-clock dependent, so never written into a content-addressed output.
+TIMING_KEYS = frozenset({"tokens_per_s", "step_s", "eta_s", "mfu"})
+
+
 class JsonLinesSink:
     """Lines ``{"step": s, ...}`` kept in memory and written to ``store/key`` on :meth:`flush` and :meth:`close`
-    (small: one line per log step)."""
+    (small: one line per log step). The file is part of the stage's output, so wall-clock measures
+    (:data:`TIMING_KEYS`) stay out of it: they go to the console and MLflow."""
 
     def __init__(self, store: Any, key: str):
         self.store, self.key = store, key
         self.lines: list[str] = []
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
-        self.lines.append(json.dumps({"step": step, **values}, sort_keys=True))
+        kept = {k: v for k, v in values.items() if k not in TIMING_KEYS}
+        self.lines.append(json.dumps({"step": step, **kept}, sort_keys=True))
 
     def flush(self) -> None:
         self.store.put_text(self.key, "\n".join(self.lines) + ("\n" if self.lines else ""))

@@ -27,7 +27,7 @@ from fourm_kfp.train import curves
 from fourm_kfp.train.build import TrainingInputs, loader_args, masking_args, modality_specs, model_args
 from fourm_kfp.train.checkpoint import CheckpointManager, complete_checkpoints, find_checkpoint
 from fourm_kfp.train.export import export_model, full_state_dict
-from fourm_kfp.train.hardware import peak_flops, resolve_precision, training_device
+from fourm_kfp.train.hardware import peak_flops, resolve_precision, training_device, training_nondeterminism
 from fourm_kfp.train.metrics import ConsoleSink, JsonLinesSink, MetricWriter, TrackerSink
 from fourm_kfp.train.optimizer import Schedule, build_optimizer, peak_learning_rate
 from fourm_kfp.train.step import StepSettings, autocast
@@ -163,7 +163,7 @@ def pretrain(ctx: StageContext) -> StageResult:
     sample_batches = TokenLoader(loader_cfg).batches()
     train_sample = [next(sample_batches) for _ in range(max(4, 256 // micro))]
     marginal = marginal_losses(train_sample, val, args.names, [s.vocab_size for s in specs])
-    report = _report(trainer, writer, marginal, card, state, steps, resumed)
+    report = _report(trainer, marginal, card, state, steps)
     ctx.write_report("pretrain_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
     ctx.write_report("pretrain_report.md", _markdown(report).encode())
     ctx.write_report("training_curves.png", _curves(writer.history, trainer.val_history, marginal))
@@ -171,10 +171,10 @@ def pretrain(ctx: StageContext) -> StageResult:
     if card["parameters"] * 4 <= MAX_MLFLOW_MODEL_BYTES:  # larger models stay in the store; the card has the URI
         ctx.tracker.log_artifact("model/model.safetensors", ctx.output.get_bytes("model/model.safetensors"))
     metrics = {"steps": float(state.step), "tokens": float(state.tokens), "skipped_steps": float(state.skipped),
-               "replica_divergence": divergence,
+               "replica_divergence": divergence, "resumed": float(resumed), **_throughput(writer),
                **{k.replace("/", "."): v for k, v in trainer.val_history[-1].items() if k != "step"}}
     return StageResult(counts={"steps": state.step, "parameters": card["parameters"], "modalities": list(args.names)},
-                       metrics=metrics)
+                       metrics=metrics, nondeterminism=training_nondeterminism(device))
 
 
 def replica_divergence(model: torch.nn.Module) -> float:
@@ -219,8 +219,7 @@ def _init_weights(model: FourM, uri: str) -> None:
              len(own) - len(usable))
 
 
-def _report(trainer: Trainer, writer: MetricWriter, marginal: dict[str, float], card: dict, state: Any,
-            steps: int, resumed: bool) -> dict[str, Any]:
+def _report(trainer: Trainer, marginal: dict[str, float], card: dict, state: Any, steps: int) -> dict[str, Any]:
     first, last = trainer.val_history[0], trainer.val_history[-1]
     per_modality = {}
     for name in card["modalities"]:
@@ -229,19 +228,23 @@ def _report(trainer: Trainer, writer: MetricWriter, marginal: dict[str, float], 
             per_modality[name] = {"val_loss_start": first.get(key), "val_loss_end": last[key],
                                   "val_accuracy_end": last.get(f"val/accuracy/{name}"),
                                   "marginal_loss": marginal.get(name)}
-    train_lines = [h for h in writer.history if "tokens_per_s" in h]
     return {"steps": state.step, "planned_steps": steps, "tokens": state.tokens, "samples": state.samples,
-            "skipped_steps": state.skipped, "resumed": resumed, "parameters": card["parameters"],
-            "modalities": per_modality, "val_history": trainer.val_history,
-            "tokens_per_s": float(np.mean([h["tokens_per_s"] for h in train_lines[1:]] or [math.nan])),
-            "mfu": float(np.mean([h.get("mfu", math.nan) for h in train_lines[1:]] or [math.nan]))}
+            "skipped_steps": state.skipped, "parameters": card["parameters"],
+            "modalities": per_modality, "val_history": trainer.val_history}
+
+
+def _throughput(writer: MetricWriter) -> dict[str, float]:
+    """Mean tokens/s and MFU of the logged intervals after the first (which includes start-up): wall-clock
+    measures, so they go to the manifest and MLflow, never into the report files."""
+    lines = [h for h in writer.history if "tokens_per_s" in h][1:]
+    return {"tokens_per_s": float(np.mean([h["tokens_per_s"] for h in lines] or [math.nan])),
+            "mfu": float(np.mean([h.get("mfu", math.nan) for h in lines] or [math.nan]))}
 
 
 def _markdown(report: dict[str, Any]) -> str:
     lines = ["# pretrain", "",
              f"{report['steps']} steps, {report['tokens']:,} tokens, {report['parameters']:,} parameters, "
-             f"{report['tokens_per_s']:.0f} tokens/s, MFU {report['mfu']:.1%}, skipped steps {report['skipped_steps']}"
-             + (" (resumed from a checkpoint)" if report["resumed"] else ""), "",
+             f"skipped steps {report['skipped_steps']} (throughput: the stage's MLflow run and manifest metrics)", "",
              "| modality | val loss at start | val loss at end | marginal (predict the token distribution) | "
              "end below marginal | val token accuracy |", "|---|---:|---:|---:|---|---:|"]
     for name, m in report["modalities"].items():
