@@ -219,3 +219,13 @@ def test_the_cli_reports_an_unreachable_store_in_one_line(tmp_path):
                           env=env, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("Error: create bucket s3://fourm-b/x at S3 endpoint http://127")
+
+
+def test_an_output_names_its_inputs_by_their_place_beside_it():
+    from fourm_kfp.storage import output_ref, resolve_uri
+
+    for root in ("/data/runs/demo", "s3://bucket/prefix"):
+        ref = output_ref(f"{root}/train-tokenizers/2db6f87ffb6749ee/")
+        assert ref == "../../train-tokenizers/2db6f87ffb6749ee"  # the same string in every store
+        assert resolve_uri(f"{root}/pretrain/f23e7ab42891697a", ref) == f"{root}/train-tokenizers/2db6f87ffb6749ee"
+    assert resolve_uri("/any/where", "s3://bucket/x/y") == "s3://bucket/x/y"  # a full URI stays as it is

@@ -65,6 +65,14 @@ def _split_uri(uri: str) -> tuple[str, str]:
     return "", os.path.abspath(uri)
 
 
+def output_ref(uri: str) -> str:
+    """How a stage output names another one (an input) in its payload: ``../../<stage>/<address>``, the other's
+    place beside it in a store laid out as ``<root>/<stage>/<address>``. The string is the same wherever the store
+    is, and when ``fourm-kfp verify`` recomputes the output in a scratch store (the manifest keeps the full URIs).
+    :func:`resolve_uri` ``(output_uri, ref)`` turns it back into a URI."""
+    return "../../" + "/".join(uri.rstrip("/").rsplit("/", 2)[-2:])
+
+
 def relative_uri(base: str, target: str) -> str:
     """``target`` as seen from ``base`` (``../../stage/address``) when both live in one store (the same bucket, or
     local disk), else ``target`` itself. Outputs record their inputs this way, so their bytes do not depend on

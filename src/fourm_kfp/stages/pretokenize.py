@@ -16,7 +16,7 @@ from typing import Any
 
 from fourm_kfp.contract import StageContext, StageResult, StageSpec
 from fourm_kfp.stages import prepare_data, train_tokenizers
-from fourm_kfp.storage import relative_uri
+from fourm_kfp.storage import output_ref
 
 log = logging.getLogger(__name__)
 DATA, TOKENIZERS = prepare_data.SPEC.name, train_tokenizers.SPEC.name
@@ -152,8 +152,8 @@ def run(ctx: StageContext) -> StageResult:
     cfg = ctx.config.pretokenize
     index = {
         "n_crops": cfg.n_crops, "image_size": ctx.config.data.image_size,
-        "tokenizers_uri": relative_uri(ctx.output.uri, ctx.inputs[TOKENIZERS].uri),
-        "data_uri": relative_uri(ctx.output.uri, ctx.inputs[DATA].uri),
+        "tokenizers_uri": output_ref(ctx.inputs[TOKENIZERS].uri),
+        "data_uri": output_ref(ctx.inputs[DATA].uri),
         "modalities": {token_name(m): {"vocab_size": plan["index"]["image"][m]["codebook_size"],
                                        "grid": [plan["index"]["image"][m]["grid_size"]] * 2,
                                        "dtype": stats["dtypes"][m]} for m in plan["image"]},

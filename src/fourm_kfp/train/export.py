@@ -20,7 +20,7 @@ from torch import nn
 
 from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.model.batch import ModalitySpec
-from fourm_kfp.storage import Store, open_store, relative_uri, resolve_uri
+from fourm_kfp.storage import Store, open_store, output_ref, resolve_uri
 
 FORMAT = "fourm-kfp-model/1"
 WEIGHTS = "model/model.safetensors"
@@ -49,15 +49,15 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 def export_model(state: dict[str, torch.Tensor], args: Any, output: Store, *, tokenizers_uri: str,
                  pretokenized_uri: str, text_special_ids: dict[str, int], step: int) -> dict[str, Any]:
     """Write the model's weights and card under ``output``; returns the card. The card names the tokenizers and
-    the pretokenized data relative to ``output`` (:func:`~fourm_kfp.storage.relative_uri`), so its bytes do not
+    the pretokenized data by their place beside ``output`` (:func:`~fourm_kfp.storage.output_ref`), so its bytes do not
     depend on where the store is; :func:`load_model` gives them back as URIs."""
     card = {
         "format": FORMAT,
         "args": args_to_dict(args),
         "modalities": {m.name: {"kind": m.kind, "tokenizer": get_modality(m.name).tokenizer,
                                 "metric": get_modality(m.name).metric} for m in args.modalities},
-        "tokenizers_uri": relative_uri(output.uri, tokenizers_uri),
-        "pretokenized_uri": relative_uri(output.uri, pretokenized_uri),
+        "tokenizers_uri": output_ref(tokenizers_uri),
+        "pretokenized_uri": output_ref(pretokenized_uri),
         "text_special_ids": text_special_ids,
         "step": step,
         "parameters": int(sum(t.numel() for t in state.values())),
