@@ -1,10 +1,13 @@
 """The model gate on real MLflow stores (no mocks): the first model is promoted, a better one takes over, a worse or
 within-margin one is refused (but becomes the candidate), lower-is-better metrics, NaN, a missing metric, a deleted
-champion, and the same flow against a real tracking server."""
+champion; with per-scene scores (the champion's reports/scene_scores.json read back from its run): better by noise
+is refused, clearly better is promoted, the margin applies to the interval, unpaired when the scenes differ, the
+point rule when the champion has no scene scores; and the same flow against a real tracking server."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import socket
@@ -14,10 +17,12 @@ import time
 import urllib.request
 import uuid
 
+import numpy as np
 import pytest
 
 from fourm_kfp.contract.lineage import _client
-from fourm_kfp.evaluation.model_gate import beats, champion_info, register_and_gate
+from fourm_kfp.evaluation import task_metrics as tm
+from fourm_kfp.evaluation.model_gate import SCENE_SCORES, beats, champion_info, register_and_gate, scene_scores
 
 LINEAGE = {"data.uri": "s3://bucket/prepare-data/123", "pipeline_run_id": "p1"}
 
@@ -60,7 +65,11 @@ def test_first_promoted_better_takes_over_worse_refused(tracking, name):
 
     better = _gate(tracking, name, 0.60)  # +20% > 10% margin
     assert better.promoted and better.champion_version == "1" and better.champion_value == pytest.approx(0.5)
-    assert better.reason == "score 0.6 beats champion v1 (0.5) by 20% (margin 10%, higher is better)"
+    # Without per-scene scores the point rule decides, and the reason says so.
+    assert better.reason == ("score 0.6 beats champion v1 (0.5) by 20% (margin 10%, higher is better); point rule, "
+                             "no bootstrap: the candidate has no per-scene scores of score")
+    assert better.comparison == "point" and better.interval_low is None
+    assert better.difference == pytest.approx(0.1) and better.required == pytest.approx(0.05)
     assert _alias(tracking, name, "champion") == "2" == _alias(tracking, name, "candidate")
 
     within = _gate(tracking, name, 0.63)  # +5%: better, but not by the margin
@@ -138,6 +147,109 @@ def test_twice_the_same_model(tracking, name):
     first, second = _gate(tracking, name, 0.5), _gate(tracking, name, 0.5)
     assert (first.version, second.version) == ("1", "2") and first.promoted and not second.promoted
     assert champion_info(tracking, name)["version"] == "1" and _alias(tracking, name, "candidate") == "2"
+
+
+# -- with per-scene scores ----------------------------------------------------------------------------------------
+
+METRIC = "rgb-to-caption.object_f1"
+
+
+def _scores(hits, keys=None) -> tuple[float, dict]:
+    """One object per scene, predicted (``hit``) or not: the micro F1 over the scenes is the fraction of hits. The
+    metric's value and the scene-scores document of an evaluation that scored it."""
+    hits = np.asarray(hits, dtype=bool)
+    objects = ["a small red cube"] * len(hits)
+    stats = tm.caption_stats(["a small red cube" if h else "a small blue cube" for h in hits], objects)
+    keys = keys or [f"scene-{i:04d}" for i in range(len(hits))]
+    return stats.whole()["object_f1"], scene_scores({"rgb-to-caption.": (keys, stats)})
+
+
+@pytest.fixture(scope="module")
+def experiment(tracking, tmp_path_factory) -> str:
+    """An experiment whose artifacts live in the test's folder (not ./mlruns)."""
+    client = _client(tracking)
+    return client.create_experiment("scene-scores", artifact_location=tmp_path_factory.mktemp("artifacts").as_uri())
+
+
+def _evaluated(tracking: str, experiment: str, name: str, hits, *, keys=None, margin: float = 0.0,
+               log_scores: bool = True):
+    """Gate one evaluation the way the evaluate stage does: its run holds reports/scene_scores.json."""
+    value, doc = _scores(hits, keys)
+    client = _client(tracking)
+    run_id = client.create_run(experiment).info.run_id
+    if log_scores:
+        client.log_text(run_id, json.dumps(doc), SCENE_SCORES)
+    return register_and_gate(tracking, model_name=name, model_uri="s3://bucket/pretrain/x", run_id=run_id,
+                             metrics={METRIC: value}, primary_metric=METRIC, higher_is_better=True, margin=margin,
+                             lineage={}, scene_scores=doc)
+
+
+CHAMPION_HITS = np.random.default_rng(0).random(200) < 0.5  # the champion gets about half the scenes right
+
+
+def test_better_by_noise_is_refused_clearly_better_is_promoted(tracking, experiment, name):
+    assert _evaluated(tracking, experiment, name, CHAMPION_HITS).promoted  # no champion yet
+    noisy = CHAMPION_HITS.copy()
+    noisy[np.flatnonzero(~CHAMPION_HITS)[:6]] = True  # six scenes fixed, two broken: +2% (4 of 200 scenes)
+    noisy[np.flatnonzero(CHAMPION_HITS)[:2]] = False
+    gain = noisy.mean() - CHAMPION_HITS.mean()
+    assert gain == pytest.approx(0.02) and beats(noisy.mean(), CHAMPION_HITS.mean(), True, 0.0)  # point rule: yes
+    refused = _evaluated(tracking, experiment, name, noisy)
+    assert not refused.promoted and refused.comparison == "paired bootstrap" and refused.resamples == 1000
+    assert refused.difference == pytest.approx(gain) and refused.interval_low <= 0 < refused.interval_high
+    assert "does not beat champion v1" in refused.reason and "paired bootstrap over the same 200" in refused.reason
+    assert _alias(tracking, name, "champion") == "1"
+
+    clearly = CHAMPION_HITS.copy()
+    clearly[np.flatnonzero(~CHAMPION_HITS)[:50]] = True  # every hit kept, 50 misses fixed: +25%
+    promoted = _evaluated(tracking, experiment, name, clearly)
+    assert promoted.promoted and promoted.champion_version == "1" and promoted.interval_low > 0
+    assert promoted.interval_low <= promoted.difference <= promoted.interval_high
+    assert _alias(tracking, name, "champion") == "3"
+    assert _client(tracking).get_model_version(name, "3").tags["fourm.gate_reason"] == promoted.reason
+
+
+def test_the_margin_applies_to_the_lower_bound(tracking, experiment, name):
+    champion = np.arange(200) < 100  # F1 0.5
+    better = champion | ((np.arange(200) >= 100) & (np.arange(200) < 130))  # 30 more scenes right: 0.65
+    _evaluated(tracking, experiment, name, champion)
+    # +30%: the point rule with a 25% margin would promote (0.65 >= 0.625), but the interval's lower bound
+    # (about 0.15 - 2 x 0.025) is below 0.125.
+    assert beats(0.65, 0.5, True, 0.25)
+    strict = _evaluated(tracking, experiment, name, better, margin=0.25)
+    assert not strict.promoted and strict.required == pytest.approx(0.125)
+    assert 0 < strict.interval_low < 0.125 and strict.difference == pytest.approx(0.15)
+    lenient = _evaluated(tracking, experiment, name, better, margin=0.1)  # needs a lower bound above 0.05
+    assert lenient.promoted and lenient.interval_low > 0.05 and lenient.required == pytest.approx(0.05)
+
+
+def test_unpaired_when_the_scenes_differ(tracking, experiment, name):
+    _evaluated(tracking, experiment, name, CHAMPION_HITS)
+    other_keys = [f"other-{i}" for i in range(150)]
+    same = _evaluated(tracking, experiment, name, CHAMPION_HITS[:150], keys=other_keys)
+    assert same.comparison == "unpaired bootstrap" and not same.promoted
+    assert "unpaired bootstrap: the candidate's 150 val scenes and the champion's 200" in same.reason
+    # The same scene keys in another order are paired (matched by key, not by position): the same scores tie.
+    _, doc = _scores(CHAMPION_HITS)
+    shuffled = np.random.default_rng(1).permutation(200)
+    reordered = _evaluated(tracking, experiment, name, CHAMPION_HITS[shuffled],
+                           keys=[doc["groups"][0]["keys"][i] for i in shuffled])
+    assert reordered.comparison == "paired bootstrap" and not reordered.promoted
+    assert reordered.difference == reordered.interval_low == reordered.interval_high == 0
+    far_better = _evaluated(tracking, experiment, name, np.ones(150, bool), keys=other_keys)
+    assert far_better.promoted and far_better.comparison == "unpaired bootstrap" and far_better.interval_low > 0
+
+
+def test_champion_without_scene_scores_falls_back_to_the_point_rule(tracking, experiment, name):
+    _evaluated(tracking, experiment, name, CHAMPION_HITS, log_scores=False)  # an older version: no artifact
+    noisy = CHAMPION_HITS.copy()
+    noisy[np.flatnonzero(~noisy)[:3]] = True  # three more hits: better by the point rule
+    decision = _evaluated(tracking, experiment, name, noisy)
+    assert decision.promoted and decision.comparison == "point" and decision.interval_low is None
+    assert decision.reason.endswith(f"point rule, no bootstrap: champion v1 has no per-scene scores of {METRIC} "
+                                    f"({SCENE_SCORES})")
+    # The new champion has scene scores: the next candidate is bootstrapped against them.
+    assert _evaluated(tracking, experiment, name, noisy).comparison == "paired bootstrap"
 
 
 def _server_missing() -> str | None:

@@ -55,6 +55,23 @@ def test_forward_gives_a_finite_loss_per_present_modality(model):
     assert hidden.shape == (3, 9, 32) and model.logits(hidden, "caption").shape == (3, 9, 50)
 
 
+def test_per_sample_sums_add_up_to_the_same_loss(model):
+    batch = random_batch()
+    plain, out = model(batch, with_accuracy=True), model(batch, with_accuracy=True, per_sample=True)
+    assert plain.sample_sums == {} and torch.allclose(out.loss, plain.loss, atol=1e-6)
+    hidden = model.decode(model.encode(batch), batch)
+    for name, slots in (("depth", slice(0, 3)), ("caption", slice(3, 7))):
+        sums = out.sample_sums[name]
+        assert sums.shape == (3, 3) and sums[:, 2].tolist() == [slots.stop - slots.start] * 3
+        assert torch.allclose(sums[:, 0].sum() / sums[:, 2].sum(), plain.modality_losses[name], atol=1e-6)
+        assert torch.allclose(sums[:, 1].sum() / sums[:, 2].sum(), plain.modality_accuracy[name])
+        for i in range(3):  # each sample's own tokens, worked out from the decoder states
+            logits = model.logits(hidden[i, slots], name).float()
+            expected = torch.nn.functional.cross_entropy(logits, batch.dec_targets[i, slots], reduction="sum")
+            assert torch.allclose(sums[i, 0], expected, atol=1e-5)
+            assert sums[i, 1] == (logits.argmax(-1) == batch.dec_targets[i, slots]).sum()
+
+
 def test_decoder_self_attention_stays_within_a_modality(model):
     base = random_batch()
     other = random_batch()

@@ -1,11 +1,14 @@
-"""The evaluate stage on a smoke model: every task scored beside its ceiling and baseline, reports written, the
-model registered and gated in MLflow; a second evaluation of another model is gated against the first; a
-real-data model (rgb + caption) gets only the tasks that make sense; `fourm-kfp generate` writes images and text."""
+"""The evaluate stage on a smoke model: every task scored beside its ceiling and baseline with a bootstrap interval,
+reports written, the model registered and gated in MLflow; a second evaluation is gated against the first's
+per-scene scores; the payload is byte-identical in another run folder; a real-data model (rgb + caption) gets only
+the tasks that make sense; `fourm-kfp generate` writes images and text."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +19,9 @@ from PIL import Image
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract import lineage, run_stage
 from fourm_kfp.data.shard_stream import iter_split
+from fourm_kfp.evaluation.model_gate import SCENE_SCORES
 from fourm_kfp.stages import get_stage
-from fourm_kfp.storage import open_store
+from fourm_kfp.storage import open_store, resolve_uri
 
 BIN = Path(sys.executable).parent
 TASKS = ["rgb-to-depth", "rgb-to-normal", "rgb-to-semseg", "rgb-to-det", "rgb-to-caption", "caption-to-rgb"]
@@ -40,38 +44,92 @@ def _evaluate(root, store, config, **kwargs):
 
 
 def test_evaluate_scores_every_task_with_references_and_gates_the_model(smoke):
-    root, store, config, _ = smoke
+    root, store, config, uris = smoke
     outcome, tracking = _evaluate(root, store, config)
     output = open_store(outcome.output_uri)
     report = json.loads(output.get_bytes("evaluation.json"))
     assert [t["task"] for t in report["tasks"]] == TASKS
+    assert "seconds" not in report and "gate" not in report  # timings: the manifest; the gate: run records
+    assert resolve_uri(outcome.output_uri, report["model_uri"]) == uris["pretrain"]
+    assert not report["model_uri"].startswith("/")  # store-relative
+    val_keys = None
     for task in report["tasks"]:
         for side in ("model", "ceiling", "baseline"):
             assert task["primary"] in task[side], (task["task"], side)
+        assert task["resamples"] == 1000 and task["confidence"] == 0.95
+        if math.isfinite(task["interval_low"]):
+            assert task["interval_low"] <= task["difference"] <= task["interval_high"]
+        assert task["beats_baseline"] == (task["interval_low"] > 0)
+        sign = 1 if task["higher_is_better"] else -1
+        primary = task["primary"]
+        assert task["difference"] == pytest.approx(sign * (task["model"][primary] - task["baseline"][primary]))
+        scenes = task["scene_scores"]
+        assert set(scenes) == {"model", "baseline"} and len(scenes["model"]) == report["num_samples"]
+        assert list(scenes["model"]) == list(scenes["baseline"])
+        val_keys = val_keys or list(scenes["model"])
+        assert list(scenes["model"]) == val_keys  # every task on the same val scenes, keyed by scene key
+    assert report["tasks_beating_baseline"] == sum(t["beats_baseline"] for t in report["tasks"])
     # The tokenizer ceiling of the text tasks is the text's own round trip: near perfect.
     caption = next(t for t in report["tasks"] if t["task"] == "rgb-to-caption")
     assert caption["ceiling"]["object_f1"] > 0.9
     assert set(report["masked"]) >= {"rgb", "depth", "caption", "all"}
-    for name in ("evaluation_report.md", "evaluation_report.html", "grid_rgb-to-depth.png", "grid_caption-to-rgb.png"):
+    for name in ("evaluation_report.md", "evaluation_report.html", "grid_rgb-to-depth.png", "grid_caption-to-rgb.png",
+                 "scene_scores.json", "model_gate.md"):
         assert output.exists(f"reports/{name}"), name
     assert "data:image/png;base64," in output.get_text("reports/evaluation_report.html")
+    markdown = output.get_text("reports/evaluation_report.md")
+    assert "difference [95% interval]" in markdown and "| rgb-to-depth | abs_rel ↓ |" in markdown
+    assert "Model gate" not in markdown and "Model gate" not in output.get_text("reports/evaluation_report.html")
     gate = json.loads(output.get_bytes("gate.json"))
     assert gate["promoted"] and gate["version"] == "1" and "no champion" in gate["reason"]
+    assert gate["comparison"] == "none"
+    assert "**promoted to champion**" in output.get_text("reports/model_gate.md")
     assert outcome.metrics["val.loss"] == pytest.approx(report["masked"]["all"]["loss"])
+    assert outcome.metrics["promoted"] == 1.0
+    assert get_stage("evaluate").run_records == ("gate.json", "reports/model_gate.md")
+
+    # The per-scene statistics: in the output and as an artifact of the evaluate run (where the next gate reads them).
+    scores = json.loads(output.get_bytes("reports/scene_scores.json"))
+    groups = {g["prefix"]: g for g in scores["groups"]}
+    assert set(groups) == {""} | {f"{t}." for t in TASKS} and groups["rgb-to-depth."]["keys"] == val_keys
+    assert len(groups[""]["keys"]) == len(groups[""]["stats"]["sums"]) > 0  # masked modeling: the val batches
 
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking)
     version = client.get_model_version_by_alias("fourm-smoke", "champion")
-    assert str(version.version) == "1" and version.tags["fourm.pretrain.uri"] == report["model_uri"]
+    assert str(version.version) == "1" and version.tags["fourm.pretrain.uri"] == uris["pretrain"]
     assert str(client.get_model_version_by_alias("fourm-smoke", "candidate").version) == "1"
+    logged = Path(client.download_artifacts(version.run_id, SCENE_SCORES, str(root / "downloaded")))
+    assert logged.read_bytes() == output.get_bytes("reports/scene_scores.json")
 
-    # Another evaluation (forced) of the same model cannot beat the champion by the margin: refused.
+    # Another evaluation (forced) of the same model ties the champion on every scene: refused, with confidence.
     again, _ = _evaluate(root, store, config, force=True)
-    gate = json.loads(open_store(again.output_uri).get_bytes("gate.json"))
+    again_output = open_store(again.output_uri)
+    gate = json.loads(again_output.get_bytes("gate.json"))
     assert not gate["promoted"] and gate["version"] == "2" and gate["champion_version"] == "1"
+    assert gate["comparison"] == "paired bootstrap" and gate["difference"] == 0.0
+    assert gate["interval_low"] == gate["interval_high"] == 0.0 and gate["resamples"] == 1000
+    assert "not promoted" in again_output.get_text("reports/model_gate.md")
     assert str(client.get_model_version_by_alias("fourm-smoke", "champion").version) == "1"
     assert str(client.get_model_version_by_alias("fourm-smoke", "candidate").version) == "2"
+
+
+def test_the_payload_is_byte_identical_in_another_run_folder(smoke, tmp_path):
+    """The same inputs in a fresh run folder (another store root, another MLflow store): evaluation.json, the
+    reports and the scene scores are the same bytes; only the run records differ."""
+    root, store, config, _ = smoke
+    first, _ = _evaluate(root, store, config)
+    shutil.copytree(root / "store", tmp_path / "store", ignore=shutil.ignore_patterns("evaluate"))
+    copy = open_store(str(tmp_path / "store"))
+    second, _ = _evaluate(tmp_path, copy, config)
+    assert second.status == "ran" and second.output_uri != first.output_uri
+    a, b = open_store(first.output_uri), open_store(second.output_uri)
+    payload = ["evaluation.json"] + [k for k in a.list("reports") if k != "reports/model_gate.md"]
+    assert "reports/evaluation_report.md" in payload and "reports/scene_scores.json" in payload
+    for key in payload:
+        assert a.get_bytes(key) == b.get_bytes(key), key
+    assert json.loads(b.get_bytes("gate.json"))["promoted"]  # a new registry: no champion there
 
 
 def test_generate_command_writes_images_and_text(smoke, tmp_path):
@@ -106,4 +164,6 @@ def test_real_data_gets_the_tasks_that_make_sense(tmp_path, photo_config):
     assert task["ceiling"]["word_f1"] > 0.8  # the round trip loses only words unknown to the tokenizer ("10")
     assert any(s.startswith("caption-to-rgb (no semseg") for s in report["tasks_skipped"])
     assert set(report["masked"]) == {"rgb", "caption", "all"}
-    assert report["gate"] is None and "not registered" in report["gate_skipped"]
+    output = open_store(outcome.output_uri)
+    assert "not registered" in json.loads(output.get_bytes("gate.json"))["skipped"]
+    assert "not registered" in output.get_text("reports/model_gate.md")

@@ -1,16 +1,19 @@
 """The ``evaluate`` stage's body: masked-modeling loss, cross-modal tasks with references, report, model gate.
 
 Reads the model by URI (the pretrain output), its tokenizers, the pretokenized val split (the model's inputs) and
-the prepared val split (exact ground truth). Writes ``evaluation.json`` (every number), the reports, and
-``gate.json`` (registered version, promoted or not and why) so CI retraining can act on the outcome.
+the prepared val split (exact ground truth). Writes the payload -- ``evaluation.json`` (every number, the per-scene
+primary scores and the bootstrap intervals against the baseline), ``reports/scene_scores.json`` (the per-scene
+statistics of every metric the gate can use; also an artifact of the stage's MLflow run, where a later gate reads
+the champion's), the Markdown/HTML report and grids -- a function of the inputs alone, byte for byte (no timings,
+the model as a store-relative reference, no registry outcome). What the run did outside its output are run records
+(``SPEC.run_records``): ``gate.json`` (registered version, promoted or not and why, so CI retraining can act on
+the outcome) and ``reports/model_gate.md``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
-import time
 from dataclasses import asdict
 from typing import Any
 
@@ -21,11 +24,14 @@ from fourm_kfp.config.schema import to_dict
 from fourm_kfp.contract import StageContext, StageResult
 from fourm_kfp.data.pretokenized import decode_member, token_name
 from fourm_kfp.data.shard_stream import available_modalities, iter_split
+from fourm_kfp.evaluation import task_metrics as tm
 from fourm_kfp.evaluation.any_to_any import AnyToAny
-from fourm_kfp.evaluation.report import report_html, report_markdown, task_grid
+from fourm_kfp.evaluation.model_gate import scene_scores
+from fourm_kfp.evaluation.report import gate_markdown, report_html, report_markdown, task_grid
 from fourm_kfp.evaluation.tasks import Baselines, Scenes, TaskResult, run_task, split_task
 from fourm_kfp.model.generation import SamplingArgs
 from fourm_kfp.progress import progress
+from fourm_kfp.storage import relative_uri
 
 log = logging.getLogger("fourm_kfp.evaluate")
 PREPARED, TOKENIZERS, PRETOKENIZED, PRETRAIN = "prepare-data", "train-tokenizers", "pretokenize", "pretrain"
@@ -79,34 +85,53 @@ def runnable_tasks(requested: tuple[str, ...], scenes: Scenes, modalities: list[
     return run, skipped
 
 
-def masked_modeling(ctx: StageContext, engine: AnyToAny) -> dict[str, dict[str, float]]:
-    """Loss and token accuracy per modality on the val split, with train's budgets and seed (as pretrain does)."""
+def masked_modeling(ctx: StageContext, engine: AnyToAny) -> tuple[list[str], tm.SceneStats]:
+    """Loss and token accuracy per modality on the val split, with train's budgets and seed (the batches pretrain
+    validates on): the val sample keys and their per-sample statistics (:func:`task_metrics.masked_stats`)."""
     from fourm_kfp.data.token_loader import validation_batches
     from fourm_kfp.train.build import TrainingInputs, loader_args, masking_args
-    from fourm_kfp.train.pretraining import masked_modeling_validator
+    from fourm_kfp.train.step import autocast
 
     cfg = ctx.config
     inputs = TrainingInputs.read(ctx.inputs[PRETOKENIZED].uri, ctx.inputs[TOKENIZERS].uri)
     specs = engine.model.args.modalities
     masking = masking_args(cfg, specs, inputs)
     loader = loader_args(cfg, inputs, masking, cfg.evaluate.batch_size, 0, 1, pin_memory=False)
-    batches = validation_batches(loader, cfg.evaluate.masked_batches)
     dtype = torch.bfloat16 if engine.device.type == "cuda" else None
-    values = masked_modeling_validator(batches, engine.device, dtype, engine.model.args.names)(engine.model)
-    out = {name: {"loss": values[f"val/loss/{name}"], "accuracy": values[f"val/accuracy/{name}"]}
-           for name in engine.model.args.names if f"val/loss/{name}" in values}
-    out["all"] = {"loss": values["val/loss"],
-                  "accuracy": float(np.mean([v["accuracy"] for v in out.values()])) if out else math.nan}
+    names = engine.model.args.names
+    keys, rows = [], []
+    with torch.no_grad():
+        for batch in validation_batches(loader, cfg.evaluate.masked_batches):
+            with autocast(engine.device, dtype):
+                out = engine.model(batch.to(engine.device), per_sample=True)
+            empty = torch.zeros(batch.batch_size, 3)
+            rows.append(torch.stack([out.sample_sums[n].float().cpu() if n in out.sample_sums else empty
+                                     for n in names], 1).double().numpy())
+            keys += batch.keys
+    return keys, tm.masked_stats(names, np.concatenate(rows) if rows else np.zeros((0, len(names), 3)))
+
+
+def masked_summary(stats: tm.SceneStats) -> dict[str, dict[str, float]]:
+    """``{modality: {"loss", "accuracy"}, "all": ...}`` over the modalities with target tokens."""
+    values = stats.whole()
+    names = [name.removeprefix("val.loss.") for name in values if name.startswith("val.loss.")]
+    out = {name: {"loss": values[f"val.loss.{name}"], "accuracy": values[f"val.accuracy.{name}"]}
+           for name in names if np.isfinite(values[f"val.loss.{name}"])}
+    out["all"] = {"loss": values["val.loss"], "accuracy": values["val.accuracy"]}
     return out
+
+
+def _json(value: Any, **kwargs: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, default=float, **kwargs).encode()
 
 
 def evaluate(ctx: StageContext) -> StageResult:
     cfg = ctx.config.evaluate
-    started = time.perf_counter()
     model_uri = ctx.inputs[PRETRAIN].uri
     engine = AnyToAny(model_uri, tokenizers_uri=ctx.inputs[TOKENIZERS].uri)
     log.info("evaluate: model %s (%s) on %s", model_uri, ", ".join(engine.modalities), engine.device)
-    masked = masked_modeling(ctx, engine)
+    masked_keys, masked_stats = masked_modeling(ctx, engine)
+    masked = masked_summary(masked_stats)
     scenes = load_scenes(engine, ctx.inputs[PREPARED].store, ctx.inputs[PRETOKENIZED].store, cfg.num_samples)
     tasks, skipped = runnable_tasks(cfg.tasks, scenes, engine.modalities)
     if skipped:
@@ -119,8 +144,10 @@ def evaluate(ctx: StageContext) -> StageResult:
         results.append(run_task(engine, scenes, task, baselines, sampling, cfg.seed, cfg.batch_size,
                                 cfg.grid_samples))
         r = results[-1]
-        log.info("evaluate %s: %s %.4f (ceiling %.4f, baseline %.4f)%s", task, r.primary, r.metrics[r.primary],
-                 r.ceiling[r.primary], r.baseline[r.primary], "" if r.beats_baseline else " — not above baseline")
+        log.info("evaluate %s: %s %.4f (ceiling %.4f, baseline %.4f; difference %+.4f, 95%% interval "
+                 "[%+.4f, %+.4f])%s", task, r.primary, r.metrics[r.primary], r.ceiling[r.primary],
+                 r.baseline[r.primary], r.difference, r.interval_low, r.interval_high,
+                 "" if r.beats_baseline else " — not above the baseline with confidence")
 
     metrics = {f"val.loss.{m}" if m != "all" else "val.loss": v["loss"] for m, v in masked.items()}
     metrics |= {f"val.accuracy.{m}" if m != "all" else "val.accuracy": v["accuracy"] for m, v in masked.items()}
@@ -130,28 +157,34 @@ def evaluate(ctx: StageContext) -> StageResult:
         metrics |= {f"{r.task}.baseline.{k}": v for k, v in r.baseline.items()}
     metrics["tasks_beating_baseline"] = float(sum(r.beats_baseline for r in results))
     report: dict[str, Any] = {
-        "model_uri": model_uri, "step": engine.card.get("step"), "num_samples": len(scenes),
-        "sampling": asdict(sampling), "masked": masked, "tasks": [r.to_dict() for r in results],
-        "tasks_skipped": skipped, "tasks_beating_baseline": int(metrics["tasks_beating_baseline"]),
-        "metrics": metrics, "seconds": time.perf_counter() - started,
+        "model_uri": relative_uri(ctx.output.uri, model_uri), "step": engine.card.get("step"),
+        "num_samples": len(scenes), "sampling": asdict(sampling), "masked": masked,
+        "tasks": [r.to_dict() for r in results], "tasks_skipped": skipped,
+        "tasks_beating_baseline": int(metrics["tasks_beating_baseline"]), "metrics": metrics,
     }
     grids = {r.task: task_grid(r.examples) for r in results}
-    report["gate"], report["gate_skipped"] = _gate(ctx, model_uri, metrics)
-    if report["gate"]:
-        metrics["promoted"] = float(report["gate"]["promoted"])
-    ctx.output.put_bytes("evaluation.json", json.dumps(report, indent=2, sort_keys=True, default=float).encode())
-    ctx.output.put_bytes("gate.json", json.dumps(report["gate"] or {"skipped": report["gate_skipped"]},
-                                                 indent=2).encode())
+    scores = scene_scores({"": (masked_keys, masked_stats)} | {f"{r.task}.": (r.scene_keys, r.model_stats)
+                                                                for r in results})
+    ctx.output.put_bytes("evaluation.json", _json(report, indent=2))
+    ctx.write_report("scene_scores.json", _json(scores, separators=(",", ":")))
     for task, png in grids.items():
         if png:
             ctx.write_report(f"grid_{task}.png", png)
     ctx.write_report("evaluation_report.md", report_markdown(report).encode())
     ctx.write_report("evaluation_report.html", report_html(report, grids).encode())
+
+    gate, gate_skipped = _gate(ctx, model_uri, metrics, scores)
+    ctx.output.put_bytes("gate.json", json.dumps(gate or {"skipped": gate_skipped}, indent=2).encode())
+    ctx.write_report("model_gate.md", gate_markdown(gate, gate_skipped).encode())
+    result_metrics = {k: float(v) for k, v in metrics.items() if np.isfinite(v)}
+    if gate:
+        result_metrics["promoted"] = float(gate["promoted"])
     return StageResult(counts={"val_scenes": len(scenes), "tasks": tasks, "tasks_skipped": skipped},
-                       metrics={k: float(v) for k, v in metrics.items() if np.isfinite(v)})
+                       metrics=result_metrics)
 
 
-def _gate(ctx: StageContext, model_uri: str, metrics: dict[str, float]) -> tuple[dict[str, Any] | None, str]:
+def _gate(ctx: StageContext, model_uri: str, metrics: dict[str, float],
+          scores: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """Register the model and apply the gate (needs an MLflow tracking store: lineage on)."""
     gate = ctx.config.evaluate.gate
     tracking = ctx.tracker.tracking_uri
@@ -167,7 +200,8 @@ def _gate(ctx: StageContext, model_uri: str, metrics: dict[str, float]) -> tuple
         lineage[f"{name}.manifest_digest"] = stage_input.digest
     decision = register_and_gate(tracking, model_name=gate.model_name, model_uri=model_uri,
                                  run_id=ctx.tracker.run_id, metrics=metrics, primary_metric=gate.metric,
-                                 higher_is_better=gate.higher_is_better, margin=gate.margin, lineage=lineage)
+                                 higher_is_better=gate.higher_is_better, margin=gate.margin, lineage=lineage,
+                                 scene_scores=scores)
     log.info("model gate: %s version %s %s — %s", decision.model_name, decision.version,
              "promoted to champion" if decision.promoted else "not promoted", decision.reason)
     return decision.to_dict(), ""

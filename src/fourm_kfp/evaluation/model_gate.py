@@ -10,10 +10,17 @@ later gate reads the champion's score from the registry alone, without looking u
 The version gets the alias ``candidate``, and takes the alias ``champion`` when
 
 * there is no champion yet, or the champion has no (finite) value of the primary metric, or
-* it beats the champion's value ``old`` by the relative ``margin``: higher is better: ``new >= old + margin*|old|``,
-  lower is better: ``new <= old - margin*|old|``, and strictly better in both cases (a tie never moves the
-  champion, even with ``margin=0``). ``|old|`` keeps the rule meaningful for negative scores; a champion scoring
-  exactly 0 is beaten by any strict improvement (a relative margin of 0 is 0).
+* it beats the champion's value ``old`` by the relative ``margin`` *with confidence*: the evaluate run stores the
+  per-scene statistics of its metrics (``reports/scene_scores.json``, an artifact of its MLflow run, see
+  :func:`scene_scores`); the gate downloads the champion's from the champion version's run and bootstraps the
+  improvement (signed: positive = better) over the val scenes (:mod:`fourm_kfp.evaluation.paired_bootstrap`) --
+  paired when both were scored on the same scene keys, unpaired otherwise. The candidate is promoted when the 95%
+  interval's lower bound is above ``margin*|old|`` (with ``margin=0``: the interval excludes zero; a tie never
+  moves the champion). ``|old|`` keeps the rule meaningful for negative scores.
+* When the champion has no scene scores (a version from before them, or registered without a run), or either side
+  lacks the metric's statistics, the point rule applies and the reason says so: higher is better:
+  ``new >= old + margin*|old|``, lower is better: ``new <= old - margin*|old|``, and strictly better in both cases;
+  a champion scoring exactly 0 is beaten by any strict improvement (a relative margin of 0 is 0).
 
 A non-finite score (NaN, inf) is registered but never promoted. The version is tagged ``fourm.gate``
 (``promoted``/``refused``) and ``fourm.gate_reason``. Aliases only move once the version exists, and MLflow drops a
@@ -35,15 +42,19 @@ Model version sources, as MLflow 3.17 treats them:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import tempfile
 import urllib.parse
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 from fourm_kfp.contract.lineage import _client, _quiet_warnings
-from fourm_kfp.evaluation.task_metrics import beats
+from fourm_kfp.evaluation import paired_bootstrap
+from fourm_kfp.evaluation.task_metrics import SceneStats, beats
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +63,10 @@ METRIC_TAG = "metric."
 TAG_PREFIX = "fourm."
 TAG_SOURCE, TAG_GATE, TAG_GATE_REASON = "fourm.source", "fourm.gate", "fourm.gate_reason"
 DESCRIPTION = "4M models pre-trained by fourm-kfp"
+#: The evaluate run's artifact with the per-scene statistics of its metrics.
+SCENE_SCORES = "reports/scene_scores.json"
+SCENE_SCORES_FORMAT = 1
+_PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
 @dataclass(frozen=True)
@@ -66,9 +81,62 @@ class GateDecision:
     value: float
     champion_version: str | None  # the previous champion (None if there was none)
     champion_value: float | None  # its primary metric (None if none, or it had none)
+    #: how the champion was compared: "paired bootstrap", "unpaired bootstrap", "point" (no scene scores to
+    #: bootstrap), or "none" (no champion to compare with, or a non-finite score)
+    comparison: str = "none"
+    #: the improvement over the champion (signed: positive = better) and its 95% bootstrap interval (None without
+    #: a bootstrap; ``difference`` is then the point difference, when there is a champion value)
+    difference: float | None = None
+    interval_low: float | None = None
+    interval_high: float | None = None
+    resamples: int | None = None
+    required: float | None = None  # what the lower bound (or, by the point rule, the difference) had to exceed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def scene_scores(groups: Mapping[str, tuple[Sequence[str], SceneStats]]) -> dict[str, Any]:
+    """The scene-scores document of an evaluation: per group (a metric-name prefix: ``""`` for the masked-modeling
+    metrics ``val.*``, ``"<task>."`` for a task's), the scene keys and the per-scene statistics of its metrics."""
+    return {"format": SCENE_SCORES_FORMAT,
+            "groups": [{"prefix": prefix, "keys": list(keys), "stats": stats.to_json()}
+                       for prefix, (keys, stats) in groups.items()]}
+
+
+def _scene_statistic(doc: Mapping[str, Any] | None,
+                     metric: str) -> tuple[list[str], paired_bootstrap.Statistic] | None:
+    """The scene keys and the bootstrap statistic of ``metric`` in a scene-scores document (None if it has none)."""
+    for group in (doc or {}).get("groups", []):
+        if metric.startswith(group["prefix"]):
+            stats = SceneStats.from_json(group["stats"])
+            name = metric[len(group["prefix"]):]
+            if name in stats.whole():
+                return list(group["keys"]), stats.statistic(name)
+    return None
+
+
+def _champion_scene_scores(client, champion) -> dict[str, Any] | None:
+    """The champion's scene-scores document, from its version's run (None if it has no run or no such
+    artifact)."""
+    from mlflow.exceptions import MlflowException
+
+    if not champion.run_id:
+        return None
+    bar = os.environ.get(_PROGRESS_BAR)
+    os.environ[_PROGRESS_BAR] = "false"  # one small file: no progress bar in the stage's log
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = client.download_artifacts(champion.run_id, SCENE_SCORES, tmp)
+            return json.loads(Path(path).read_text())
+    except (MlflowException, OSError) as error:
+        log.info("champion v%s: no %s in run %s (%s)", champion.version, SCENE_SCORES, champion.run_id, error)
+        return None
+    finally:
+        if bar is None:
+            os.environ.pop(_PROGRESS_BAR, None)
+        else:
+            os.environ[_PROGRESS_BAR] = bar
 
 
 def _is_local(uri: str) -> bool:
@@ -90,23 +158,73 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _decide(name: str, value: float, champion, higher: bool, margin: float) -> tuple[bool, str, float | None]:
-    """(promote?, reason, the champion's value)."""
+@dataclass(frozen=True)
+class _Verdict:
+    promoted: bool
+    reason: str
+    old: float | None = None
+    comparison: str = "none"
+    difference: float | None = None
+    interval: paired_bootstrap.Interval | None = None
+    required: float | None = None
+
+
+def _decide(name: str, value: float, champion, higher: bool, margin: float, candidate_scores, champion_scores
+            ) -> _Verdict:
+    """Apply the gate (module docstring). ``candidate_scores``: the candidate's scene-scores document (or None);
+    ``champion_scores``: ``champion -> its document or None``, called only when a bootstrap is possible."""
     if not math.isfinite(value):
-        return False, f"{name} is {value}, and a non-finite score is never promoted", None
+        return _Verdict(False, f"{name} is {value}, and a non-finite score is never promoted")
     if champion is None:
-        return True, f"no champion yet ({name} {_fmt(value)})", None
+        return _Verdict(True, f"no champion yet ({name} {_fmt(value)})")
     old = _float(champion.tags.get(METRIC_TAG + name))
     if not math.isfinite(old):
         lacks = "has no" if math.isnan(old) else f"has a non-finite ({old})"
-        return True, f"champion v{champion.version} {lacks} {name}; {name} {_fmt(value)} takes over", None
+        return _Verdict(True, f"champion v{champion.version} {lacks} {name}; {name} {_fmt(value)} takes over")
     direction = "higher" if higher else "lower"
+    required = margin * abs(old)
+    mine = _scene_statistic(candidate_scores, name)
+    if mine is None:
+        return _point(name, value, old, champion, higher, margin, f"the candidate has no per-scene scores of {name}")
+    theirs = _scene_statistic(champion_scores(champion), name)
+    if theirs is None:
+        return _point(name, value, old, champion, higher, margin,
+                      f"champion v{champion.version} has no per-scene scores of {name} ({SCENE_SCORES})")
+    (keys, new_stat), (old_keys, old_stat) = mine, theirs
+    if len(set(keys)) == len(keys) == len(old_keys) and set(keys) == set(old_keys):
+        column = {key: i for i, key in enumerate(keys)}
+        order = [column[key] for key in old_keys]  # the champion's scenes as columns of the candidate's counts
+        interval = paired_bootstrap.paired(new_stat, lambda counts: old_stat(counts[:, order]), len(keys), higher)
+        how = f"paired bootstrap over the same {len(keys)} val scenes"
+    else:
+        interval = paired_bootstrap.unpaired(new_stat, len(keys), old_stat, len(old_keys), higher)
+        how = (f"unpaired bootstrap: the candidate's {len(keys)} val scenes and the champion's {len(old_keys)} "
+               f"are not the same scenes")
+    comparison = "paired bootstrap" if interval.paired else "unpaired bootstrap"
+    promoted = interval.clears(required)
+    verdict = "beats" if promoted else "does not beat"
+    reason = (f"{name} {_fmt(value)} {verdict} champion v{champion.version} ({_fmt(old)}) with confidence: "
+              f"improvement {_fmt(interval.difference)}, 95% interval [{_fmt(interval.low)}, "
+              f"{_fmt(interval.high)}] ({how}, {interval.resamples} resamples); its lower bound must exceed "
+              f"{_fmt(required)} (margin {margin:.0%} of |champion|, {direction} is better)")
+    return _Verdict(promoted, reason, old, comparison, interval.difference, interval, required)
+
+
+def _point(name: str, value: float, old: float, champion, higher: bool, margin: float, why: str) -> _Verdict:
+    """The point rule (:func:`beats`), used when there are no scene scores to bootstrap."""
+    direction = "higher" if higher else "lower"
+    difference = value - old if higher else old - value
     if beats(value, old, higher, margin):
         change = f"{abs(value - old) / abs(old):.0%}" if old else "any amount (champion scored 0)"
-        return True, (f"{name} {_fmt(value)} beats champion v{champion.version} ({_fmt(old)}) by {change} "
-                      f"(margin {margin:.0%}, {direction} is better)"), old
-    return False, (f"{name} {_fmt(value)} does not beat champion v{champion.version} ({_fmt(old)}) by the "
-                   f"{margin:.0%} margin ({direction} is better)"), old
+        reason = (f"{name} {_fmt(value)} beats champion v{champion.version} ({_fmt(old)}) by {change} "
+                  f"(margin {margin:.0%}, {direction} is better)")
+        promoted = True
+    else:
+        reason = (f"{name} {_fmt(value)} does not beat champion v{champion.version} ({_fmt(old)}) by the "
+                  f"{margin:.0%} margin ({direction} is better)")
+        promoted = False
+    return _Verdict(promoted, f"{reason}; point rule, no bootstrap: {why}", old, "point", difference,
+                    required=margin * abs(old))
 
 
 def _ensure_registered_model(client, model_name: str) -> None:
@@ -154,8 +272,11 @@ def _champion(client, model_name: str):
 
 def register_and_gate(tracking_uri: str, *, model_name: str, model_uri: str, run_id: str | None,
                       metrics: Mapping[str, float], primary_metric: str, higher_is_better: bool, margin: float,
-                      lineage: Mapping[str, str]) -> GateDecision:
+                      lineage: Mapping[str, str], scene_scores: Mapping[str, Any] | None = None) -> GateDecision:
     """Register ``model_uri`` as a new version of ``model_name`` and apply the gate (see the module docstring).
+
+    ``scene_scores``: the candidate's scene-scores document (:func:`scene_scores`; the evaluate run also logs it as
+    :data:`SCENE_SCORES`, where a later gate finds it when this version is the champion).
 
     Raises :class:`ValueError` before touching the registry when ``primary_metric`` is not in ``metrics`` or
     ``margin`` is negative or not finite."""
@@ -176,15 +297,21 @@ def register_and_gate(tracking_uri: str, *, model_name: str, model_uri: str, run
         _ensure_registered_model(client, model_name)
         version = str(_create_version(client, model_name, source, run_id, tags).version)
         champion = _champion(client, model_name)
-        promoted, reason, old = _decide(primary_metric, value, champion, higher_is_better, margin)
+        verdict = _decide(primary_metric, value, champion, higher_is_better, margin, scene_scores,
+                          lambda champ: _champion_scene_scores(client, champ))
         client.set_registered_model_alias(model_name, CANDIDATE, version)
-        if promoted:
+        if verdict.promoted:
             client.set_registered_model_alias(model_name, CHAMPION, version)
-        client.set_model_version_tag(model_name, version, TAG_GATE, "promoted" if promoted else "refused")
-        client.set_model_version_tag(model_name, version, TAG_GATE_REASON, reason)
-    return GateDecision(model_name=model_name, version=version, promoted=promoted, reason=reason,
+        client.set_model_version_tag(model_name, version, TAG_GATE, "promoted" if verdict.promoted else "refused")
+        client.set_model_version_tag(model_name, version, TAG_GATE_REASON, verdict.reason)
+    interval = verdict.interval
+    return GateDecision(model_name=model_name, version=version, promoted=verdict.promoted, reason=verdict.reason,
                         primary_metric=primary_metric, value=value,
-                        champion_version=None if champion is None else str(champion.version), champion_value=old)
+                        champion_version=None if champion is None else str(champion.version),
+                        champion_value=verdict.old, comparison=verdict.comparison, difference=verdict.difference,
+                        interval_low=None if interval is None else interval.low,
+                        interval_high=None if interval is None else interval.high,
+                        resamples=None if interval is None else interval.resamples, required=verdict.required)
 
 
 def champion_info(tracking_uri: str, model_name: str) -> dict[str, Any] | None:

@@ -1,7 +1,11 @@
-"""The evaluation report: tables (model / tokenizer ceiling / trivial baseline per task), example grids, the gate.
+"""The evaluation report: tables (model / tokenizer ceiling / trivial baseline per task, the difference to the
+baseline with its bootstrap interval), example grids; and the model gate's page.
 
 Markdown for the KFP UI's Markdown viewer and MLflow, a self-contained HTML page (grids embedded) for the KFP UI's
-HTML viewer, and one PNG grid per task (rows: val scenes; columns: input, generated, ceiling, ground truth).
+HTML viewer, and one PNG grid per task (rows: val scenes; columns: input, generated, ceiling, ground truth). The
+evaluation report is a function of ``evaluation.json`` alone (fixed number formats, the report's own order), so it
+is reproducible byte for byte; the gate's decision, which depends on the registry, has its own page
+(:func:`gate_markdown`, ``reports/model_gate.md``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from fourm_kfp.data.modality_visuals import get_font, visualize
+from fourm_kfp.evaluation.paired_bootstrap import BOOTSTRAP_RESAMPLES, CONFIDENCE
 
 TILE = 96
 HEADER = 22
@@ -24,6 +29,23 @@ def _fmt(value: float | None) -> str:
     if value is None or not np.isfinite(value):
         return "–"
     return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+
+
+def _signed(value: float | None) -> str:
+    """A difference, with its sign (3 decimals; tiny values in scientific notation so they do not read as 0)."""
+    if value is None or not np.isfinite(value):
+        return "–"
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:+.1f}"
+    return f"{value:+.3f}" if abs(value) >= 0.001 else f"{value:+.1e}"
+
+
+def _gain(value: float) -> str:
+    if np.isnan(value):
+        return "–"
+    return f"{value:+.0%}" if np.isfinite(value) else "∞ (baseline 0)"
 
 
 def task_grid(examples: Sequence[Mapping[str, tuple[str, Any]]], tile: int = TILE) -> bytes:
@@ -46,23 +68,45 @@ def task_grid(examples: Sequence[Mapping[str, tuple[str, Any]]], tile: int = TIL
     return buffer.getvalue()
 
 
-def _rows(results: Sequence[Mapping[str, Any]]) -> list[list[str]]:
-    """The primary metric of each task first (with its direction and the gain over the baseline), then the rest."""
+def _task_rows(results: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """Per task: its primary metric (↑/↓) for the model, the ceiling and the baseline, the difference to the
+    baseline with its interval, the relative gain, and whether it beats the baseline."""
     rows = []
     for r in results:
-        names = [r["primary"]] + [n for n in r["model"] if n != r["primary"]]
-        for name in names:
-            primary = name == r["primary"]
-            arrow = ("↑" if r["higher_is_better"] else "↓") if primary else ""
-            gain = r["gain_over_baseline"]
-            mark = (f"{'yes' if r['beats_baseline'] else 'no'} ({gain:+.0%})" if np.isfinite(gain)
-                    else "yes" if r["beats_baseline"] else "no") if primary else ""
-            rows.append([r["task"] if primary else "", f"{name} {arrow}".strip(), _fmt(r["model"][name]),
-                         _fmt(r["ceiling"].get(name)), _fmt(r["baseline"].get(name)), mark])
+        name = r["primary"]
+        rows.append([r["task"], f"{name} {'↑' if r['higher_is_better'] else '↓'}", _fmt(r["model"][name]),
+                     _fmt(r["ceiling"].get(name)), _fmt(r["baseline"].get(name)),
+                     f"{_signed(r['difference'])} [{_signed(r['interval_low'])}, {_signed(r['interval_high'])}]",
+                     _gain(r["gain_over_baseline"]), "yes" if r["beats_baseline"] else "no"])
     return rows
 
 
-HEAD = ["task", "metric", "model", "tokenizer ceiling", "trivial baseline", "beats baseline (gain)"]
+def _metric_rows(results: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """Every metric of every task (the primary first) for the model, the ceiling and the baseline."""
+    rows = []
+    for r in results:
+        names = [r["primary"]] + [n for n in r["model"] if n != r["primary"]]
+        for i, name in enumerate(names):
+            rows.append([r["task"] if i == 0 else "", name, _fmt(r["model"][name]), _fmt(r["ceiling"].get(name)),
+                         _fmt(r["baseline"].get(name))])
+    return rows
+
+
+TASK_HEAD = ["task", "primary metric", "model", "tokenizer ceiling", "trivial baseline",
+             f"difference [{CONFIDENCE:.0%} interval]", "relative gain", "beats baseline"]
+METRIC_HEAD = ["task", "metric", "model", "tokenizer ceiling", "trivial baseline"]
+
+
+def _explanation(report: Mapping[str, Any]) -> str:
+    return (f"The model beats the trivial baseline on {report['tasks_beating_baseline']} of {len(report['tasks'])} "
+            f"tasks: a task counts when the {CONFIDENCE:.0%} interval of the difference in its primary metric "
+            f"(paired bootstrap over the val scenes, {BOOTSTRAP_RESAMPLES} resamples) lies above zero. The "
+            "difference is model − baseline, signed so that positive is better (baseline − model for ↓ metrics); "
+            "the relative gain is the difference over |baseline|.")
+
+
+def _markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def report_markdown(report: Mapping[str, Any]) -> str:
@@ -73,20 +117,32 @@ def report_markdown(report: Mapping[str, Any]) -> str:
              "| modality | loss | token accuracy |", "|---|---|---|"]
     for name, values in report["masked"].items():
         lines.append(f"| {name} | {_fmt(values['loss'])} | {_fmt(values['accuracy'])} |")
-    lines += ["", "## Cross-modal tasks", "",
-              f"The model beats the trivial baseline on {report['tasks_beating_baseline']} of "
-              f"{len(report['tasks'])} tasks (primary metric of each, marked ↑/↓).", "",
-              "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-    lines += ["| " + " | ".join(row) + " |" for row in _rows(report["tasks"])]
+    lines += ["", "## Cross-modal tasks", "", _explanation(report), ""]
+    lines += _markdown_table(TASK_HEAD, _task_rows(report["tasks"]))
+    if report.get("tasks_skipped"):
+        lines += ["", f"Skipped: {'; '.join(report['tasks_skipped'])}."]
+    lines += ["", "### All metrics", ""] + _markdown_table(METRIC_HEAD, _metric_rows(report["tasks"]))
     lines += ["", "Grids: `reports/grid_<task>.png` (input / generated / ceiling = the ground truth's tokens decoded "
-              "/ ground truth).", ""]
-    gate = report.get("gate")
-    lines += ["## Model gate", ""]
-    if gate:
-        lines.append(f"Registered `{gate['model_name']}` version {gate['version']} (alias `candidate`): "
-                     f"**{'promoted to champion' if gate['promoted'] else 'not promoted'}** — {gate['reason']}.")
-    else:
-        lines.append(report.get("gate_skipped", "not run"))
+              "/ ground truth)."]
+    return "\n".join(lines) + "\n"
+
+
+def gate_markdown(gate: Mapping[str, Any] | None, skipped: str = "") -> str:
+    """``reports/model_gate.md``: the gate's decision (``gate.json``), or why it did not run."""
+    lines = ["# Model gate", ""]
+    if not gate:
+        return "\n".join(lines + [skipped or "The gate did not run."]) + "\n"
+    lines.append(f"Registered `{gate['model_name']}` version {gate['version']} (alias `candidate`): "
+                 f"**{'promoted to champion' if gate['promoted'] else 'not promoted'}** — {gate['reason']}.")
+    if gate.get("champion_version") is not None:
+        interval = (f" [{_signed(gate['interval_low'])}, {_signed(gate['interval_high'])}]"
+                    if gate.get("interval_low") is not None else "")
+        champion = f"v{gate['champion_version']}: {_fmt(gate['champion_value'])}"
+        lines += ["", *_markdown_table(
+            ["metric", "candidate", "champion", f"improvement{' [95% interval]' if interval else ''}",
+             "must exceed", "comparison"],
+            [[gate["primary_metric"], _fmt(gate["value"]), champion, _signed(gate.get("difference")) + interval,
+              _fmt(gate.get("required")), gate.get("comparison", "")]])]
     return "\n".join(lines) + "\n"
 
 
@@ -103,14 +159,12 @@ def report_html(report: Mapping[str, Any], grids: Mapping[str, bytes]) -> str:
              "<h2>Masked modeling</h2><table><tr><th>modality</th><th>loss</th><th>token accuracy</th></tr>"]
     for name, values in report["masked"].items():
         parts.append(f"<tr><td>{esc(name)}</td><td>{_fmt(values['loss'])}</td><td>{_fmt(values['accuracy'])}</td></tr>")
-    parts.append("</table><h2>Cross-modal tasks</h2><table><tr>" + "".join(f"<th>{h}</th>" for h in HEAD) + "</tr>")
-    for row in _rows(report["tasks"]):
-        parts.append("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in row) + "</tr>")
-    parts.append("</table>")
-    gate = report.get("gate")
-    if gate:
-        parts.append(f"<h2>Model gate</h2><p><code>{esc(gate['model_name'])}</code> version {esc(gate['version'])}: "
-                     f"<b>{'promoted' if gate['promoted'] else 'not promoted'}</b> — {esc(gate['reason'])}</p>")
+    parts.append(f"</table><h2>Cross-modal tasks</h2><p>{esc(_explanation(report))}</p>")
+    for head, rows, title in ((TASK_HEAD, _task_rows(report["tasks"]), ""),
+                              (METRIC_HEAD, _metric_rows(report["tasks"]), "<h3>All metrics</h3>")):
+        parts.append(title + "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{esc(v)}</td>" for v in row) + "</tr>" for row in rows]
+        parts.append("</table>")
     for task, png in grids.items():
         if png:
             data = base64.b64encode(png).decode()

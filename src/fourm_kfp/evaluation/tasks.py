@@ -11,6 +11,10 @@ against the exact ground truth of the prepared val scenes. Beside it:
 
 ``caption-to-rgb`` is scored by what the generated image shows: the model predicts semseg from its own generated
 rgb (a chain), and the shapes visible in it are compared with the shapes the caption names.
+
+The model *beats the baseline* on a task when the 95% interval of the paired bootstrap over the val scenes
+(:mod:`fourm_kfp.evaluation.paired_bootstrap`) of the primary metric's difference lies above zero: a positive
+difference that one lucky scene explains is not a win. The relative gain is reported beside it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fourm_kfp.data.modalities import parse_det
+from fourm_kfp.evaluation import paired_bootstrap
 from fourm_kfp.evaluation import task_metrics as tm
 from fourm_kfp.evaluation.any_to_any import AnyToAny
 from fourm_kfp.model.generation import SamplingArgs
@@ -52,37 +57,80 @@ class TaskResult:
     baseline: dict[str, float]
     primary: str
     higher_is_better: bool
+    scene_keys: list[str]  # the val scenes, in the order of the statistics' rows
+    model_stats: tm.SceneStats  # per-scene statistics of the model's predictions (every metric)
+    baseline_stats: tm.SceneStats
     # per shown sample: column title -> (modality, value)
     examples: list[dict[str, tuple[str, Any]]] = field(default_factory=list)
+    #: the primary metric's difference to the baseline (positive = better) and its paired bootstrap interval
+    interval: paired_bootstrap.Interval = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.interval = paired_bootstrap.paired(self.model_stats.statistic(self.primary),
+                                                self.baseline_stats.statistic(self.primary), len(self.scene_keys),
+                                                self.higher_is_better)
+
+    @classmethod
+    def scored(cls, task: str, primary: str, higher_is_better: bool, keys: list[str], model: tm.SceneStats,
+               ceiling: tm.SceneStats, baseline: tm.SceneStats,
+               examples: list[dict[str, tuple[str, Any]]]) -> "TaskResult":
+        return cls(task, model.whole(), ceiling.whole(), baseline.whole(), primary, higher_is_better, list(keys),
+                   model, baseline, examples)
+
+    @property
+    def difference(self) -> float:
+        """Model minus baseline on the primary metric, signed so that positive is better."""
+        return self.interval.difference
+
+    @property
+    def interval_low(self) -> float:
+        return self.interval.low
+
+    @property
+    def interval_high(self) -> float:
+        return self.interval.high
+
+    @property
+    def resamples(self) -> int:
+        return self.interval.resamples
 
     @property
     def beats_baseline(self) -> bool:
-        return tm.better(self.task, self.metrics[self.primary], self.baseline[self.primary],
-                         higher=self.higher_is_better)
+        """The 95% interval of the difference lies above zero."""
+        return self.interval.clears(0.0)
 
     @property
     def gain_over_baseline(self) -> float:
-        """Relative improvement of the primary metric over the baseline (0.2 = 20% better)."""
+        """Relative improvement of the primary metric over the baseline (0.2 = 20% better; a point estimate, see
+        :attr:`beats_baseline` for whether it is more than noise)."""
         model, base = self.metrics[self.primary], self.baseline[self.primary]
-        if base == 0:  # no relative gain to speak of: unbounded if it beats the baseline at all
-            return float("inf") if self.beats_baseline else 0.0
+        if base == 0:  # no relative gain to speak of: unbounded if the model is better at all
+            return float("inf") if tm.better(self.task, model, base, higher=self.higher_is_better) else 0.0
         return (model - base) / abs(base) * (1 if self.higher_is_better else -1)
+
+    def scene_scores(self) -> dict[str, dict[str, float]]:
+        """The primary metric of each scene alone, for the model and the baseline, keyed by scene key."""
+        return {side: dict(zip(self.scene_keys, stats.per_scene(self.primary)))
+                for side, stats in (("model", self.model_stats), ("baseline", self.baseline_stats))}
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "primary": self.primary, "higher_is_better": self.higher_is_better,
                 "model": self.metrics, "ceiling": self.ceiling, "baseline": self.baseline,
-                "beats_baseline": self.beats_baseline, "gain_over_baseline": self.gain_over_baseline}
+                "difference": self.difference, "interval_low": self.interval_low,
+                "interval_high": self.interval_high, "resamples": self.resamples,
+                "confidence": paired_bootstrap.CONFIDENCE, "beats_baseline": self.beats_baseline,
+                "gain_over_baseline": self.gain_over_baseline, "scene_scores": self.scene_scores()}
 
 
 # -- scoring per target -------------------------------------------------------------------------------------------
 
-def _image_score(target: str) -> Callable[[list[np.ndarray], list[np.ndarray]], dict[str, float]]:
+def _image_stats(target: str) -> Callable[[list[np.ndarray], list[np.ndarray]], tm.SceneStats]:
     if target == "depth":
-        return lambda pred, true: tm.depth_metrics(np.stack(pred), np.stack(true))
+        return lambda pred, true: tm.depth_stats(np.stack(pred), np.stack(true))
     if target == "normal":
-        return lambda pred, true: tm.normal_metrics(np.stack(pred), np.stack(true))
+        return lambda pred, true: tm.normal_stats(np.stack(pred), np.stack(true))
     if target == "semseg":
-        return lambda pred, true: tm.semseg_miou(np.stack(pred), np.stack(true))
+        return lambda pred, true: tm.semseg_stats(np.stack(pred), np.stack(true))
     raise ValueError(f"no image metric for target {target!r}")
 
 
@@ -129,27 +177,28 @@ def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, 
     ceiling_values = engine.detokenize(target, scenes.tokens[target]) if target in scenes.tokens else None
     truth = scenes.truth[target]
     n = len(scenes)
+    higher = direction == "higher"
     if target in ("depth", "normal", "semseg"):
-        score = _image_score(target)
+        score = _image_stats(target)
         metrics, baseline = score(predicted, truth), score([baselines.images[target]] * n, truth)
         ceiling = score(ceiling_values, truth)
     elif target == "det":
         scores = [float(g.logprobs.mean()) if g.logprobs.size else -1e9 for g in generated]
         gt = _det_truth(truth)
-        metrics = tm.box_ap50(_det_predictions(predicted, scores), gt)
-        ceiling = tm.box_ap50(_det_predictions(ceiling_values, [0.0] * n), gt)
-        baseline = tm.box_ap50(_det_predictions([baselines.det] * n, [0.0] * n), gt)
+        metrics = tm.box_stats(_det_predictions(predicted, scores), gt)
+        ceiling = tm.box_stats(_det_predictions(ceiling_values, [0.0] * n), gt)
+        baseline = tm.box_stats(_det_predictions([baselines.det] * n, [0.0] * n), gt)
     elif target == "caption":
-        primary = tm.caption_primary(truth)
-        metrics = tm.caption_metrics(predicted, truth)
-        ceiling = tm.caption_metrics(ceiling_values, truth)
-        baseline = tm.caption_metrics([baselines.caption] * n, truth)
+        primary, higher = tm.caption_primary(truth), True
+        metrics = tm.caption_stats(predicted, truth)
+        ceiling = tm.caption_stats(ceiling_values, truth)
+        baseline = tm.caption_stats([baselines.caption] * n, truth)
     else:
         raise ValueError(f"no metric for task {task!r}")
     examples = [{"input": (source, scenes.truth[source][i]), "generated": (target, predicted[i]),
                  "ceiling": (target, ceiling_values[i]), "ground truth": (target, truth[i])}
                 for i in range(min(shown, n))]
-    return TaskResult(task, metrics, ceiling, baseline, primary, direction == "higher", examples)
+    return TaskResult.scored(task, primary, higher, scenes.keys, metrics, ceiling, baseline, examples)
 
 
 def _caption_to_rgb(engine: AnyToAny, scenes: Scenes, inputs: list[dict[str, np.ndarray]], baselines: Baselines,
@@ -161,11 +210,10 @@ def _caption_to_rgb(engine: AnyToAny, scenes: Scenes, inputs: list[dict[str, np.
     semseg = engine.generate_tokens(engine.token_inputs("rgb", [g.tokens.reshape(-1) for g in rgb], images),
                                     "semseg", sampling, seed + 1, batch_size)
     predicted = engine.detokenize("semseg", [g.tokens for g in semseg])
-    metrics = tm.shape_presence_f1(predicted, captions)
-    ceiling = tm.shape_presence_f1(engine.detokenize("semseg", scenes.tokens["semseg"]), captions)
-    baseline = tm.shape_set_f1([baselines.shapes] * len(captions),
-                               [tm.caption_shapes(c) for c in captions])
+    metrics = tm.shape_presence_stats(predicted, captions)
+    ceiling = tm.shape_presence_stats(engine.detokenize("semseg", scenes.tokens["semseg"]), captions)
+    baseline = tm.shape_set_stats([baselines.shapes] * len(captions), [tm.caption_shapes(c) for c in captions])
     examples = [{"input": ("caption", captions[i]), "generated": ("rgb", images[i]),
                  "its semseg": ("semseg", predicted[i]), "ground truth": ("rgb", scenes.truth["rgb"][i])}
                 for i in range(min(shown, len(captions)))]
-    return TaskResult("caption-to-rgb", metrics, ceiling, baseline, primary, True, examples)
+    return TaskResult.scored("caption-to-rgb", primary, True, scenes.keys, metrics, ceiling, baseline, examples)

@@ -63,6 +63,9 @@ class FourMOutput:
     modality_losses: dict[str, torch.Tensor]  # mean cross-entropy per modality present in the batch
     modality_accuracy: dict[str, torch.Tensor] = field(default_factory=dict)  # top-1 token accuracy (on request)
     token_counts: dict[str, int] = field(default_factory=dict)  # target tokens per modality (host ints)
+    #: on request (``per_sample=True``): per modality, ``[B, 3]`` float sums per sample of the cross-entropy, the
+    #: correctly predicted tokens and the target tokens (samples without targets of the modality: zeros)
+    sample_sums: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _offsets(sizes: list[int]) -> torch.Tensor:
@@ -200,19 +203,26 @@ class FourM(nn.Module):
 
     # -- loss ----------------------------------------------------------------------------------------------------
 
-    def forward(self, batch: MaskedBatch, with_accuracy: bool = False) -> FourMOutput:
+    def forward(self, batch: MaskedBatch, with_accuracy: bool = False, per_sample: bool = False) -> FourMOutput:
+        """The masked-modeling loss. ``per_sample`` (evaluation) also returns per-sample sums (``sample_sums``);
+        the losses are the same either way."""
         hidden = self.decode(self.encode(batch), batch)
         flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_order)
         targets = batch.dec_targets.reshape(-1).index_select(0, batch.target_order)
-        losses, accuracy, counts, total = {}, {}, {}, None
-        for index, (name, hid, tgt) in enumerate(zip(self.args.names, flat.split(batch.target_counts),
-                                                     targets.split(batch.target_counts))):
+        losses, accuracy, counts, total, samples = {}, {}, {}, None, {}
+        for index, (name, hid, tgt, slots) in enumerate(zip(self.args.names, flat.split(batch.target_counts),
+                                                            targets.split(batch.target_counts),
+                                                            batch.target_order.split(batch.target_counts))):
             count = batch.target_counts[index]
             if count == 0:
                 continue
             logits = self.logits(hid, index).float()
-            summed = F.cross_entropy(logits, tgt, ignore_index=IGNORE_INDEX, reduction="sum",
-                                     label_smoothing=self.args.label_smoothing)
+            if per_sample:
+                samples[name] = self._sample_sums(logits, tgt, slots // batch.dec_targets.shape[1], batch.batch_size)
+                summed = samples[name][:, 0].sum()
+            else:
+                summed = F.cross_entropy(logits, tgt, ignore_index=IGNORE_INDEX, reduction="sum",
+                                         label_smoothing=self.args.label_smoothing)
             losses[name], counts[name] = summed / count, count
             total = summed if total is None else total + summed
             if with_accuracy:
@@ -223,7 +233,17 @@ class FourM(nn.Module):
             loss = total / sum(counts.values())
         else:
             loss = torch.stack(list(losses.values())).mean()
-        return FourMOutput(loss, losses, accuracy, counts)
+        return FourMOutput(loss, losses, accuracy, counts, samples)
+
+    def _sample_sums(self, logits: torch.Tensor, targets: torch.Tensor, owner: torch.Tensor,
+                     batch_size: int) -> torch.Tensor:
+        """``[batch_size, 3]``: per sample (``owner``: the sample of each target), the summed cross-entropy, the
+        correctly predicted tokens and the target tokens."""
+        token_loss = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="none",
+                                     label_smoothing=self.args.label_smoothing)
+        values = torch.stack([token_loss, (logits.argmax(-1) == targets).float(),
+                              (targets != IGNORE_INDEX).float()], dim=1)
+        return values.new_zeros(batch_size, 3).index_add_(0, owner, values)
 
 
 def count_parameters(module: nn.Module) -> int:
