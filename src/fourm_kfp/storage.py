@@ -73,18 +73,8 @@ def output_ref(uri: str) -> str:
     return "../../" + "/".join(uri.rstrip("/").rsplit("/", 2)[-2:])
 
 
-def relative_uri(base: str, target: str) -> str:
-    """``target`` as seen from ``base`` (``../../stage/address``) when both live in one store (the same bucket, or
-    local disk), else ``target`` itself. Outputs record their inputs this way, so their bytes do not depend on
-    where the store is, and a store copied elsewhere stays whole."""
-    (root_a, path_a), (root_b, path_b) = _split_uri(base), _split_uri(target)
-    if root_a != root_b:
-        return target
-    return posixpath.relpath(path_b, path_a)
-
-
 def resolve_uri(base: str, ref: str) -> str:
-    """The URI that :func:`relative_uri` ``(base, target)`` returned ``ref`` for (an absolute ``ref`` as it is)."""
+    """``ref`` (:func:`output_ref`, or any relative path) as seen from ``base``; an absolute ``ref`` as it is."""
     if is_s3_uri(ref) or ref.startswith("/") or "://" in ref:
         return ref
     root, path = _split_uri(base)

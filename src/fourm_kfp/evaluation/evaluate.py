@@ -31,7 +31,7 @@ from fourm_kfp.evaluation.report import gate_markdown, report_html, report_markd
 from fourm_kfp.evaluation.tasks import Baselines, Scenes, TaskResult, run_task, split_task
 from fourm_kfp.model.generation import SamplingArgs
 from fourm_kfp.progress import progress
-from fourm_kfp.storage import relative_uri
+from fourm_kfp.storage import output_ref
 
 log = logging.getLogger("fourm_kfp.evaluate")
 PREPARED, TOKENIZERS, PRETOKENIZED, PRETRAIN = "prepare-data", "train-tokenizers", "pretokenize", "pretrain"
@@ -157,7 +157,7 @@ def evaluate(ctx: StageContext) -> StageResult:
         metrics |= {f"{r.task}.baseline.{k}": v for k, v in r.baseline.items()}
     metrics["tasks_beating_baseline"] = float(sum(r.beats_baseline for r in results))
     report: dict[str, Any] = {
-        "model_uri": relative_uri(ctx.output.uri, model_uri), "step": engine.card.get("step"),
+        "model_uri": output_ref(model_uri), "step": engine.card.get("step"),
         "num_samples": len(scenes), "sampling": asdict(sampling), "masked": masked,
         "tasks": [r.to_dict() for r in results], "tasks_skipped": skipped,
         "tasks_beating_baseline": int(metrics["tasks_beating_baseline"]), "metrics": metrics,
