@@ -218,7 +218,7 @@ class FourM(nn.Module):
                 continue
             logits = self.logits(hid, index).float()
             if per_sample:
-                samples[name] = self._sample_sums(logits, tgt, slots // batch.dec_targets.shape[1], batch.batch_size)
+                samples[name] = self._sample_sums(logits, tgt, slots, batch.dec_targets.shape)
                 summed = samples[name][:, 0].sum()
             else:
                 summed = F.cross_entropy(logits, tgt, ignore_index=IGNORE_INDEX, reduction="sum",
@@ -235,15 +235,18 @@ class FourM(nn.Module):
             loss = torch.stack(list(losses.values())).mean()
         return FourMOutput(loss, losses, accuracy, counts, samples)
 
-    def _sample_sums(self, logits: torch.Tensor, targets: torch.Tensor, owner: torch.Tensor,
-                     batch_size: int) -> torch.Tensor:
-        """``[batch_size, 3]``: per sample (``owner``: the sample of each target), the summed cross-entropy, the
-        correctly predicted tokens and the target tokens."""
+    def _sample_sums(self, logits: torch.Tensor, targets: torch.Tensor, slots: torch.Tensor,
+                     shape: torch.Size) -> torch.Tensor:
+        """``[B, 3]``: per sample, the summed cross-entropy, the correctly predicted tokens and the target tokens of
+        the targets at ``slots`` (their indices into the flattened ``[B, D]`` decoder slots). Placed into their
+        slots and summed per row, not scattered with atomic adds, so the sums are the same bits on every run."""
         token_loss = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="none",
                                      label_smoothing=self.args.label_smoothing)
         values = torch.stack([token_loss, (logits.argmax(-1) == targets).float(),
                               (targets != IGNORE_INDEX).float()], dim=1)
-        return values.new_zeros(batch_size, 3).index_add_(0, owner, values)
+        dense = values.new_zeros(shape.numel(), 3)
+        dense[slots] = values  # each slot holds at most one target
+        return dense.view(shape[0], shape[1], 3).sum(1)
 
 
 def count_parameters(module: nn.Module) -> int:
