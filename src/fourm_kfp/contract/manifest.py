@@ -66,13 +66,9 @@ class RecordingStore(Store):
 
     def record_existing(self, key: str) -> None:
         """Record an object already in the store (written by an earlier, interrupted run), streaming its bytes."""
-        digest, size = hashlib.sha256(), 0
-        with self.inner.open_read(key) as stream:
-            for chunk in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(chunk)
-                size += len(chunk)
+        sha, size = stored_sha256(self.inner, key)
         full = f"{self._prefix}{key}"
-        self.records[full] = FileRecord(full, size, digest.hexdigest())
+        self.records[full] = FileRecord(full, size, sha)
 
     def child(self, *parts: str) -> "RecordingStore":
         sub = "/".join(p.strip("/") for p in parts if p.strip("/"))
@@ -106,6 +102,16 @@ class RecordingStore(Store):
 
     def delete_prefix(self, prefix: str = "") -> int:
         return self.inner.delete_prefix(prefix)
+
+
+def stored_sha256(store: Store, key: str) -> tuple[str, int]:
+    """``(SHA-256 hex, size)`` of an object in ``store``, streamed."""
+    digest, size = hashlib.sha256(), 0
+    with store.open_read(key) as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
 
 
 def git_commit() -> str | None:

@@ -15,13 +15,12 @@ as such.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fourm_kfp.config.fourm_config import FourMConfig
-from fourm_kfp.contract.manifest import payload_differences, payload_files, require_manifest
+from fourm_kfp.contract.manifest import payload_differences, payload_files, require_manifest, stored_sha256
 from fourm_kfp.contract.runner import open_inputs, output_store, run_stage
 from fourm_kfp.contract.spec import StageSpec
 from fourm_kfp.storage import Store
@@ -52,18 +51,10 @@ class VerifyResult:
         return {**asdict(self), "matches": self.matches}
 
 
-def _sha256(store: Store, key: str) -> str:
-    digest = hashlib.sha256()
-    with store.open_read(key) as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def corrupt_files(store: Store, manifest: dict[str, Any]) -> list[str]:
     """Payload files whose bytes in ``store`` are missing or no longer hash to the manifest's SHA-256."""
     return [key for key, sha in sorted(payload_files(manifest).items())
-            if not store.exists(key) or _sha256(store, key) != sha]
+            if not store.exists(key) or stored_sha256(store, key)[0] != sha]
 
 
 def verify_stage(spec: StageSpec, config: FourMConfig, store_root: Store, scratch_root: Store) -> VerifyResult:
