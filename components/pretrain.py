@@ -1,4 +1,5 @@
-"""The pretrain component: the 4M trainer on the pretokenized data (in the cluster, on the accelerators asked)."""
+"""The pretrain component: the 4M trainer in this pod (``launcher="in-pod"``), or the launcher of a multi-node
+PyTorchJob / TrainJob that follows the job and reports its committed output (``pytorchjob`` / ``trainjob``)."""
 
 from typing import NamedTuple
 
@@ -10,16 +11,24 @@ from fourm_kfp.components.images import GPU_IMAGE
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
 def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
              parent_run_id: str, force: bool, pretokenized_uri: str, tokenizers_uri: str,
-             report: dsl.Output[dsl.Markdown],
-             metrics: dsl.Output[dsl.Metrics]) -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):
-    """Train the model; outputs the committed run's URI (exported model, checkpoints, metrics, report)."""
+             report: dsl.Output[dsl.Markdown], metrics: dsl.Output[dsl.Metrics], job_spec: dsl.Output[dsl.Artifact],
+             launcher: str = "in-pod", nodes: int = 1, procs_per_node: int = 1,
+             accelerator: str = "nvidia.com/gpu", cpu_per_node: str = "", memory_per_node: str = "",
+             node_selector: dict = {}, tolerations: list = [], deadline_s: int = 259200, min_nodes: int = 0,
+             delete_job: bool = True,
+             kfp_run_id: str = "") -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):
+    """Train the model; outputs the committed run's URI (exported model, checkpoints, metrics, report) and, in the
+    job modes, the rendered job spec."""
     import json
     from collections import namedtuple
 
-    from fourm_kfp.kfp_runtime import run_stage_component
+    from fourm_kfp.kfp_runtime import run_pretrain_component
 
-    outcome = run_stage_component("pretrain", preset, config_overrides, store_uri, s3_endpoint,
-                                  mlflow_tracking_uri, parent_run_id, force,
-                                  input_uris={"pretokenize": pretokenized_uri, "train-tokenizers": tokenizers_uri},
-                                  report_path=report.path, metrics=metrics)
+    outcome = run_pretrain_component(
+        preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id, force,
+        input_uris={"pretokenize": pretokenized_uri, "train-tokenizers": tokenizers_uri}, launcher=launcher,
+        job={"nodes": nodes, "procs_per_node": procs_per_node, "accelerator": accelerator,
+             "cpu_per_node": cpu_per_node, "memory_per_node": memory_per_node, "node_selector": node_selector,
+             "tolerations": tolerations, "deadline_s": deadline_s, "min_nodes": min_nodes, "delete_job": delete_job},
+        kfp_run_id=kfp_run_id, report_path=report.path, metrics=metrics, job_spec_path=job_spec.path)
     return namedtuple("Outputs", ["output_uri", "result"])(outcome.output_uri, json.dumps(outcome.to_dict()))

@@ -23,6 +23,9 @@ S3_SECRET_ENV = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KE
 #: Optional ConfigMap with cluster-wide defaults (MLflow server, S3 endpoint).
 SETTINGS_CONFIG_MAP = "fourm-settings"
 SETTINGS_ENV = {"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL"}
+#: The pretrain launcher's own pod, through the downward API (fourm_kfp.cluster.pretrain_job reads these).
+LAUNCHER_POD_FIELDS = {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_UID": "metadata.uid",
+                       "FOURM_POD_NAMESPACE": "metadata.namespace"}
 
 
 def _with_cluster_env(task: dsl.PipelineTask) -> dsl.PipelineTask:
@@ -30,6 +33,13 @@ def _with_cluster_env(task: dsl.PipelineTask) -> dsl.PipelineTask:
     kubernetes.use_secret_as_env(task, secret_name=S3_SECRET, secret_key_to_env=S3_SECRET_ENV, optional=True)
     kubernetes.use_config_map_as_env(task, config_map_name=SETTINGS_CONFIG_MAP, config_map_key_to_env=SETTINGS_ENV,
                                      optional=True)
+    return task
+
+
+def _evaluate_on(task: dsl.PipelineTask, accelerator: bool) -> dsl.PipelineTask:
+    _with_cluster_env(task).set_display_name("evaluate").set_cpu_limit("8").set_memory_limit("32Gi")
+    if accelerator:
+        task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
     return task
 
 
@@ -48,6 +58,16 @@ def fourm_pretrain(
     pretokenize_width: int = 1,
     pretrain_force: bool = False,
     pretrain_accelerator: str = "nvidia.com/gpu",
+    pretrain_launcher: str = "pytorchjob",
+    pretrain_nodes: int = 1,
+    pretrain_procs_per_node: int = 1,
+    pretrain_cpu_per_node: str = "",
+    pretrain_memory_per_node: str = "",
+    pretrain_node_selector: dict = {},
+    pretrain_tolerations: list = [],
+    pretrain_deadline_s: int = 259200,
+    pretrain_min_nodes: int = 0,
+    pretrain_delete_job: bool = True,
     evaluate_force: bool = False,
 ):
     """Pre-train a 4M-style model.
@@ -71,9 +91,29 @@ def fourm_pretrain(
             smoke and demo presets have one or a few shards).
         pretrain_force: Recompute pretrain even if its output is committed (else a committed run is reused and an
             interrupted one resumes from its newest checkpoint); default false.
-        pretrain_accelerator: "nvidia.com/gpu" (default: the pretrain step requests one GPU) or "cpu" (no
-            accelerator request, so a CPU-only cluster can run it; the image runs on CPUs too, and precision
-            "auto" then trains in fp32); the evaluate step follows it on the same kind of node.
+        pretrain_accelerator: "nvidia.com/gpu" (default: pretraining requests GPUs) or "cpu" (no accelerator
+            request, so a CPU-only cluster can run it; the image runs on CPUs too, and precision "auto" then trains
+            in fp32); the evaluate step follows it on the same kind of node.
+        pretrain_launcher: "pytorchjob" (default: the step, a light CPU pod, submits a multi-node Kubeflow
+            Training Operator PyTorchJob, streams its master's log, waits for it and deletes it), "trainjob" (the
+            same with a Kubeflow Trainer v2 TrainJob on the torch-distributed runtime) or "in-pod" (train inside
+            the step's own pod on one accelerator; ``fourm-kfp run`` under kfp.local uses it). Either job mode
+            first computes the pretrain address and creates nothing when that output is committed.
+        pretrain_nodes: Job modes: pods (nodes) of the job; default 1.
+        pretrain_procs_per_node: Job modes: training processes per node = accelerators per node; default 1.
+        pretrain_cpu_per_node: Job modes: CPU request per node, e.g. "32"; default empty = the template's.
+        pretrain_memory_per_node: Job modes: memory per node, e.g. "256Gi"; default empty = the template's.
+        pretrain_node_selector: Job modes: node selector of the training pods, e.g.
+            ``{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}``; default none.
+        pretrain_tolerations: Job modes: tolerations added to the training pods (a list of Kubernetes
+            toleration objects); the accelerator's own toleration is always there; default none.
+        pretrain_deadline_s: Job modes: the job's activeDeadlineSeconds, also how long the step waits; default
+            3 days.
+        pretrain_min_nodes: PyTorchJob only: above 0, the job is elastic between this many and pretrain_nodes
+            nodes (elasticPolicy, c10d rendezvous); training resumes from its newest checkpoint on a new world
+            size; default 0 = fixed size.
+        pretrain_delete_job: Job modes: delete the job when it is over (its pods' logs were streamed into this
+            step's log); default true. A stopped KFP run always deletes its job.
         evaluate_force: Re-evaluate even if this model's evaluation is committed (registers a new model version
             and applies the gate again); default false.
     """
@@ -116,15 +156,29 @@ def fourm_pretrain(
         eval_args = dict(force=evaluate_force, pretokenized_uri=tokens.outputs["output_uri"], **stage_inputs,
                          **shared)
         # Each branch trains and then evaluates on its kind of node (KFP has no single task after an If/Else).
-        with dsl.If(pretrain_accelerator == "cpu", name="pretrain-on-cpu"):
-            on_cpu = _with_cluster_env(pretrain(**train_args))
-            on_cpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
-            scored_cpu = _with_cluster_env(evaluate(model_uri=on_cpu.outputs["output_uri"], **eval_args))
-            scored_cpu.set_display_name("evaluate").set_cpu_limit("8").set_memory_limit("32Gi")
-        with dsl.Else(name="pretrain-on-accelerator"):
-            on_gpu = _with_cluster_env(pretrain(**train_args))
-            on_gpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
-            on_gpu.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
-            scored_gpu = _with_cluster_env(evaluate(model_uri=on_gpu.outputs["output_uri"], **eval_args))
-            scored_gpu.set_display_name("evaluate").set_cpu_limit("8").set_memory_limit("32Gi")
-            scored_gpu.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
+        with dsl.If(pretrain_launcher == "in-pod", name="pretrain-in-pod"):
+            with dsl.If(pretrain_accelerator == "cpu", name="pretrain-on-cpu"):
+                on_cpu = _with_cluster_env(pretrain(launcher="in-pod", **train_args))
+                on_cpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
+                _evaluate_on(evaluate(model_uri=on_cpu.outputs["output_uri"], **eval_args), accelerator=False)
+            with dsl.Else(name="pretrain-on-accelerator"):
+                on_gpu = _with_cluster_env(pretrain(launcher="in-pod", **train_args))
+                on_gpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
+                on_gpu.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
+                _evaluate_on(evaluate(model_uri=on_gpu.outputs["output_uri"], **eval_args), accelerator=True)
+        with dsl.Else(name="pretrain-as-job"):
+            launcher = _with_cluster_env(pretrain(
+                launcher=pretrain_launcher, nodes=pretrain_nodes, procs_per_node=pretrain_procs_per_node,
+                accelerator=pretrain_accelerator, cpu_per_node=pretrain_cpu_per_node,
+                memory_per_node=pretrain_memory_per_node, node_selector=pretrain_node_selector,
+                tolerations=pretrain_tolerations, deadline_s=pretrain_deadline_s, min_nodes=pretrain_min_nodes,
+                delete_job=pretrain_delete_job, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **train_args))
+            # A light CPU pod: the training runs in the job's pods. The downward API names this pod, so the job can
+            # be owned by it (a stopped KFP run deletes the job) and created in this namespace.
+            launcher.set_display_name("pretrain").set_cpu_limit("1").set_memory_limit("2Gi")
+            for env_name, field_path in LAUNCHER_POD_FIELDS.items():
+                kubernetes.use_field_path_as_env(launcher, env_name=env_name, field_path=field_path)
+            with dsl.If(pretrain_accelerator == "cpu", name="evaluate-on-cpu"):
+                _evaluate_on(evaluate(model_uri=launcher.outputs["output_uri"], **eval_args), accelerator=False)
+            with dsl.Else(name="evaluate-on-accelerator"):
+                _evaluate_on(evaluate(model_uri=launcher.outputs["output_uri"], **eval_args), accelerator=True)

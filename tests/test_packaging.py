@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_every_package_is_listed_in_pyproject():
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(REPO / "src").parts) for p in (REPO / "src").rglob("__init__.py")}
-    found |= {"fourm_kfp.components", "fourm_kfp.pipelines"}
+    found |= {"fourm_kfp.components", "fourm_kfp.pipelines", "fourm_kfp.manifests"}
     assert found == listed
 
 
@@ -27,6 +27,10 @@ def test_wheel_has_no_generic_top_level_names(tmp_path):
     assert "fourm_kfp/components/prepare_data.py" in names
     assert "fourm_kfp/pipelines/fourm_pretrain.yaml" in names
     assert "fourm_kfp/configs/smoke/train.yaml" in names
+    assert {"fourm_kfp/manifests/base/pytorchjob-template.yaml", "fourm_kfp/manifests/base/trainjob-template.yaml"} \
+        <= set(names)  # the launcher renders its jobs from them
+    assert not [n for n in names if n.startswith("fourm_kfp/manifests/") and "template" not in n
+                and not n.endswith("__init__.py")]  # only the templates: no Secrets, no kustomizations
     entry_points = [n for n in names if n.endswith("entry_points.txt")]
     assert "fourm-kfp = fourm_kfp.cli:main" in zipfile.ZipFile(wheel).read(entry_points[0]).decode()
 

@@ -67,21 +67,51 @@ def run_stage_component(stage: str, preset: str, config_overrides: Sequence[str]
     outcome = launch_stage(stage, preset=preset, overrides=config_overrides, store_uri=store_uri,
                            s3_endpoint=s3_endpoint, tracking_uri=mlflow_tracking_uri or None,
                            parent_run_id=parent_run_id, force=force, input_uris=input_uris, parts=parts)
+    return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
+
+
+def publish_outcome(outcome: StageOutcome, report_path: str | None = None, metrics=None,
+                    html_path: str | None = None) -> StageOutcome:
+    """Copy a committed stage's reports and metrics into the step's KFP output artifacts, print its outcome."""
     output = open_store(outcome.output_uri) if report_path or html_path else None
     if report_path:
         pages = [k for k in output.list("reports") if k.endswith(".md")]
-        text = "\n\n".join(output.get_text(k) for k in pages) or f"# {stage}\n"
+        text = "\n\n".join(output.get_text(k) for k in pages) or f"# {outcome.name}\n"
         with open(report_path, "w") as fh:
             fh.write(text)
     if html_path:
         pages = [k for k in output.list("reports") if k.endswith(".html")]
         with open(html_path, "w") as fh:
-            fh.write(output.get_text(pages[0]) if pages else f"<h1>{stage}</h1>")
+            fh.write(output.get_text(pages[0]) if pages else f"<h1>{outcome.name}</h1>")
     if metrics is not None:
         for name, value in sorted(outcome.metrics.items()):
             metrics.log_metric(name, float(value))
     print(json.dumps(outcome.to_dict()), flush=True)
     return outcome
+
+
+def run_pretrain_component(preset: str, config_overrides: Sequence[str], store_uri: str, s3_endpoint: str,
+                           mlflow_tracking_uri: str, parent_run_id: str, force: bool, input_uris: dict[str, str],
+                           launcher: str, job: dict, kfp_run_id: str, report_path: str | None = None,
+                           metrics=None, job_spec_path: str | None = None) -> StageOutcome:
+    """The pretrain step: train in this pod (``launcher="in-pod"``), or launch and follow a PyTorchJob / TrainJob
+    (:mod:`fourm_kfp.cluster.pretrain_job`) and report its committed output the same way."""
+    if launcher == "in-pod":
+        if job_spec_path:
+            with open(job_spec_path, "w") as fh:
+                fh.write("# pretrain_launcher=in-pod: trained in the step's own pod, no job\n")
+        return run_stage_component("pretrain", preset, config_overrides, store_uri, s3_endpoint,
+                                   mlflow_tracking_uri, parent_run_id, force, input_uris=input_uris,
+                                   report_path=report_path, metrics=metrics)
+    from fourm_kfp.cluster.pretrain_job import JobParams, launch_pretrain_job
+    from fourm_kfp.components.images import GPU_IMAGE
+
+    outcome = launch_pretrain_job(preset=preset, overrides=config_overrides, store_uri=store_uri,
+                                  s3_endpoint=s3_endpoint, tracking_uri=mlflow_tracking_uri or None,
+                                  parent_run_id=parent_run_id, force=force, input_uris=input_uris,
+                                  params=JobParams(launcher=launcher, **job), image=GPU_IMAGE,
+                                  kfp_run_id=kfp_run_id, spec_path=job_spec_path)
+    return publish_outcome(outcome, report_path=report_path, metrics=metrics)
 
 
 def run_stage_part_component(stage: str, part: int, parts: int, preset: str, config_overrides: Sequence[str],

@@ -64,6 +64,8 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
     arguments = dict(preset=preset, config_overrides=list(overrides), store_uri=store_uri,
                      s3_endpoint=s3_endpoint or "", mlflow_tracking_uri=tracking, run_label=label,
                      mlflow_parent_run_id=parent_run_id,
+                     # No cluster here: pretrain trains in its own (sub)process, not as a PyTorchJob.
+                     pretrain_launcher="in-pod",
                      **{f"{name.replace('-', '_')}_force": name in force for name in STAGES},
                      **(pipeline_arguments or {}))
 

@@ -169,6 +169,12 @@ def finish_run(tracking_uri: str | None, run_id: str | None, status: str = "FINI
         _client(tracking_uri).set_terminated(run_id, status=status)
 
 
+def attach_artifact(tracking_uri: str | None, run_id: str | None, name: str, data: bytes) -> None:
+    """Attach a file to an existing run (open or finished), e.g. a launcher's job spec to the stage's run."""
+    if tracking_uri and run_id:
+        MLflowTracker(_client(tracking_uri), run_id).log_artifact(name, data)
+
+
 @contextlib.contextmanager
 def stage_run(tracking_uri: str | None, parent_run_id: str | None, stage: str,
               kind: str = "stage") -> Iterator[Tracker]:

@@ -1,0 +1,241 @@
+"""Render the pre-training job (a PyTorchJob or a TrainJob) from the manifest templates shipped with the package.
+
+The templates are ``manifests/base/pytorchjob-template.yaml`` and ``manifests/base/trainjob-template.yaml``, the very
+files a user may submit by hand (package data of ``fourm_kfp.manifests``); nothing here repeats their pod spec.
+:func:`render_job` fills in what changes per run:
+
+- the name ``fourm-pretrain-<content address>`` (:func:`job_name`), so a restarted launcher finds its own job;
+- labels with the address and the KFP run id, and an ownerReference to the launcher pod (stopping the KFP run
+  deletes the job); ``blockOwnerDeletion`` stays off, which needs no permission on the pod's finalizers;
+- nodes (PyTorchJob: Master plus ``nodes - 1`` Workers, no Worker spec at all for one node), an integer number of
+  processes per node, the accelerator, CPU and memory per node, node selector, tolerations, deadline, and an
+  optional ``elasticPolicy`` (PyTorchJob);
+- the container's arguments: ``torchrun --no-python fourm-kfp stage pretrain ...`` (:func:`pretrain_stage_args`);
+  torchrun reads the rendezvous from the operator's ``PET_*`` variables. Credentials stay in the Secret.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Sequence
+
+import yaml
+
+from fourm_kfp.config.schema import ConfigError
+
+LAUNCHERS = ("pytorchjob", "trainjob")
+TEMPLATES = {"pytorchjob": "pytorchjob-template.yaml", "trainjob": "trainjob-template.yaml"}
+#: Label keys the launcher sets and reads back (adoption checks them).
+ADDRESS_LABEL = "fourm-kfp.org/address"
+RUN_ID_LABEL = "fourm-kfp.org/kfp-run-id"
+JOB_NAME_PREFIX = "fourm-pretrain-"
+#: The pod's local folder: ``--root`` of the stage (ranks share no file system; outputs go to the store).
+POD_ROOT = "/scratch/run"
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+
+
+@dataclass(frozen=True)
+class OwnerPod:
+    """The launcher pod (from the downward API), made the job's owner."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """Everything that varies between rendered jobs; see the pipeline's ``pretrain_*`` parameters."""
+
+    launcher: str
+    address: str
+    stage_args: Sequence[str]
+    image: str
+    nodes: int = 1
+    procs_per_node: int = 1
+    accelerator: str = "nvidia.com/gpu"  # "" or "cpu": CPU nodes (no accelerator request or toleration)
+    cpu_per_node: str = ""  # "" keeps the template's request
+    memory_per_node: str = ""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    deadline_s: int = 259200
+    min_nodes: int = 0  # PyTorchJob only: > 0 makes the job elastic between min_nodes and nodes
+    kfp_run_id: str = ""
+    owner: OwnerPod | None = None
+
+    @property
+    def name(self) -> str:
+        return job_name(self.address)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.procs_per_node if self.accelerator not in ("", "cpu") else 0
+
+
+def job_name(address: str) -> str:
+    """The job's name: one per content address (a valid DNS-1035 label, so also a valid Service name)."""
+    if not re.fullmatch(r"[0-9a-f]{1,40}", address):
+        raise ValueError(f"not a content address: {address!r}")
+    return JOB_NAME_PREFIX + address
+
+
+def pretrain_stage_args(*, preset: str, overrides: Sequence[str], store_uri: str, input_uris: dict[str, str],
+                        s3_endpoint: str = "", tracking_uri: str = "", parent_run_id: str = "") -> list[str]:
+    """``fourm-kfp``'s arguments in a training pod: the one stage entry point with the run's config and lineage.
+
+    No ``--force``: a pod restarted by the operator must resume, never clear (the launcher clears a forced output
+    once, before it creates the job)."""
+    args = ["stage", "pretrain", "--preset", preset]
+    for item in overrides:
+        args += ["--set", item]
+    args += ["--root", POD_ROOT, "--store", store_uri]
+    if s3_endpoint:
+        args += ["--s3-endpoint", s3_endpoint]
+    if tracking_uri:
+        args += ["--mlflow-tracking-uri", tracking_uri]
+    if parent_run_id:
+        args += ["--parent-run-id", parent_run_id]
+    for name, uri in sorted(input_uris.items()):
+        args += ["--input", f"{name}={uri}"]
+    return args
+
+
+def load_template(launcher: str) -> dict[str, Any]:
+    """The template as shipped (a fresh copy: YAML anchors become shared objects, so nothing is edited in place)."""
+    if launcher not in TEMPLATES:
+        raise ConfigError(f"pretrain_launcher={launcher!r}: expected one of {', '.join(LAUNCHERS)} or in-pod")
+    text = resources.files("fourm_kfp.manifests").joinpath("base", TEMPLATES[launcher]).read_text()
+    return copy.deepcopy(yaml.safe_load(text))
+
+
+def validate_request(req: JobRequest) -> None:
+    """Fail on a parameter the API server or the operator would reject, naming the pipeline parameter."""
+    if req.launcher not in LAUNCHERS:
+        raise ConfigError(f"pretrain_launcher={req.launcher!r}: expected one of {', '.join(LAUNCHERS)} or in-pod")
+    if req.nodes < 1:
+        raise ConfigError(f"pretrain_nodes={req.nodes}: at least 1")
+    if req.procs_per_node < 1:
+        raise ConfigError(f"pretrain_procs_per_node={req.procs_per_node}: at least 1 (an integer, never 'auto')")
+    if req.min_nodes and not 1 <= req.min_nodes <= req.nodes:
+        raise ConfigError(f"pretrain_min_nodes={req.min_nodes}: 0 (fixed size) or 1..pretrain_nodes ({req.nodes})")
+    if req.min_nodes and req.launcher != "pytorchjob":
+        raise ConfigError("pretrain_min_nodes: elastic training needs pretrain_launcher=pytorchjob")
+    if req.deadline_s < 1:
+        raise ConfigError(f"pretrain_deadline_s={req.deadline_s}: at least 1 second")
+    for param, value in (("pretrain_cpu_per_node", req.cpu_per_node), ("pretrain_memory_per_node",
+                                                                       req.memory_per_node)):
+        if value and not _QUANTITY.match(value):
+            raise ConfigError(f"{param}={value!r} is not a Kubernetes quantity (e.g. 16, 500m, 64Gi)")
+    if not isinstance(req.node_selector, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in req.node_selector.items()):
+        raise ConfigError(f"pretrain_node_selector={req.node_selector!r}: expected a JSON object of strings")
+    if not isinstance(req.tolerations, list) or not all(isinstance(t, dict) for t in req.tolerations):
+        raise ConfigError(f"pretrain_tolerations={req.tolerations!r}: expected a JSON list of toleration objects")
+    if not _LABEL_VALUE.match(req.kfp_run_id) or len(req.kfp_run_id) > 63:
+        raise ConfigError(f"KFP run id {req.kfp_run_id!r} cannot be a label value")
+
+
+def _pod_resources(template: dict[str, Any], req: JobRequest) -> dict[str, Any]:
+    """The template's per-node resources with the request's CPU, memory and accelerator count."""
+    resources_ = copy.deepcopy(template)
+    requests, limits = resources_.setdefault("requests", {}), resources_.setdefault("limits", {})
+    for section in (requests, limits):
+        for key in [k for k in section if k.endswith("/gpu")]:
+            del section[key]
+    if req.gpus_per_node:
+        requests[req.accelerator] = limits[req.accelerator] = req.gpus_per_node
+    if req.cpu_per_node:
+        requests["cpu"] = req.cpu_per_node
+    if req.memory_per_node:
+        requests["memory"] = limits["memory"] = req.memory_per_node
+    return resources_
+
+
+def _tolerations(template: list[dict[str, Any]], req: JobRequest) -> list[dict[str, Any]]:
+    """The template's accelerator toleration (retargeted to the accelerator, dropped on CPU nodes) plus the run's."""
+    kept = []
+    for toleration in template:
+        if str(toleration.get("key", "")).endswith("/gpu"):
+            if not req.gpus_per_node:
+                continue
+            toleration = {**toleration, "key": req.accelerator}
+        kept.append(toleration)
+    return kept + [t for t in req.tolerations if t not in kept]
+
+
+def _metadata(obj: dict[str, Any], req: JobRequest) -> None:
+    meta = obj["metadata"]
+    meta["name"] = req.name
+    meta.setdefault("labels", {}).update({ADDRESS_LABEL: req.address, RUN_ID_LABEL: req.kfp_run_id})
+    if req.owner is not None:
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": req.owner.name, "uid": req.owner.uid,
+                                    "controller": False, "blockOwnerDeletion": False}]
+
+
+def _pod_labels(pod_metadata: dict[str, Any], req: JobRequest) -> None:
+    pod_metadata.setdefault("labels", {}).update({ADDRESS_LABEL: req.address, RUN_ID_LABEL: req.kfp_run_id})
+
+
+def render_pytorchjob(req: JobRequest) -> dict[str, Any]:
+    """The PyTorchJob of ``req`` (Training Operator ``kubeflow.org/v1``)."""
+    job = load_template("pytorchjob")
+    _metadata(job, req)
+    spec = job["spec"]
+    spec["nprocPerNode"] = str(req.procs_per_node)
+    spec["runPolicy"]["activeDeadlineSeconds"] = req.deadline_s
+    pod = copy.deepcopy(spec["pytorchReplicaSpecs"]["Master"]["template"])
+    _pod_labels(pod["metadata"], req)
+    pod_spec = pod["spec"]
+    [container] = pod_spec["containers"]
+    container["image"] = req.image
+    container["args"] = ["--no-python", "fourm-kfp", *req.stage_args]
+    container["resources"] = _pod_resources(container["resources"], req)
+    pod_spec["tolerations"] = _tolerations(pod_spec.get("tolerations", []), req)
+    if not pod_spec["tolerations"]:
+        del pod_spec["tolerations"]
+    if req.node_selector:
+        pod_spec["nodeSelector"] = dict(req.node_selector)
+    replicas = {"Master": {**spec["pytorchReplicaSpecs"]["Master"], "template": pod}}
+    if req.nodes > 1:
+        worker = spec["pytorchReplicaSpecs"].get("Worker") or spec["pytorchReplicaSpecs"]["Master"]
+        replicas["Worker"] = {**worker, "replicas": req.nodes - 1, "template": copy.deepcopy(pod)}
+    spec["pytorchReplicaSpecs"] = replicas
+    if req.min_nodes:
+        spec["elasticPolicy"] = {"minReplicas": req.min_nodes, "maxReplicas": req.nodes, "rdzvBackend": "c10d",
+                                 "maxRestarts": spec["runPolicy"]["backoffLimit"]}
+    return job
+
+
+def render_trainjob(req: JobRequest) -> dict[str, Any]:
+    """The TrainJob of ``req`` (Trainer v2 ``trainer.kubeflow.org/v1alpha1``, runtime ``torch-distributed``)."""
+    job = load_template("trainjob")
+    _metadata(job, req)
+    spec = job["spec"]
+    spec["activeDeadlineSeconds"] = req.deadline_s
+    trainer = spec["trainer"]
+    trainer.update(image=req.image, numNodes=req.nodes, numProcPerNode=req.procs_per_node,
+                   args=["--no-python", "fourm-kfp", *req.stage_args])
+    trainer["resourcesPerNode"] = _pod_resources(trainer["resourcesPerNode"], req)
+    [patch] = spec["runtimePatches"]
+    [node_job] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = node_job["template"]["spec"]["template"]
+    _pod_labels(pod["metadata"], req)
+    pod["spec"]["tolerations"] = _tolerations(pod["spec"].get("tolerations", []), req)
+    if not pod["spec"]["tolerations"]:
+        del pod["spec"]["tolerations"]
+    if req.node_selector:
+        pod["spec"]["nodeSelector"] = dict(req.node_selector)
+    return job
+
+
+def render_job(req: JobRequest) -> dict[str, Any]:
+    """The job object for ``req.launcher``, after checking the request."""
+    validate_request(req)
+    return render_pytorchjob(req) if req.launcher == "pytorchjob" else render_trainjob(req)
+
+
+def to_yaml(job: dict[str, Any]) -> str:
+    return yaml.safe_dump(job, sort_keys=False, default_flow_style=False)

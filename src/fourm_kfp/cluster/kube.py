@@ -1,0 +1,162 @@
+"""The few Kubernetes API calls the pretrain launcher makes, in one namespace, with errors a user can act on.
+
+:class:`KubeApi` wraps the official client (``kubernetes``, installed with kfp): create / get / delete a custom
+object (the job), list pods by label, read a container's log (with timestamps, so a reader can resume where it
+stopped). Objects come back as plain dicts. It needs the RBAC of ``manifests/base/rbac.yaml`` and nothing more;
+a 403 or a missing CRD raises a :class:`~fourm_kfp.errors.UserError` that says which.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fourm_kfp.errors import UserError
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A custom resource type: ``group/version``, ``plural`` and ``kind``."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+
+class JobConflict(UserError):
+    """A job of that name exists and is not this launcher's to adopt."""
+
+
+def current_namespace(explicit: str = "") -> str:
+    """The namespace to work in: given, else the pod's (downward API or service account), else kubeconfig's."""
+    if explicit:
+        return explicit
+    if os.environ.get("FOURM_POD_NAMESPACE"):
+        return os.environ["FOURM_POD_NAMESPACE"]
+    if SERVICE_ACCOUNT_NAMESPACE.is_file():
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    try:
+        from kubernetes import config
+
+        _, context = config.list_kube_config_contexts()
+        return (context or {}).get("context", {}).get("namespace") or "default"
+    except Exception:  # no kubeconfig: the client will say so when it connects
+        return "default"
+
+
+class KubeApi:
+    """Create, read and delete custom objects and read pods and their logs in ``namespace``."""
+
+    def __init__(self, api_client, namespace: str):
+        from kubernetes import client
+
+        self.api_client = api_client
+        self.namespace = namespace
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+
+    @classmethod
+    def from_environment(cls, namespace: str = "") -> "KubeApi":
+        """In a pod: its service account; elsewhere: the kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``)."""
+        from kubernetes import client, config
+
+        try:
+            if os.environ.get("KUBERNETES_SERVICE_HOST"):
+                config.load_incluster_config()
+            else:
+                config.load_kube_config()
+        except config.ConfigException as exc:
+            raise UserError(f"no Kubernetes cluster to launch the job in ({exc}); run inside a cluster or set "
+                            "KUBECONFIG, or use pretrain_launcher=in-pod") from exc
+        return cls(client.ApiClient(), current_namespace(namespace))
+
+    # --------------------------------------------------------------------------------------------- errors
+
+    def _explain(self, exc, verb: str, what: str) -> Exception:
+        status = getattr(exc, "status", None)
+        if status == 403:
+            return UserError(f"the service account may not {verb} {what} in namespace {self.namespace!r}: bind "
+                             "the Role of manifests/base/rbac.yaml to the account the pipeline runs as "
+                             "(manifests/README.md)")
+        if status == 404 and verb == "create":
+            return UserError(f"the API server does not know {what} in namespace {self.namespace!r}: is the "
+                             "operator installed (its CRD applied)? See manifests/README.md")
+        return exc
+
+    # ------------------------------------------------------------------------------------ custom objects
+
+    def create(self, resource: Resource, body: dict[str, Any]) -> dict[str, Any]:
+        """Create ``body``; raises :class:`JobConflict` when the name is taken (HTTP 409)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.custom.create_namespaced_custom_object(resource.group, resource.version, self.namespace,
+                                                               resource.plural, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise JobConflict(f"{resource.kind} {body['metadata']['name']!r} already exists in namespace "
+                                  f"{self.namespace!r}") from exc
+            raise self._explain(exc, "create", resource.plural) from exc
+
+    def get(self, resource: Resource, name: str) -> dict[str, Any] | None:
+        """The object, or None when there is none."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.custom.get_namespaced_custom_object(resource.group, resource.version, self.namespace,
+                                                            resource.plural, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise self._explain(exc, "get", resource.plural) from exc
+
+    def delete(self, resource: Resource, name: str) -> bool:
+        """Delete the object and, in the background, what it owns (pods, services); False when it was gone."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.custom.delete_namespaced_custom_object(resource.group, resource.version, self.namespace,
+                                                        resource.plural, name, propagation_policy="Background")
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise self._explain(exc, "delete", resource.plural) from exc
+
+    # ------------------------------------------------------------------------------------------ pods, logs
+
+    def pods(self, selector: str) -> list[dict[str, Any]]:
+        """Pods matching the label selector, as plain dicts (camelCase keys, as the API serves them)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            found = self.core.list_namespaced_pod(self.namespace, label_selector=selector)
+        except ApiException as exc:
+            raise self._explain(exc, "list", "pods") from exc
+        return [self.api_client.sanitize_for_serialization(pod) for pod in found.items]
+
+    def log(self, pod: str, container: str, *, since_seconds: int | None = None, previous: bool = False,
+            tail_lines: int | None = None) -> str:
+        """A container's log, each line prefixed by its RFC 3339 timestamp; "" when it cannot be read (yet)."""
+        from kubernetes.client.exceptions import ApiException
+
+        kwargs: dict[str, Any] = {"container": container, "timestamps": True, "previous": previous}
+        if since_seconds is not None:
+            kwargs["since_seconds"] = since_seconds
+        if tail_lines is not None:
+            kwargs["tail_lines"] = tail_lines
+        try:
+            return self.core.read_namespaced_pod_log(pod, self.namespace, **kwargs) or ""
+        except ApiException as exc:
+            if exc.status in (400, 404):  # container not started yet / no previous instance / pod gone
+                return ""
+            raise self._explain(exc, "read the log of", f"pod {pod}") from exc
