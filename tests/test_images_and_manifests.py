@@ -25,13 +25,13 @@ import sys
 from pathlib import Path
 
 import jsonschema
-import kubernetes_validate
 import pytest
 import yaml
 
 from fourm_kfp import __version__
 from fourm_kfp.components.images import CPU_IMAGE, GPU_IMAGE
 from fourm_kfp.pipelines import fourm_pretrain as pipeline
+from tests.k8s_schemas import (PYTORCHJOB_CRD, crd_errors, crd_validator, k8s_errors, pod_template_errors)
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGES = REPO / "images"
@@ -40,11 +40,6 @@ PYTORCHJOB_TEMPLATE = MANIFESTS / "base" / "pytorchjob-template.yaml"
 DOCKERFILES = {"cpu": IMAGES / "Dockerfile", "gpu": IMAGES / "Dockerfile.gpu"}
 KUSTOMIZATIONS = sorted(p.parent.relative_to(MANIFESTS).as_posix() for p in MANIFESTS.rglob("kustomization.yaml"))
 
-# The oldest Kubernetes the manifests must work on, and the newest schema kubernetes-validate ships.
-K8S_VERSIONS = ("1.31", kubernetes_validate.latest_version())
-# The CRD schema ships beside the clone (../shared, as in CI) or inside it (shared/, on the device machines).
-CRD_NAME = "kubeflow.org_pytorchjobs.yaml"
-CRD_CANDIDATES = (REPO.parent / "shared" / "schemas" / CRD_NAME, REPO / "shared" / "schemas" / CRD_NAME)
 # Values the Training Operator accepts (checked by its webhook/controller, not by the CRD schema).
 PYTORCHJOB_RESTART_POLICIES = {"Always", "OnFailure", "Never", "ExitCode"}
 PYTORCHJOB_CLEAN_POD_POLICIES = {"None", "All", "Running"}
@@ -70,8 +65,6 @@ OVERLAYS = {
 # API groups of training jobs (and of the JobSets a TrainJob makes): applying manifests must never start one.
 TRAINING_API_GROUPS = {"kubeflow.org", "trainer.kubeflow.org", "jobset.x-k8s.io"}
 
-YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRD is 600 kB: libyaml when available
-
 
 # --------------------------------------------------------------------------------------------------- helpers
 
@@ -85,51 +78,10 @@ def _tool(name: str) -> str:
     return found
 
 
-def _k8s_errors(obj: dict) -> list[str]:
-    """Schema errors of one built-in object, for every Kubernetes version in K8S_VERSIONS."""
-    errors = []
-    for version in K8S_VERSIONS:
-        try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            path = "/".join(str(p) for p in exc.path)
-            errors.append(f"{obj['kind']}/{obj['metadata'].get('name')} (k8s {version}) at {path}: {exc.message}")
-        except kubernetes_validate.SchemaNotFoundError as exc:
-            errors.append(exc.message)
-    return errors
-
-
-def _forbid_unknown_fields(schema: dict) -> dict:
-    """Make a CRD's structural schema reject unknown fields, as ``kubectl apply --validate=strict`` does.
-
-    (The API server silently prunes them otherwise, so a typo in a field name would be lost without an error.)
-    """
-    if "properties" in schema and "additionalProperties" not in schema \
-            and not schema.get("x-kubernetes-preserve-unknown-fields"):
-        schema["additionalProperties"] = False
-    for child in schema.get("properties", {}).values():
-        _forbid_unknown_fields(child)
-    for key in ("items", "additionalProperties", "not"):
-        if isinstance(schema.get(key), dict):
-            _forbid_unknown_fields(schema[key])
-    for key in ("allOf", "anyOf", "oneOf"):
-        for child in schema.get(key, []):
-            _forbid_unknown_fields(child)
-    return schema
-
-
-def _crd_errors(validator: jsonschema.protocols.Validator, obj: dict) -> list[str]:
-    return [f"at {'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
-
-
 def _pod_template_errors(job: dict) -> list[str]:
     """Each replica's pod template against Kubernetes' own PodTemplate schema (stricter than the CRD copy)."""
-    errors = []
-    for role, replica in job["spec"]["pytorchReplicaSpecs"].items():
-        wrapped = {"apiVersion": "v1", "kind": "PodTemplate",
-                   "metadata": {"name": f"{job['metadata']['name']}-{role.lower()}"}, "template": replica["template"]}
-        errors += [f"{role}: {e}" for e in _k8s_errors(wrapped)]
-    return errors
+    return [f"{role}: {e}" for role, replica in job["spec"]["pytorchReplicaSpecs"].items()
+            for e in pod_template_errors(f"{job['metadata']['name']}-{role.lower()}", replica["template"])]
 
 
 def _pod_specs(obj: dict) -> list[dict]:
@@ -195,16 +147,8 @@ def rendered(tmp_path_factory) -> dict[str, list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def crd_validator() -> jsonschema.protocols.Validator:
-    crd_path = next((p for p in CRD_CANDIDATES if p.is_file()), None)
-    if crd_path is None:
-        pytest.skip(f"PyTorchJob CRD schema not found (looked at {', '.join(map(str, CRD_CANDIDATES))})")
-    crd = yaml.load(crd_path.read_text(), Loader=YamlLoader)
-    [v1] = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    schema = _forbid_unknown_fields(v1["schema"]["openAPIV3Schema"])
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    cls.check_schema(schema)
-    return cls(schema)
+def pytorchjob_validator() -> jsonschema.protocols.Validator:
+    return crd_validator(PYTORCHJOB_CRD)
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +174,7 @@ def test_kustomization_renders_valid_kubernetes_objects(rendered, folder):
     assert objects, f"manifests/{folder} renders nothing"
     keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
     assert len(keys) == len(set(keys)), f"duplicate objects: {keys}"
-    errors = [e for o in objects for e in _k8s_errors(o)]
+    errors = [e for o in objects for e in k8s_errors(o)]
     assert not errors, "\n".join(errors)
 
 
@@ -366,8 +310,8 @@ def test_kubeflow_profile_keeps_minio_and_mlflow_out_of_the_mesh(rendered):
         assert annotations.get("sidecar.istio.io/inject") == "false", deployment["metadata"]["name"]
 
 
-def test_pytorchjob_template_matches_crd_schema(crd_validator, pytorchjob):
-    errors = _crd_errors(crd_validator, pytorchjob)
+def test_pytorchjob_template_matches_crd_schema(pytorchjob_validator, pytorchjob):
+    errors = crd_errors(pytorchjob_validator, pytorchjob)
     assert not errors, "\n".join(errors)
 
 
@@ -405,25 +349,25 @@ def test_kubernetes_validation_rejects_broken_objects(pytorchjob, rendered):
     [deployment] = [o for o in rendered["base"] if o["kind"] == "Deployment" and o["metadata"]["name"] == "minio"]
     broken = copy.deepcopy(deployment)
     broken["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
-    assert _k8s_errors(broken)
+    assert k8s_errors(broken)
     broken = copy.deepcopy(deployment)
     broken["spec"]["replicas"] = "one"
-    assert _k8s_errors(broken)
+    assert k8s_errors(broken)
     broken = copy.deepcopy(pytorchjob)
     broken["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resource"] = {}
     assert _pod_template_errors(broken)
 
 
-def test_crd_validation_rejects_broken_pytorchjobs(crd_validator, pytorchjob):
+def test_crd_validation_rejects_broken_pytorchjobs(pytorchjob_validator, pytorchjob):
     broken = copy.deepcopy(pytorchjob)
     broken["spec"]["runPolicy"]["cleanPodPolicyy"] = "All"
-    assert _crd_errors(crd_validator, broken)
+    assert crd_errors(pytorchjob_validator, broken)
     broken = copy.deepcopy(pytorchjob)
     broken["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = "1"  # Master: the one replica spec always there
-    assert _crd_errors(crd_validator, broken)
+    assert crd_errors(pytorchjob_validator, broken)
     broken = copy.deepcopy(pytorchjob)
     broken["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resource"] = {}
-    assert _crd_errors(crd_validator, broken)
+    assert crd_errors(pytorchjob_validator, broken)
 
 
 # ---------------------------------------------------------------------------------------------------- images

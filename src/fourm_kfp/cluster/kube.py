@@ -8,6 +8,7 @@ a 403 or a missing CRD raises a :class:`~fourm_kfp.errors.UserError` that says w
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,11 +139,11 @@ class KubeApi:
         """Pods matching the label selector, as plain dicts (camelCase keys, as the API serves them)."""
         from kubernetes.client.exceptions import ApiException
 
-        try:
-            found = self.core.list_namespaced_pod(self.namespace, label_selector=selector)
+        try:  # the JSON as served: no client model in between to reject a field it does not know
+            response = self.core.list_namespaced_pod(self.namespace, label_selector=selector, _preload_content=False)
         except ApiException as exc:
             raise self._explain(exc, "list", "pods") from exc
-        return [self.api_client.sanitize_for_serialization(pod) for pod in found.items]
+        return json.loads(response.data).get("items") or []
 
     def log(self, pod: str, container: str, *, since_seconds: int | None = None, previous: bool = False,
             tail_lines: int | None = None) -> str:

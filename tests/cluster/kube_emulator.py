@@ -1,0 +1,150 @@
+"""An in-memory Kubernetes API for the launcher's tests: kmock's ``KubernetesEmulator`` on a local port.
+
+The launcher talks to it through the real ``kubernetes`` client over HTTP, exactly as in a cluster. The test plays
+the operator and the kubelet: it creates the job's pods, moves their status along, writes their logs, and sets the
+job's conditions, all through the same API.
+
+What the emulator does not do (so the tests do it, or do without it):
+- no controllers: nothing creates pods or sets conditions on its own (the test's operator script does);
+- no label selectors: a list returns every pod of the namespace (the tests create only the job's pods);
+- no watch for the client's ``watch=True`` (the launcher polls anyway);
+- no pod logs: :class:`Kubelet` serves ``pods/<name>/log`` from lines the test appends, honouring ``timestamps``,
+  ``sinceSeconds``, ``tailLines`` and ``previous`` like the kubelet, and can fail a read on purpose;
+- no uids, resourceVersions, admission, RBAC or schema validation (the rendered objects are checked against the
+  real CRD schemas in test_job_spec.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+import time
+from dataclasses import dataclass, field
+
+import kmock
+from kubernetes import client
+
+from fourm_kfp.cluster.kube import KubeApi
+
+
+def rfc3339(seconds: float) -> str:
+    stamp = dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond:06d}".rstrip("0").ljust(1, "0") + "Z"
+
+
+@dataclass
+class Kubelet:
+    """Container logs of the emulated pods: ``(pod, container, instance)`` -> [(time, line)]."""
+
+    logs: dict[tuple[str, str, int], list[tuple[float, str]]] = field(default_factory=dict)
+    instance: dict[tuple[str, str], int] = field(default_factory=dict)
+    fail_next: int = 0  # make this many log reads fail with HTTP 500 (a dropped connection)
+    reads: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def write(self, pod: str, container: str, *lines: str) -> None:
+        with self.lock:
+            key = (pod, container, self.instance.get((pod, container), 0))
+            for line in lines:
+                self.logs.setdefault(key, []).append((time.time(), line))
+                time.sleep(0.001)  # distinct timestamps, as real lines mostly have
+
+    def restart(self, pod: str, container: str) -> None:
+        with self.lock:
+            self.instance[(pod, container)] = self.instance.get((pod, container), 0) + 1
+
+    def serve(self, pod: str, params) -> str:
+        with self.lock:
+            self.reads += 1
+            if self.fail_next:
+                self.fail_next -= 1
+                raise RuntimeError("connection dropped (injected)")
+            container = params.get("container", "")
+            current = self.instance.get((pod, container), 0)
+            instance = current - 1 if params.get("previous") == "True" else current
+            lines = list(self.logs.get((pod, container, instance), []))
+        if "sinceSeconds" in params:
+            lines = [(t, s) for t, s in lines if t >= time.time() - int(params["sinceSeconds"])]
+        if "tailLines" in params:
+            lines = lines[-int(params["tailLines"]):]
+        stamp = params.get("timestamps") == "True"
+        return "".join(f"{rfc3339(t)} {s}\n" if stamp else f"{s}\n" for t, s in lines)
+
+
+class EmulatedCluster:
+    """The emulator served on 127.0.0.1 from a background event loop; :meth:`api` is a launcher-side client."""
+
+    def __init__(self, namespace: str = "fourm"):
+        self.namespace = namespace
+        self.kubelet = Kubelet()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the Kubernetes emulator did not start")
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
+            self.emulator, self.url = emulator, str(server.url).rstrip("/")
+            for resource in ("v1/pods", "kubeflow.org/v1/pytorchjobs", "trainer.kubeflow.org/v1alpha1/trainjobs"):
+                emulator.resources[resource] = {}  # known before the first object (an empty list, not a 404)
+            self._ready.set()
+            await self._stop.wait()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def api(self) -> KubeApi:
+        return KubeApi(client.ApiClient(client.Configuration(host=self.url)), self.namespace)
+
+    # ------------------------------------------------------------------------------- the operator's side
+
+    def add_pod(self, name: str, labels: dict[str, str], container: str, phase: str = "Pending",
+                conditions: list | None = None, waiting: dict | None = None) -> None:
+        """Create a pod (as the operator would) and serve its log from the kubelet."""
+        status = {"phase": phase, "conditions": conditions or [],
+                  "containerStatuses": [{"name": container, "image": "fourm", "imageID": "", "ready": False,
+                                         "restartCount": 0, "state": {"waiting": waiting} if waiting else {}}]}
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+                "spec": {"containers": [{"name": container, "image": "fourm"}]}, "status": status}
+        self.api().core.create_namespaced_pod(self.namespace, body)
+        path = f"get /api/v1/namespaces/{self.namespace}/pods/{name}/log"
+
+        def install():
+            self.emulator[path] << (lambda request: self.kubelet.serve(name, request.params).encode())
+
+        done = threading.Event()
+        self.loop.call_soon_threadsafe(lambda: (install(), done.set()))
+        done.wait(10)
+
+    def set_pod_status(self, name: str, status: dict) -> None:
+        self.api().core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
+
+    def set_job_conditions(self, resource, name: str, *conditions: tuple[str, str, str]) -> None:
+        """Set the job's status conditions: (type, reason, message), each with status True."""
+        body = {"status": {"conditions": [{"type": t, "status": "True", "reason": r, "message": m}
+                                          for t, r, m in conditions]}}
+        self.api().custom.patch_namespaced_custom_object_status(resource.group, resource.version, self.namespace,
+                                                                resource.plural, name, body)
+
+    def wait_for_job(self, resource, name: str, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.api().get(resource, name)
+            if job is not None:
+                return job
+            time.sleep(0.02)
+        raise TimeoutError(f"no {resource.kind} {name} was created")
+
+
+def running_status(container: str, restarts: int = 0, last_exit: dict | None = None) -> dict:
+    status = {"name": container, "image": "fourm", "imageID": "", "ready": True, "restartCount": restarts,
+              "state": {"running": {"startedAt": rfc3339(time.time())}}}
+    if last_exit:
+        status["lastState"] = {"terminated": last_exit}
+    return {"phase": "Running", "conditions": [], "containerStatuses": [status]}

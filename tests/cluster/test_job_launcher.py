@@ -1,0 +1,320 @@
+"""The launcher's create → follow → succeed / fail / time out / adopt / conflict / delete paths, against an
+in-memory Kubernetes API reached over HTTP by the real ``kubernetes`` client (``kube_emulator``: what it does not
+emulate is listed there). The test plays the operator and the kubelet from a second thread; the launcher polls.
+
+The last test runs the whole pretrain step in job mode: plan (nothing is created when the output is committed),
+render, create; the "operator" runs the rendered container command for real (one node, smoke), feeds its output
+to the master pod's log and sets the job's conditions from its exit status; the launcher reports the committed
+output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fourm_kfp.cluster.job_launcher import (PYTORCHJOB, TRAINJOB, FollowSettings, JobFailed, parse_timestamp,
+                                            run_job)
+from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, RUN_ID_LABEL, JobRequest, OwnerPod, render_job
+from fourm_kfp.cluster.kube import JobConflict
+from tests.cluster.kube_emulator import EmulatedCluster, running_status
+
+ADDRESS = "00aa11bb22cc33dd"
+RUN_ID = "run-1"
+FAST = FollowSettings(poll_s=0.05, grace_s=0.0, pending_every_s=3600)
+MASTER_LABELS = {"training.kubeflow.org/job-name": f"fourm-pretrain-{ADDRESS}",
+                 "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
+
+
+@pytest.fixture
+def cluster():
+    emulated = EmulatedCluster()
+    yield emulated
+    emulated.close()
+
+
+def _job(launcher: str = "pytorchjob", run_id: str = RUN_ID, nodes: int = 2) -> dict:
+    return render_job(JobRequest(launcher=launcher, address=ADDRESS, stage_args=["stage", "pretrain"],
+                                 image="fourm", nodes=nodes, kfp_run_id=run_id, owner=OwnerPod("launcher", "uid-1")))
+
+
+class Operator(threading.Thread):
+    """Runs a script (the operator's and kubelet's moves) beside the launcher; errors fail the test."""
+
+    def __init__(self, script):
+        super().__init__(daemon=True)
+        self.script, self.error = script, None
+        self.start()
+
+    def run(self):
+        try:
+            self.script()
+        except BaseException as exc:  # reported by finish()
+            self.error = exc
+
+    def finish(self):
+        self.join(30)
+        assert self.error is None, f"operator script failed: {self.error!r}"
+
+
+def _wait(predicate, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_timestamps_of_any_precision_order_correctly():
+    assert parse_timestamp("2026-11-23T10:00:00.5Z") > parse_timestamp("2026-11-23T10:00:00.123456789Z")
+    assert parse_timestamp("2026-11-23T10:00:01Z") - parse_timestamp("2026-11-23T10:00:00.999999999Z") == 1
+
+
+def test_create_follow_succeed_delete(cluster):
+    job = _job()
+    name = job["metadata"]["name"]
+    lines = []
+    kubelet = cluster.kubelet
+
+    def operator():
+        created = cluster.wait_for_job(PYTORCHJOB.resource, name)
+        assert created["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Created", "PyTorchJobCreated", "created"))
+        cluster.add_pod(f"{name}-master-0", MASTER_LABELS, "pytorch", conditions=[
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])
+        _wait(lambda: any("Insufficient nvidia.com/gpu" in line for line in lines))
+        cluster.set_pod_status(f"{name}-master-0", running_status("pytorch"))
+        kubelet.write(f"{name}-master-0", "pytorch", *[f"step {i}/20 loss {9 - i * 0.1:.2f}" for i in range(10)])
+        _wait(lambda: "step 9/20 loss 8.10" in lines)
+        kubelet.fail_next = 2  # two dropped log reads: nothing may be lost or repeated
+        kubelet.write(f"{name}-master-0", "pytorch", *[f"step {i}/20 loss {9 - i * 0.1:.2f}" for i in range(10, 20)])
+        _wait(lambda: kubelet.fail_next == 0)
+        _wait(lambda: "step 19/20 loss 7.10" in lines)
+        kubelet.write(f"{name}-master-0", "pytorch", "pretrain: committed")
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Created", "", ""), ("Running", "", ""),
+                                   ("Succeeded", "PyTorchJobSucceeded", "PyTorchJob succeeded"))
+
+    script = Operator(operator)
+    result = run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lines.append)
+    script.finish()
+    assert result.succeeded and not result.adopted
+    steps = [line for line in lines if line.startswith("step ")]
+    assert steps == [f"step {i}/20 loss {9 - i * 0.1:.2f}" for i in range(20)]  # each line once, in order
+    assert "pretrain: committed" in lines
+    pending = [line for line in lines if "pending" in line]
+    assert pending and "Unschedulable" in pending[0] and "Insufficient nvidia.com/gpu" in pending[0]
+    assert cluster.api().get(PYTORCHJOB.resource, name) is None  # deleted when done
+    assert lines[-1] == f"[launcher] deleted PyTorchJob {name}"
+
+
+def test_a_crash_loop_then_failure_raises_with_conditions_and_last_lines(cluster):
+    job = _job()
+    name = job["metadata"]["name"]
+    pod = f"{name}-master-0"
+    lines = []
+
+    def operator():
+        cluster.wait_for_job(PYTORCHJOB.resource, name)
+        cluster.add_pod(pod, MASTER_LABELS, "pytorch", phase="Running")
+        cluster.set_pod_status(pod, running_status("pytorch"))
+        cluster.kubelet.write(pod, "pytorch", "step 1/20", "step 2/20")
+        _wait(lambda: "step 2/20" in lines)
+        cluster.kubelet.write(pod, "pytorch", "RuntimeError: CUDA out of memory")  # unread when it dies
+        cluster.kubelet.restart(pod, "pytorch")
+        cluster.set_pod_status(pod, running_status("pytorch", restarts=1, last_exit={"exitCode": 137,
+                                                                                     "reason": "OOMKilled"}))
+        cluster.kubelet.write(pod, "pytorch", "resuming from step-00000000", "RuntimeError: CUDA out of memory")
+        _wait(lambda: "resuming from step-00000000" in lines)
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Failed", "PyTorchJobFailed",
+                                                               "job has reached the specified backoff limit"))
+
+    script = Operator(operator)
+    with pytest.raises(JobFailed) as failure:
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lines.append)
+    script.finish()
+    message = str(failure.value)
+    assert "backoff limit" in message and "PyTorchJobFailed" in message
+    assert "RuntimeError: CUDA out of memory" in message  # the last log lines travel with the error
+    assert lines.count("RuntimeError: CUDA out of memory") == 2  # the crashed container's last line too
+    restarted = [line for line in lines if "restarted" in line]
+    assert restarted and "137" in restarted[0] and "OOMKilled" in restarted[0]
+    assert lines.index("RuntimeError: CUDA out of memory") < lines.index(restarted[0])
+    assert cluster.api().get(PYTORCHJOB.resource, name) is None
+
+
+def test_a_job_that_outlives_its_deadline_fails_and_is_deleted(cluster):
+    job = _job()
+    name = job["metadata"]["name"]
+    with pytest.raises(JobFailed, match="did not finish within its deadline of 1s"):
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=1, settings=FAST, out=lambda line: None)
+    assert cluster.api().get(PYTORCHJOB.resource, name) is None
+
+
+def test_no_pods_says_the_operator_has_not_made_them(cluster):
+    job = _job()
+    lines = []
+    with pytest.raises(JobFailed):
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=0.3, settings=FAST, out=lines.append)
+    assert any("waiting for the operator to create pods" in line for line in lines)
+
+
+def test_a_restarted_launcher_adopts_its_own_running_job(cluster):
+    job = _job()
+    name = job["metadata"]["name"]
+    first = {**job, "metadata": {**job["metadata"], "annotations": {"created-by": "first launcher attempt"}}}
+    cluster.api().create(PYTORCHJOB.resource, first)
+
+    def operator():
+        cluster.add_pod(f"{name}-master-0", MASTER_LABELS, "pytorch")
+        cluster.set_pod_status(f"{name}-master-0", running_status("pytorch"))
+        cluster.kubelet.write(f"{name}-master-0", "pytorch", "step 7/20 (before the launcher restarted)")
+        time.sleep(0.3)
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Succeeded", "", ""))
+
+    script = Operator(operator)
+    lines = []
+    result = run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lines.append)
+    script.finish()
+    assert result.adopted and result.succeeded
+    assert "step 7/20 (before the launcher restarted)" in lines  # the log so far is shown on adoption
+    assert cluster.api().get(PYTORCHJOB.resource, name) is None
+
+
+def test_an_own_job_that_already_failed_is_replaced_not_adopted(cluster):
+    job = _job()
+    name = job["metadata"]["name"]
+    stale = {**job, "metadata": {**job["metadata"], "annotations": {"created-by": "failed attempt"}}}
+    cluster.api().create(PYTORCHJOB.resource, stale)
+    cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Failed", "PyTorchJobFailed", "earlier attempt"))
+
+    def operator():
+        _wait(lambda: (cluster.api().get(PYTORCHJOB.resource, name) or {}).get("metadata", {}).get("annotations")
+              is None)
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Succeeded", "", ""))
+
+    script = Operator(operator)
+    result = run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lambda line: None)
+    script.finish()
+    assert result.succeeded and not result.adopted
+
+
+@pytest.mark.parametrize("other", [{RUN_ID_LABEL: "another-run"}, {ADDRESS_LABEL: "ffffffffffffffff"}, None])
+def test_any_other_name_conflict_fails_clearly_and_touches_nothing(cluster, other):
+    job = _job()
+    name = job["metadata"]["name"]
+    labels = {**job["metadata"]["labels"], **other} if other else {"app": "someone-else"}
+    cluster.api().create(PYTORCHJOB.resource, {**job, "metadata": {"name": name, "labels": labels}})
+    with pytest.raises(JobConflict) as conflict:
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lambda line: None)
+    message = str(conflict.value)
+    assert name in message and f"kubectl delete pytorchjobs.kubeflow.org {name} -n fourm" in message
+    assert cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["labels"] == labels  # not deleted
+
+
+def test_keeping_the_job_when_asked(cluster):
+    job = _job()
+    name = job["metadata"]["name"]
+
+    def operator():
+        cluster.wait_for_job(PYTORCHJOB.resource, name)
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Succeeded", "", ""))
+
+    script = Operator(operator)
+    keep = FollowSettings(poll_s=0.05, grace_s=0, delete=False)
+    run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=keep, out=lambda line: None)
+    script.finish()
+    assert cluster.api().get(PYTORCHJOB.resource, name) is not None
+
+
+def test_trainjob_follows_node_zero_and_its_complete_condition(cluster):
+    job = _job("trainjob", nodes=2)
+    name = job["metadata"]["name"]
+    lines = []
+    labels = {"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": "node",
+              "jobset.sigs.k8s.io/job-index": "0"}
+
+    def operator():
+        cluster.wait_for_job(TRAINJOB.resource, name)
+        for index in (1, 0):  # node 1 first: the launcher must still pick rank 0's pod
+            pod = f"{name}-node-0-{index}"
+            cluster.add_pod(pod, {**labels, "batch.kubernetes.io/job-completion-index": str(index)}, "node")
+            cluster.set_pod_status(pod, running_status("node"))
+            cluster.kubelet.write(pod, "node", f"hello from node {index}")
+        _wait(lambda: "hello from node 0" in lines)
+        cluster.set_job_conditions(TRAINJOB.resource, name, ("Created", "", ""), ("Complete", "", "done"))
+
+    script = Operator(operator)
+    result = run_job(cluster.api(), TRAINJOB, job, deadline_s=60, settings=FAST, out=lines.append)
+    script.finish()
+    assert result.succeeded and "hello from node 1" not in lines
+    assert cluster.api().get(TRAINJOB.resource, name) is None
+
+
+# ------------------------------------------------------------------------------ the whole step in job mode
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.mark.slow
+def test_the_pretrain_step_in_job_mode_plans_launches_and_reports(cluster, tmp_path):
+    from fourm_kfp.cluster.job_spec import job_name
+    from fourm_kfp.cluster.pretrain_job import JobParams, launch_pretrain_job
+    from fourm_kfp.config.loader import load_config
+    from fourm_kfp.contract.addressing import stage_address
+    from fourm_kfp.stages import get_stage
+    from fourm_kfp.storage import open_store
+    from tests.train.pretrain_helpers import smoke_upstream
+
+    store = str(tmp_path / "store")
+    inputs = smoke_upstream(open_store(store, create=True))
+    overrides = ["train.steps=2", "train.checkpoint_every=1", "train.log_every=1"]
+    address = stage_address(get_stage("pretrain"), load_config("smoke", overrides=overrides))
+    name, pod = job_name(address), f"{job_name(address)}-master-0"
+    params = JobParams(launcher="pytorchjob", nodes=1, procs_per_node=1, accelerator="cpu", deadline_s=600)
+
+    def operator():
+        """Run the rendered master container as its pod would (one node, the operator's env); log into the API."""
+        job = cluster.wait_for_job(PYTORCHJOB.resource, name, timeout=120)
+        assert "Worker" not in job["spec"]["pytorchReplicaSpecs"]
+        [container] = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+        argv = container["command"] + container["args"]
+        argv[argv.index("--root") + 1] = str(tmp_path / "pod-root")  # the pod's emptyDir
+        cluster.add_pod(pod, {**MASTER_LABELS, "training.kubeflow.org/job-name": name}, "pytorch")
+        cluster.set_pod_status(pod, running_status("pytorch"))
+        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29771", "WORLD_SIZE": "1", "RANK": "0",
+               "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": "29771", "PET_NNODES": "1", "PET_NODE_RANK": "0",
+               "PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"], "OMP_NUM_THREADS": "1",
+               "MLFLOW_TRACKING_URI": "none"}
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            cluster.kubelet.write(pod, "pytorch", line.rstrip("\n"))
+        state = ("Succeeded", "", "") if proc.wait() == 0 else ("Failed", "", f"exit {proc.returncode}")
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, state)
+
+    lines: list[str] = []
+    script = Operator(operator)
+    outcome = launch_pretrain_job(preset="smoke", overrides=overrides, store_uri=store, s3_endpoint="",
+                                  tracking_uri="none", parent_run_id="", force=False, input_uris=inputs,
+                                  params=params, image="fourm", kfp_run_id=RUN_ID, spec_path=str(tmp_path / "job.yaml"),
+                                  api=cluster.api(), settings=FAST, out=lines.append)
+    script.finish()
+    assert outcome.status == "ran" and outcome.output_uri.endswith(f"pretrain/{address}")
+    assert outcome.metrics["steps"] == 2.0
+    assert (tmp_path / "job.yaml").read_text().startswith("apiVersion: kubeflow.org/v1")
+    assert any("pretrain: committed" in line for line in lines), lines[-20:]  # the pod's log reached the step's
+    assert cluster.api().get(PYTORCHJOB.resource, name) is None
+
+    # Plan first: the same step again finds the output committed and creates no job.
+    lines.clear()
+    again = launch_pretrain_job(preset="smoke", overrides=overrides, store_uri=store, s3_endpoint="",
+                                tracking_uri="none", parent_run_id="", force=False, input_uris=inputs, params=params,
+                                image="fourm", kfp_run_id="run-2", api=cluster.api(), settings=FAST, out=lines.append)
+    assert again.status == "skipped" and again.output_uri == outcome.output_uri
+    assert any("creating no job" in line for line in lines)
+    assert cluster.api().get(PYTORCHJOB.resource, name) is None

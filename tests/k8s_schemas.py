@@ -1,0 +1,81 @@
+"""Validation of Kubernetes objects against real schemas, shared by the manifest and job-rendering tests.
+
+- Built-in kinds: the Kubernetes OpenAPI schemas of ``kubernetes-validate``, strict (an unknown field fails, as
+  ``kubectl apply --validate=strict`` would), for the oldest and the newest Kubernetes the project supports.
+- Custom resources: the operators' CRDs as shipped (``shared/schemas``), their structural schemas made strict the
+  same way, checked with ``jsonschema``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+# The oldest Kubernetes the manifests must work on, and the newest schema kubernetes-validate ships.
+K8S_VERSIONS = ("1.31", kubernetes_validate.latest_version())
+# The CRD schemas ship beside the clone (../shared, as in CI) or inside it (shared/, on the device machines).
+SCHEMA_DIRS = (REPO.parent / "shared" / "schemas", REPO / "shared" / "schemas")
+PYTORCHJOB_CRD = ("kubeflow.org_pytorchjobs.yaml", "v1")
+TRAINJOB_CRD = ("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1")
+YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRDs are large: libyaml when available
+
+
+def k8s_errors(obj: dict) -> list[str]:
+    """Schema errors of one built-in object, for every Kubernetes version in K8S_VERSIONS."""
+    errors = []
+    for version in K8S_VERSIONS:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = "/".join(str(p) for p in exc.path)
+            errors.append(f"{obj['kind']}/{obj['metadata'].get('name')} (k8s {version}) at {path}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            errors.append(exc.message)
+    return errors
+
+
+def pod_template_errors(name: str, template: dict) -> list[str]:
+    """A pod template (metadata + spec) against Kubernetes' own PodTemplate schema (stricter than a CRD's copy)."""
+    return k8s_errors({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": template})
+
+
+def forbid_unknown_fields(schema: dict) -> dict:
+    """Make a CRD's structural schema reject unknown fields, as ``kubectl apply --validate=strict`` does.
+
+    (The API server silently prunes them otherwise, so a typo in a field name would be lost without an error.)
+    """
+    if "properties" in schema and "additionalProperties" not in schema \
+            and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        schema["additionalProperties"] = False
+    for child in schema.get("properties", {}).values():
+        forbid_unknown_fields(child)
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(schema.get(key), dict):
+            forbid_unknown_fields(schema[key])
+    for key in ("allOf", "anyOf", "oneOf"):
+        for child in schema.get(key, []):
+            forbid_unknown_fields(child)
+    return schema
+
+
+def crd_validator(crd: tuple[str, str]) -> jsonschema.protocols.Validator:
+    """A strict validator for one version of a shipped CRD; skips the test when the schemas are not there."""
+    name, version = crd
+    path = next((d / name for d in SCHEMA_DIRS if (d / name).is_file()), None)
+    if path is None:
+        pytest.skip(f"CRD schema {name} not found (looked in {', '.join(map(str, SCHEMA_DIRS))})")
+    document = yaml.load(path.read_text(), Loader=YamlLoader)
+    [served] = [v for v in document["spec"]["versions"] if v["name"] == version]
+    schema = forbid_unknown_fields(served["schema"]["openAPIV3Schema"])
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def crd_errors(validator: jsonschema.protocols.Validator, obj: dict) -> list[str]:
+    return [f"at {'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
