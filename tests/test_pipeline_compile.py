@@ -27,3 +27,27 @@ def test_pipeline_parameters_are_flat_and_documented(tmp_path):
         assert "pip install" not in " ".join(executor["container"]["command"])
     secrets = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert all(e["secretAsEnv"][0]["secretName"] == "fourm-s3-credentials" for e in secrets.values())
+
+
+def test_pretrain_launcher_parameters_and_the_light_launcher_pod(tmp_path):
+    """The job modes' pretrain step is a 1-CPU pod without accelerators that knows its own name, uid and namespace
+    (downward API: the job's owner and namespace); the in-pod steps keep their training resources."""
+    spec, platform = yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text())
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    defaults = {name: params[name].get("defaultValue") for name in params if name.startswith("pretrain_")}
+    assert defaults["pretrain_launcher"] == "pytorchjob"
+    assert {"pretrain_nodes", "pretrain_procs_per_node", "pretrain_cpu_per_node", "pretrain_memory_per_node",
+            "pretrain_node_selector", "pretrain_tolerations", "pretrain_deadline_s", "pretrain_min_nodes",
+            "pretrain_delete_job"} <= set(defaults)
+    executors = spec["deploymentSpec"]["executors"]
+    pretrain = {name: e["container"]["resources"] for name, e in executors.items()
+                if name.startswith("exec-pretrain") and "pretokenize" not in name}
+    field_envs = {name: {f["name"]: f["fieldPath"] for f in e.get("fieldPathAsEnv", [])}
+                  for name, e in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].items()}
+    launchers = [name for name in pretrain if field_envs.get(name)]
+    assert len(pretrain) == 3 and len(launchers) == 1
+    [launcher] = launchers
+    assert pretrain[launcher]["resourceCpuLimit"] == "1" and "accelerator" not in pretrain[launcher]
+    assert field_envs[launcher] == {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_UID": "metadata.uid",
+                                    "FOURM_POD_NAMESPACE": "metadata.namespace"}
+    assert sum("accelerator" in r for r in pretrain.values()) == 1  # the in-pod GPU branch
