@@ -60,6 +60,35 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--parts", type=int, default=1, help="fan-out stages: number of workers (default 1)")
     stage.add_argument("--part", type=int, help="fan-out stages: run only this worker (0..parts-1), no collect")
 
+    from fourm_kfp.torchx_launch import SCHEDULERS
+
+    launch = sub.add_parser(
+        "launch", help="run pretrain as a torchx dist.ddp job (local_cwd, slurm, kubernetes), without Kubeflow",
+        description="Plan first (a committed output is reported, nothing is launched; the inputs must be "
+                    "committed), then run `fourm-kfp stage pretrain` under torchrun in every replica of torchx's "
+                    "dist.ddp on the scheduler, stream replica 0's log, wait, and print the stage outcome JSON.")
+    launch.add_argument("name", choices=["pretrain"], metavar="STAGE", help="pretrain (the one multi-node stage)")
+    _add_config_args(launch)
+    _add_store_args(launch)
+    launch.add_argument("--scheduler", choices=SCHEDULERS, default="local_cwd", help="torchx scheduler")
+    launch.add_argument("-j", default="1x1", metavar="[MIN:]NODESxPROCS",
+                        help="nodes x processes per node, as dist.ddp's -j (default 1x1)")
+    launch.add_argument("--scheduler-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="scheduler run config (repeatable): queue= (kubernetes, required), namespace=, "
+                             "partition= and time= (slurm), log_dir= (local_cwd; default <root>/torchx)")
+    launch.add_argument("--image", default="", help="kubernetes: container image (default: the GPU image)")
+    launch.add_argument("--cpu", type=int, default=2, help="CPUs per replica (default 2)")
+    launch.add_argument("--gpu", type=int, default=0, help="GPUs per replica (default 0)")
+    launch.add_argument("--mem-mb", type=int, default=1024, help="memory per replica in MB (default 1024)")
+    launch.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="environment of the replicas (repeatable; local_cwd and slurm also inherit this one)")
+    launch.add_argument("--rdzv-port", type=int, default=0,
+                        help="rendezvous port (default: a free one for local_cwd, else derived from the address)")
+    launch.add_argument("--force", action="store_true", help="recompute even if the output is committed")
+    launch.add_argument("--input", action="append", default=[], metavar="STAGE=URI",
+                        help="use this committed output as an input instead of finding it by content address")
+    launch.add_argument("--json", help="write the stage outcome JSON here")
+
     status = sub.add_parser("status", help="print each stage's address and whether it is committed; runs nothing")
     _add_config_args(status)
     _add_store_args(status)
@@ -95,6 +124,35 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int, default=0)
     generate.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
     generate.add_argument("--s3-endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
+
+    from fourm_kfp.kfp_submit import EXIT_CODES
+
+    submit = sub.add_parser(
+        "submit", help="run the pipeline on a Kubeflow Pipelines server (optionally wait for it)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Upload the compiled pipeline (a new version when it exists), create a run in an experiment "
+                    "with the preset, overrides and stage parameters, and print its UI link. --wait follows it to "
+                    "the end and reports the stages and the model gate; --schedule creates a recurring run.\n\n"
+                    "Auth: a bearer token from $KFP_TOKEN, else the in-cluster service-account token KFP mounts; "
+                    "--namespace is the Kubeflow profile namespace of a multi-user install.",
+        epilog="exit status:\n" + "\n".join(f"  {code}  {what}" for code, what in sorted(EXIT_CODES.items())))
+    _add_config_args(submit)
+    submit.add_argument("--host", default=None, help="KFP API endpoint, e.g. https://kubeflow.example.com/pipeline "
+                        "(default: $KFP_HOST)")
+    submit.add_argument("--namespace", default="", help="Kubeflow profile namespace (multi-user installs)")
+    submit.add_argument("--experiment", default="fourm-pretrain", help="experiment name (created if missing)")
+    submit.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="another pipeline parameter, e.g. --param pretrain_nodes=2 --param "
+                             "pretrain_launcher=trainjob (values parse as JSON when they can)")
+    submit.add_argument("--package", default="", help="compiled pipeline YAML (default: the committed one)")
+    submit.add_argument("--run-name", default="", help="run name, also the MLflow run label (default: dated)")
+    submit.add_argument("--schedule", default="", metavar="CRON",
+                        help="create a recurring run with this cron expression (6 fields, seconds first)")
+    submit.add_argument("--wait", action="store_true", help="follow the run to its end; exit status says how it went")
+    submit.add_argument("--timeout", type=float, default=7 * 24 * 3600, help="--wait: give up after this many seconds")
+    submit.add_argument("--poll", type=float, default=10.0, help="--wait: seconds between status reads")
+    submit.add_argument("--mlflow-tracking-uri", default=None, help="with --wait: open the MLflow parent run here "
+                        "(tagged with the CI job), and read the gate's verdict (default: $MLFLOW_TRACKING_URI)")
 
     compile_ = sub.add_parser("compile", help="compile the KFP pipeline to YAML")
     compile_.add_argument("--output", help="default: fourm_pretrain.yaml beside the pipeline definition")
@@ -147,6 +205,31 @@ def cmd_stage(args: argparse.Namespace) -> int:
     if not distributed.is_primary():
         return 0  # under torchrun, rank 0 reports for all
     text = json.dumps(result if isinstance(result, str) else result.to_dict(), indent=2)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from fourm_kfp.config.schema import ConfigError
+    from fourm_kfp.launch import local_root, resolve_store_uri
+    from fourm_kfp.torchx_launch import TorchxParams, launch_pretrain
+
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    root = local_root(args.root)
+    params = TorchxParams(scheduler=args.scheduler, j=args.j, scheduler_args=args.scheduler_arg, image=args.image,
+                          cpu=args.cpu, gpu=args.gpu, mem_mb=args.mem_mb, env=env, rdzv_port=args.rdzv_port)
+    outcome = launch_pretrain(preset=args.preset, overrides=args.overrides, root=root,
+                              store_uri=resolve_store_uri(root, args.store, args.s3_endpoint),
+                              s3_endpoint=args.s3_endpoint or "", tracking_uri=args.mlflow_tracking_uri,
+                              force=args.force, input_uris=_input_uris(args.input), params=params)
+    text = json.dumps(outcome.to_dict(), indent=2)
     if args.json:
         Path(args.json).write_text(text + "\n")
     print(text)
@@ -238,6 +321,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_submit(args: argparse.Namespace) -> int:
+    import os
+
+    from fourm_kfp.kfp_submit import SubmitRequest, parse_parameters, submit
+    from fourm_kfp.launch import setup_logging
+
+    setup_logging()
+    host = args.host or os.environ.get("KFP_HOST", "")
+    if not host:
+        from fourm_kfp.errors import UserError
+
+        raise UserError("--host (or $KFP_HOST): the KFP API endpoint to submit to")
+    request = SubmitRequest(host=host, preset=args.preset, overrides=args.overrides,
+                            parameters=parse_parameters(args.param), namespace=args.namespace,
+                            experiment=args.experiment, package=args.package, run_name=args.run_name,
+                            schedule=args.schedule, wait=args.wait, timeout_s=args.timeout, poll_s=args.poll,
+                            tracking_uri=args.mlflow_tracking_uri or "")
+    return submit(request).exit_code
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from fourm_kfp.pipeline_compiler import compile_pipeline
 
@@ -264,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     from fourm_kfp.errors import UserError
 
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "stage": cmd_stage, "status": cmd_status, "compile": cmd_compile,
-               "config": cmd_config, "generate": cmd_generate, "verify": cmd_verify}[args.command]
+    handler = {"run": cmd_run, "stage": cmd_stage, "launch": cmd_launch, "status": cmd_status, "compile": cmd_compile,
+               "config": cmd_config, "generate": cmd_generate, "verify": cmd_verify,
+               "submit": cmd_submit}[args.command]
     try:
         return handler(args)
     except UserError as exc:

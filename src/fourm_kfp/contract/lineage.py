@@ -175,6 +175,18 @@ def attach_artifact(tracking_uri: str | None, run_id: str | None, name: str, dat
         MLflowTracker(_client(tracking_uri), run_id).log_artifact(name, data)
 
 
+def read_artifact(tracking_uri: str, run_id: str, name: str) -> bytes | None:
+    """A file attached to a run, or None when it has none by that name."""
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = _client(tracking_uri).download_artifacts(run_id, name, tmp)
+        except (MlflowException, OSError):
+            return None
+        return Path(path).read_bytes()
+
+
 @contextlib.contextmanager
 def stage_run(tracking_uri: str | None, parent_run_id: str | None, stage: str,
               kind: str = "stage") -> Iterator[Tracker]:

@@ -174,7 +174,9 @@ def evaluate(ctx: StageContext) -> StageResult:
     ctx.write_report("evaluation_report.html", report_html(report, grids).encode())
 
     gate, gate_skipped = _gate(ctx, model_uri, metrics, scores)
-    ctx.output.put_bytes("gate.json", json.dumps(gate or {"skipped": gate_skipped}, indent=2).encode())
+    gate_json = json.dumps(gate or {"skipped": gate_skipped}, indent=2).encode()
+    ctx.output.put_bytes("gate.json", gate_json)
+    ctx.tracker.log_artifact("gate.json", gate_json)  # where `fourm-kfp submit --wait` reads the verdict
     ctx.write_report("model_gate.md", gate_markdown(gate, gate_skipped).encode())
     result_metrics = {k: float(v) for k, v in metrics.items() if np.isfinite(v)}
     if gate:

@@ -1,0 +1,269 @@
+"""``fourm-kfp submit``: run the pipeline on a Kubeflow Pipelines server, optionally wait for it and read the gate.
+
+:func:`submit`:
+
+1. takes the compiled pipeline (the committed ``fourm_pretrain.yaml``, or a fresh compile) and uploads it: a new
+   pipeline the first time, else a new **version** named after the YAML's content hash (the same YAML reuses its
+   version);
+2. opens the MLflow parent run itself when it will wait and a tracking URI is given, tagged with the CI job that
+   asked (``GITHUB_*``/``CI_*`` variables), so the lineage says which commit and job retrained; without waiting the
+   pipeline opens and closes its own;
+3. creates a run in the experiment (or, with ``schedule``, a recurring run with that cron expression) with the
+   preset, overrides and stage parameters, and prints the run's UI link;
+4. with ``wait``, follows the run: each task's state as it changes, then the stage table and the model gate's
+   verdict, read from the evaluate stage's MLflow run (``gate.json``).
+
+Exit codes (:data:`EXIT_CODES`): 0 the run succeeded (the model was promoted or the gate kept the champion without
+refusing), 1 the run failed or was cancelled, 3 the run succeeded but the gate refused the model, 2 a user error.
+
+Authentication is what ``kfp.Client`` users expect: a bearer token from ``KFP_TOKEN`` (e.g. a CI secret), else
+the in-cluster service-account token KFP mounts (``KF_PIPELINES_SA_TOKEN_PATH``), else none; ``--namespace`` is the
+Kubeflow profile namespace of a multi-user install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from fourm_kfp.errors import UserError
+
+EXIT_SUCCEEDED, EXIT_FAILED, EXIT_USER_ERROR, EXIT_GATE_REFUSED = 0, 1, 2, 3
+EXIT_CODES = {EXIT_SUCCEEDED: "the run succeeded (and, with --wait, the gate did not refuse the model)",
+              EXIT_FAILED: "the run failed or was cancelled",
+              EXIT_USER_ERROR: "a user error (bad arguments, unreachable server, unknown pipeline parameter)",
+              EXIT_GATE_REFUSED: "the run succeeded but the model gate refused the model (--wait)"}
+TERMINAL_STATES = {"SUCCEEDED", "FAILED", "SKIPPED", "CANCELED"}
+STAGE_NAMES = ("prepare-data", "train-tokenizers", "pretokenize", "pretrain", "evaluate")
+#: Environment variables naming the CI job that submitted (GitHub Actions, GitLab CI), recorded on the MLflow run.
+CI_VARIABLES = ("GITHUB_REPOSITORY", "GITHUB_SHA", "GITHUB_REF", "GITHUB_RUN_ID", "GITHUB_RUN_ATTEMPT",
+                "GITHUB_WORKFLOW", "GITHUB_SERVER_URL", "CI_PROJECT_PATH", "CI_COMMIT_SHA", "CI_PIPELINE_ID",
+                "CI_JOB_ID")
+
+
+@dataclass
+class SubmitRequest:
+    host: str
+    preset: str
+    overrides: Sequence[str] = ()
+    parameters: dict[str, Any] = field(default_factory=dict)  # other pipeline parameters (stage parameters)
+    namespace: str = ""
+    experiment: str = "fourm-pretrain"
+    pipeline_name: str = "fourm-pretrain"
+    package: str = ""  # a compiled pipeline YAML; "" = the committed one
+    run_name: str = ""
+    schedule: str = ""  # a cron expression: create a recurring run instead
+    wait: bool = False
+    timeout_s: float = 7 * 24 * 3600
+    poll_s: float = 10.0
+    tracking_uri: str = ""
+
+
+@dataclass
+class SubmitResult:
+    run_id: str
+    url: str
+    state: str = ""
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    gate: dict[str, Any] | None = None
+    mlflow_parent_run_id: str = ""
+    recurring_run_id: str = ""
+    pipeline_id: str = ""
+    version_id: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        if self.recurring_run_id or not self.state:
+            return EXIT_SUCCEEDED
+        if self.state != "SUCCEEDED":
+            return EXIT_FAILED
+        if self.gate and not self.gate.get("skipped") and not self.gate.get("promoted"):
+            return EXIT_GATE_REFUSED
+        return EXIT_SUCCEEDED
+
+
+def make_client(host: str, namespace: str = ""):
+    """A ``kfp.Client`` for ``host`` with the token from ``KFP_TOKEN`` (else kfp's own in-cluster credentials)."""
+    import kfp
+
+    kwargs: dict[str, Any] = {"host": host}
+    if namespace:
+        kwargs["namespace"] = namespace
+    if os.environ.get("KFP_TOKEN"):
+        kwargs["existing_token"] = os.environ["KFP_TOKEN"]
+    return kfp.Client(**kwargs)
+
+
+def pipeline_package(path: str = "") -> Path:
+    """The compiled pipeline to upload: ``path``, else the committed one (kept current by the tests and CI)."""
+    from fourm_kfp.pipeline_compiler import default_output
+
+    package = Path(path) if path else default_output()
+    if not package.is_file():
+        raise UserError(f"--package {package}: no such compiled pipeline (fourm-kfp compile --output {package})")
+    return package
+
+
+def pipeline_parameter_names(package: Path) -> set[str]:
+    import yaml
+
+    spec = next(yaml.safe_load_all(package.read_text()))
+    return set(spec["root"]["inputDefinitions"]["parameters"])
+
+
+def upload(client, package: Path, name: str) -> tuple[str, str]:
+    """Upload ``package`` as pipeline ``name`` (or as a version of it, named by content); returns the ids."""
+    digest = hashlib.sha256(package.read_bytes()).hexdigest()[:12]
+    version_name = f"{name}-{digest}"
+    pipeline_id = client.get_pipeline_id(name)
+    if pipeline_id is None:
+        pipeline = client.upload_pipeline(str(package), pipeline_name=name,
+                                          description="fourm-kfp: pre-train a 4M-style multimodal model")
+        pipeline_id = pipeline.pipeline_id
+    versions = client.list_pipeline_versions(pipeline_id, page_size=100).pipeline_versions or []
+    existing = next((v for v in versions if v.display_name == version_name), None)
+    if existing is not None:
+        return pipeline_id, existing.pipeline_version_id
+    version = client.upload_pipeline_version(str(package), pipeline_version_name=version_name,
+                                             pipeline_id=pipeline_id)
+    return pipeline_id, version.pipeline_version_id
+
+
+def ci_tags() -> dict[str, str]:
+    return {f"fourm.ci.{name.lower()}": os.environ[name] for name in CI_VARIABLES if os.environ.get(name)}
+
+
+def run_url(host: str, run_id: str) -> str:
+    return f"{host.rstrip('/')}/#/runs/details/{run_id}"
+
+
+def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = print) -> SubmitResult:
+    """Upload, create the run (or recurring run), and with ``wait`` follow it; see the module docstring."""
+    from fourm_kfp.config.loader import load_config
+    from fourm_kfp.contract import lineage
+    from fourm_kfp.kfp_runtime import open_pipeline_run
+
+    load_config(request.preset, overrides=list(request.overrides))  # a bad config fails here, not in the cluster
+    package = pipeline_package(request.package)
+    known = pipeline_parameter_names(package)
+    unknown = sorted(set(request.parameters) - known)
+    if unknown:
+        raise UserError(f"--param {', '.join(unknown)}: not a parameter of the pipeline; it has "
+                        f"{', '.join(sorted(known))}")
+    client = client if client is not None else make_client(request.host, request.namespace)
+    pipeline_id, version_id = upload(client, package, request.pipeline_name)
+    experiment = client.create_experiment(request.experiment, namespace=request.namespace or None)
+    label = request.run_name or f"{request.pipeline_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    params: dict[str, Any] = {"preset": request.preset, "config_overrides": list(request.overrides),
+                              **request.parameters}
+    if request.schedule:
+        recurring = client.create_recurring_run(experiment.experiment_id, label, cron_expression=request.schedule,
+                                                pipeline_id=pipeline_id, version_id=version_id, params=params)
+        out(f"recurring run {recurring.recurring_run_id} ({request.schedule}) in experiment {request.experiment}: "
+            f"{request.host.rstrip('/')}/#/recurringrun/details/{recurring.recurring_run_id}")
+        return SubmitResult("", "", recurring_run_id=recurring.recurring_run_id, pipeline_id=pipeline_id,
+                            version_id=version_id)
+    tracking = lineage.resolve_tracking_uri(request.tracking_uri or None, None) if request.wait else None
+    parent = ""
+    if tracking:
+        parent = open_pipeline_run(label, request.preset, list(request.overrides),
+                                   str(params.get("store_uri", "s3://fourm-kfp")), tracking,
+                                   {"fourm.kfp_host": request.host, **ci_tags()})
+        params.update(mlflow_tracking_uri=tracking, mlflow_parent_run_id=parent, run_label=label)
+    run = client.run_pipeline(experiment.experiment_id, label, params=params, pipeline_id=pipeline_id,
+                              version_id=version_id)
+    result = SubmitResult(run.run_id, run_url(request.host, run.run_id), mlflow_parent_run_id=parent,
+                          pipeline_id=pipeline_id, version_id=version_id)
+    out(f"run {run.run_id} ({label}) in experiment {request.experiment}: {result.url}")
+    if not request.wait:
+        return result
+    try:
+        follow_run(client, result, request, out)
+    finally:
+        if parent:
+            lineage.finish_run(tracking, parent, "FINISHED" if result.state == "SUCCEEDED" else "FAILED")
+    if tracking and parent and result.state == "SUCCEEDED":
+        result.gate = gate_verdict(tracking, parent)
+    out(describe(result))
+    return result
+
+
+def follow_run(client, result: SubmitResult, request: SubmitRequest, out: Callable[[str], None]) -> None:
+    """Poll the run to a terminal state, printing each task's state when it changes; fills ``result``."""
+    seen: dict[str, str] = {}
+    deadline = time.monotonic() + request.timeout_s
+    while True:
+        run = client.get_run(result.run_id)
+        tasks = (run.run_details.task_details if run.run_details else None) or []
+        for task in tasks:
+            state = str(task.state or "")
+            if task.display_name and seen.get(task.task_id) != state:
+                seen[task.task_id] = state
+                out(f"  {task.display_name}: {state.lower()}")
+        result.state = str(run.state or "")
+        if result.state in TERMINAL_STATES:
+            result.stages = [{"name": t.display_name, "state": str(t.state or ""),
+                              "seconds": _seconds(t.start_time, t.end_time)}
+                             for t in tasks if t.display_name in STAGE_NAMES]
+            if run.error and result.state != "SUCCEEDED":
+                out(f"  error: {getattr(run.error, 'message', run.error)}")
+            return
+        if time.monotonic() > deadline:
+            raise UserError(f"run {result.run_id} still {result.state} after {request.timeout_s:.0f}s "
+                            f"(--timeout): {result.url}")
+        time.sleep(request.poll_s)
+
+
+def _seconds(start, end) -> float | None:
+    try:
+        return round((end - start).total_seconds(), 1)
+    except TypeError:
+        return None
+
+
+def gate_verdict(tracking_uri: str, parent_run_id: str) -> dict[str, Any] | None:
+    """The evaluate stage's ``gate.json`` (from the run that produced a reused evaluation, if it was reused)."""
+    from fourm_kfp.contract import lineage
+
+    for run in reversed(lineage.child_runs(tracking_uri, parent_run_id)):
+        if run.data.tags.get(lineage.TAG_STAGE) != "evaluate":
+            continue
+        source = run.data.tags.get(lineage.TAG_PRODUCED_BY) if run.data.tags.get(lineage.TAG_REUSED) == "true" \
+            else run.info.run_id
+        data = lineage.read_artifact(tracking_uri, source, "gate.json") if source else None
+        return json.loads(data) if data else None
+    return None
+
+
+def describe(result: SubmitResult) -> str:
+    lines = [f"run {result.run_id}: {result.state.lower()}", f"{'stage':18s} {'state':10s} seconds"]
+    for stage in result.stages:
+        lines.append(f"{stage['name']:18s} {stage['state'].lower():10s} {stage['seconds'] or '-'}")
+    gate = result.gate
+    if gate is None:
+        lines.append("model gate: unknown (no MLflow tracking URI, or the run did not reach evaluate)")
+    elif gate.get("skipped"):
+        lines.append(f"model gate: skipped ({gate['skipped']})")
+    else:
+        verdict = "promoted to champion" if gate.get("promoted") else "refused"
+        lines.append(f"model gate: {verdict}: {gate.get('reason', '')}".rstrip(": "))
+    return "\n".join(lines)
+
+
+def parse_parameters(items: Sequence[str]) -> dict[str, Any]:
+    """``--param name=value``: the value as JSON when it parses (numbers, booleans, lists, objects), else text."""
+    parameters: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise UserError(f"--param {item!r}: expected NAME=VALUE")
+        try:
+            parameters[name] = json.loads(text)
+        except json.JSONDecodeError:
+            parameters[name] = text
+    return parameters

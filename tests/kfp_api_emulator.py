@@ -1,0 +1,251 @@
+"""A local HTTP server that implements the few Kubeflow Pipelines REST endpoints ``fourm-kfp submit`` uses.
+
+Emulated (``/apis/v2beta1``): healthz; pipelines list (with the ``display_name`` EQUALS filter kfp.Client sends),
+upload and upload_version (multipart, the file must be a compiled pipeline spec) and version list; experiments list
+(by name filter) and create; runs create and get; recurring runs create. Every JSON request body is validated
+against the ``kfp-server-api`` models of the same version the client uses: an unknown field anywhere, a value the
+model rejects (e.g. an enum), or a run parameter the uploaded pipeline does not declare is answered with HTTP 400.
+
+Not emulated: execution. A created run moves through the ``frames`` the test gives (one per ``get``: the run's state
+and its tasks' states); ``on_run_created`` lets the test do what the pipeline would have done (e.g. record the
+evaluate stage's MLflow run). No auth beyond recording the ``Authorization`` header, no pagination, no namespaces.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.policy
+import io
+import json
+import re
+import threading
+import uuid
+from email.parser import BytesParser
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+from urllib.parse import parse_qs, urlparse
+
+import kfp_server_api
+import yaml
+
+API = "/apis/v2beta1"
+
+
+def model_errors(data: Any, klass: str, path: str = "") -> list[str]:
+    """Fields of ``data`` that ``kfp_server_api.models.<klass>`` does not have, recursively, plus what the model
+    itself rejects when built from ``data`` (client-side validation: enums, required fields)."""
+    model = getattr(kfp_server_api.models, klass)
+    if not isinstance(data, dict):
+        return [f"{path or klass}: expected an object"]
+    errors = []
+    by_json = {json_key: attr for attr, json_key in model.attribute_map.items()}
+    for key, value in data.items():
+        if key not in by_json:
+            errors.append(f"{path}{key}: not a field of {klass}")
+            continue
+        kind = model.openapi_types[by_json[key]]
+        inner = re.fullmatch(r"list\[(V2beta1\w+|Protobuf\w+)\]", kind)
+        if kind.startswith(("V2beta1", "Protobuf")):
+            errors += model_errors(value, kind, f"{path}{key}.")
+        elif inner and isinstance(value, list):
+            for i, item in enumerate(value):
+                errors += model_errors(item, inner.group(1), f"{path}{key}[{i}].")
+    if not path and not errors:
+        try:
+            kfp_server_api.ApiClient()._ApiClient__deserialize(data, klass)
+        except ValueError as exc:
+            errors.append(f"{klass}: {exc}")
+    return errors
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class KfpApiEmulator:
+    """The server and its in-memory state; ``url`` is the host to give ``kfp.Client``."""
+
+    def __init__(self, frames: list[tuple[str, dict[str, str]]] | None = None,
+                 on_run_created: Callable[[dict[str, Any]], None] | None = None):
+        self.frames = frames or [("SUCCEEDED", {})]
+        self.on_run_created = on_run_created
+        self.pipelines: dict[str, dict] = {}
+        self.versions: dict[str, list[dict]] = {}
+        self.specs: dict[str, dict] = {}  # version id -> pipeline spec
+        self.experiments: dict[str, dict] = {}
+        self.runs: dict[str, dict] = {}
+        self.recurring_runs: dict[str, dict] = {}
+        self.polls: dict[str, int] = {}
+        self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization header)
+        self.rejected: list[str] = []
+        emulator = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_GET(self):
+                emulator._dispatch(self, "GET")
+
+            def do_POST(self):
+                emulator._dispatch(self, "POST")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # ------------------------------------------------------------------------------------------ plumbing
+
+    def _dispatch(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+        url = urlparse(handler.path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        self.requests.append((method, url.path, handler.headers.get("Authorization")))
+        try:
+            status, body = self._route(method, url.path, query, handler)
+        except BadRequest as exc:
+            self.rejected.append(str(exc))
+            status, body = 400, {"error": str(exc), "code": 3, "message": str(exc)}
+        data = json.dumps(body).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    @staticmethod
+    def _json(handler: BaseHTTPRequestHandler, klass: str) -> dict:
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = json.loads(handler.rfile.read(length) or b"{}")
+        errors = model_errors(body, klass)
+        if errors:
+            raise BadRequest("; ".join(errors))
+        return body
+
+    @staticmethod
+    def _upload(handler: BaseHTTPRequestHandler) -> dict:
+        raw = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+        message = BytesParser(policy=email.policy.default).parsebytes(
+            f"Content-Type: {handler.headers['Content-Type']}\r\n\r\n".encode() + raw)
+        files = [part.get_payload(decode=True) for part in message.iter_parts()
+                 if part.get_param("name", header="content-disposition") == "uploadfile"]
+        if not files:
+            raise BadRequest("multipart field uploadfile missing")
+        spec = next(yaml.safe_load_all(io.BytesIO(files[0])))
+        if not isinstance(spec, dict) or "pipelineInfo" not in spec or "root" not in spec:
+            raise BadRequest("uploadfile is not a compiled pipeline spec")
+        return spec
+
+    @staticmethod
+    def _name_filter(query: dict) -> str | None:
+        if "filter" not in query:
+            return None
+        predicates = json.loads(query["filter"]).get("predicates", [])
+        return next((p.get("stringValue") or p.get("string_value") for p in predicates
+                     if p.get("key") in ("display_name", "name")), None)
+
+    # ---------------------------------------------------------------------------------------------- routes
+
+    def _route(self, method: str, path: str, query: dict, handler) -> tuple[int, Any]:
+        if not path.startswith(API):
+            return 404, {"error": "not found"}
+        path = path[len(API):]
+        if (method, path) == ("GET", "/healthz"):
+            return 200, {"multi_user": False}
+        if (method, path) == ("GET", "/pipelines"):
+            name = self._name_filter(query)
+            found = [p for p in self.pipelines.values() if name is None or p["display_name"] == name]
+            return 200, {"pipelines": found, "total_size": len(found)} if found else {}
+        if (method, path) == ("POST", "/pipelines/upload"):
+            spec = self._upload(handler)
+            name = query.get("name") or query.get("display_name") or spec["pipelineInfo"]["name"]
+            if any(p["display_name"] == name for p in self.pipelines.values()):
+                raise BadRequest(f"pipeline {name!r} exists (409 in KFP): upload a version")
+            pipeline = {"pipeline_id": str(uuid.uuid4()), "display_name": name, "name": name, "created_at": _now(),
+                        "description": query.get("description", "")}
+            self.pipelines[pipeline["pipeline_id"]] = pipeline
+            self._add_version(pipeline["pipeline_id"], name, spec)
+            return 200, pipeline
+        if (method, path) == ("POST", "/pipelines/upload_version"):
+            spec = self._upload(handler)
+            pipeline_id = query.get("pipelineid", "")
+            if pipeline_id not in self.pipelines:
+                raise BadRequest(f"no pipeline {pipeline_id!r}")
+            name = query.get("name") or query.get("display_name")
+            if any(v["display_name"] == name for v in self.versions[pipeline_id]):
+                raise BadRequest(f"version {name!r} exists")
+            return 200, self._add_version(pipeline_id, name, spec)
+        match = re.fullmatch(r"/pipelines/([^/]+)/versions", path)
+        if method == "GET" and match:
+            versions = self.versions.get(match.group(1), [])
+            return 200, {"pipeline_versions": versions, "total_size": len(versions)} if versions else {}
+        if (method, path) == ("GET", "/experiments"):
+            name = self._name_filter(query)
+            found = [e for e in self.experiments.values() if name is None or e["display_name"] == name]
+            return 200, {"experiments": found, "total_size": len(found)} if found else {}
+        if (method, path) == ("POST", "/experiments"):
+            body = self._json(handler, "V2beta1Experiment")
+            experiment = {**body, "experiment_id": str(uuid.uuid4()), "created_at": _now(),
+                          "storage_state": "AVAILABLE"}
+            self.experiments[experiment["experiment_id"]] = experiment
+            return 200, experiment
+        if (method, path) == ("POST", "/runs"):
+            body = self._json(handler, "V2beta1Run")
+            self._check_run(body)
+            run = {**body, "run_id": str(uuid.uuid4()), "state": "PENDING", "created_at": _now()}
+            self.runs[run["run_id"]] = run
+            self.polls[run["run_id"]] = 0
+            if self.on_run_created:
+                self.on_run_created(run)
+            return 200, run
+        match = re.fullmatch(r"/runs/([^/:]+)", path)
+        if method == "GET" and match:
+            return 200, self._advance(match.group(1))
+        if (method, path) == ("POST", "/recurringruns"):
+            body = self._json(handler, "V2beta1RecurringRun")
+            self._check_run(body)
+            recurring = {**body, "recurring_run_id": str(uuid.uuid4()), "status": "ENABLED", "created_at": _now()}
+            self.recurring_runs[recurring["recurring_run_id"]] = recurring
+            return 200, recurring
+        return 404, {"error": f"{method} {path} is not emulated"}
+
+    def _add_version(self, pipeline_id: str, name: str, spec: dict) -> dict:
+        version = {"pipeline_id": pipeline_id, "pipeline_version_id": str(uuid.uuid4()), "display_name": name,
+                   "name": name, "created_at": _now()}
+        self.versions.setdefault(pipeline_id, []).append(version)
+        self.specs[version["pipeline_version_id"]] = spec
+        return version
+
+    def _check_run(self, body: dict) -> None:
+        reference = body.get("pipeline_version_reference") or {}
+        spec = self.specs.get(reference.get("pipeline_version_id", ""))
+        if spec is None or reference.get("pipeline_id") not in self.pipelines:
+            raise BadRequest(f"unknown pipeline version {reference}")
+        declared = set(spec["root"]["inputDefinitions"]["parameters"])
+        given = set((body.get("runtime_config") or {}).get("parameters") or {})
+        if given - declared:
+            raise BadRequest(f"parameters not declared by the pipeline: {sorted(given - declared)}")
+        if body.get("experiment_id") and body["experiment_id"] not in self.experiments:
+            raise BadRequest(f"unknown experiment {body['experiment_id']}")
+
+    def _advance(self, run_id: str) -> dict:
+        run = self.runs[run_id]
+        frame = self.frames[min(self.polls[run_id], len(self.frames) - 1)]
+        self.polls[run_id] += 1
+        state, tasks = frame
+        run["state"] = state
+        run["run_details"] = {"task_details": [
+            {"task_id": f"task-{i}", "run_id": run_id, "display_name": name, "state": task_state,
+             "start_time": "2026-11-23T10:00:00Z", "end_time": "2026-11-23T10:00:42Z"}
+            for i, (name, task_state) in enumerate(tasks.items())]}
+        if state == "FAILED":
+            run["error"] = {"code": 2, "message": "task pretrain failed"}
+        return run
+
+
+class BadRequest(Exception):
+    pass

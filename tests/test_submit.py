@@ -1,0 +1,165 @@
+"""``fourm-kfp submit`` against a local emulation of the KFP REST API (``tests/kfp_api_emulator.py``: what it
+emulates and what not is listed there; request bodies are validated against the ``kfp-server-api`` models).
+
+The real ``kfp.Client`` does the HTTP. ``--wait`` is followed through success, failure and a gate refusal. The run
+itself is emulated: when a run is created, the test writes what the pipeline's evaluate step would have written to
+MLflow (a child run of the parent run ``submit`` opened, with its ``gate.json``), into a real SQLite store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fourm_kfp.contract import lineage
+from fourm_kfp.kfp_submit import (EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_SUCCEEDED, SubmitRequest, make_client,
+                                  submit)
+from tests.kfp_api_emulator import KfpApiEmulator, model_errors
+
+STAGES = ("prepare-data", "train-tokenizers", "pretokenize", "pretrain", "evaluate")
+BIN = Path(sys.executable).parent
+
+
+def _frames(final: str) -> list:
+    running = {name: "RUNNING" if i == 0 else "PENDING" for i, name in enumerate(STAGES)}
+    done = {name: "SUCCEEDED" for name in STAGES}
+    if final == "FAILED":
+        done = {**done, "pretrain": "FAILED", "evaluate": "SKIPPED"}
+    middle = {**{name: "SUCCEEDED" for name in STAGES[:3]}, "pretrain": "RUNNING", "evaluate": "PENDING"}
+    return [("PENDING", {}), ("RUNNING", running), ("RUNNING", middle), ("RUNNING", middle), (final, done)]
+
+
+def _pipeline_writes_gate(tracking: str, promoted: bool):
+    """What the evaluate step does in MLflow: a stage child run under the parent run, with gate.json attached."""
+    def on_run_created(run: dict) -> None:
+        params = run["runtime_config"]["parameters"]
+        parent = params["mlflow_parent_run_id"]
+        assert params["mlflow_tracking_uri"] == tracking
+        with lineage.stage_run(tracking, parent, "evaluate") as tracker:
+            tracker.set_tags({lineage.TAG_STATUS: "ran", lineage.TAG_REUSED: "false"})
+            gate = {"promoted": promoted, "version": "3",
+                    "reason": "lower bound +0.02 above the margin" if promoted else
+                    "the 95% interval of the improvement [-0.01, +0.03] does not clear the margin"}
+            tracker.log_artifact("gate.json", json.dumps(gate).encode())
+    return on_run_created
+
+
+@pytest.fixture
+def tracking(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def _request(emulator, tracking="", **kw) -> SubmitRequest:
+    return SubmitRequest(host=emulator.url, preset="smoke", overrides=["train.steps=3"],
+                         parameters={"pretrain_nodes": 2, "pretrain_launcher": "pytorchjob"}, poll_s=0.01,
+                         tracking_uri=tracking, **kw)
+
+
+@pytest.mark.parametrize("final,promoted,expected", [("SUCCEEDED", True, EXIT_SUCCEEDED),
+                                                     ("SUCCEEDED", False, EXIT_GATE_REFUSED),
+                                                     ("FAILED", True, EXIT_FAILED)])
+def test_submit_and_wait(tracking, monkeypatch, final, promoted, expected):
+    monkeypatch.setenv("GITHUB_SHA", "0123abc")
+    monkeypatch.setenv("GITHUB_RUN_ID", "4242")
+    monkeypatch.setenv("KFP_TOKEN", "token-from-the-ci-secret-store")
+    emulator = KfpApiEmulator(_frames(final), on_run_created=_pipeline_writes_gate(tracking, promoted))
+    try:
+        lines = []
+        result = submit(_request(emulator, tracking, wait=True), out=lines.append)
+    finally:
+        emulator.close()
+    assert not emulator.rejected, emulator.rejected
+    assert result.exit_code == expected and result.state == final
+    [run] = emulator.runs.values()
+    params = run["runtime_config"]["parameters"]
+    assert params["preset"] == "smoke" and params["config_overrides"] == ["train.steps=3"]
+    assert params["pretrain_nodes"] == 2 and params["pretrain_launcher"] == "pytorchjob"
+    assert lines[0] == f"run {result.run_id} ({run['display_name']}) in experiment fourm-pretrain: " \
+                       f"{emulator.url}/#/runs/details/{result.run_id}"
+    assert "  pretrain: running" in lines and lines.count("  pretrain: running") == 1  # printed on change only
+    assert all(auth == "Bearer token-from-the-ci-secret-store" for _, _, auth in emulator.requests)
+    parent = lineage._client(tracking).get_run(result.mlflow_parent_run_id)
+    assert parent.data.tags["fourm.ci.github_sha"] == "0123abc" and parent.data.tags["fourm.ci.github_run_id"] == "4242"
+    assert parent.info.status == ("FINISHED" if final == "SUCCEEDED" else "FAILED")
+    summary = lines[-1]
+    assert f"run {result.run_id}: {final.lower()}" in summary and "pretrain" in summary
+    if final == "SUCCEEDED":
+        assert ("promoted to champion" if promoted else "model gate: refused: the 95% interval") in summary
+
+
+def test_a_second_submit_uploads_a_version_only_when_the_pipeline_changed(tmp_path):
+    emulator = KfpApiEmulator()
+    try:
+        first = submit(_request(emulator), out=lambda line: None)
+        again = submit(_request(emulator), out=lambda line: None)
+        changed = tmp_path / "changed.yaml"
+        from fourm_kfp.kfp_submit import pipeline_package
+
+        changed.write_text(pipeline_package().read_text().replace("Pre-train a 4M-style", "Pre-train a 4M style"))
+        third = submit(_request(emulator, package=str(changed)), out=lambda line: None)
+    finally:
+        emulator.close()
+    assert not emulator.rejected, emulator.rejected
+    assert len(emulator.pipelines) == 1 and first.pipeline_id == again.pipeline_id == third.pipeline_id
+    versions = emulator.versions[first.pipeline_id]
+    assert first.version_id == again.version_id != third.version_id
+    assert len(versions) == 3  # the upload's own version, the content-named one, and the changed one
+    assert len(emulator.experiments) == 1 and len(emulator.runs) == 3
+
+
+def test_schedule_creates_a_recurring_run():
+    emulator = KfpApiEmulator()
+    try:
+        result = submit(_request(emulator, schedule="0 0 3 * * 1"), out=lambda line: None)
+    finally:
+        emulator.close()
+    assert not emulator.rejected and not emulator.runs
+    [recurring] = emulator.recurring_runs.values()
+    assert recurring["trigger"]["cron_schedule"]["cron"] == "0 0 3 * * 1"
+    assert result.recurring_run_id == recurring["recurring_run_id"] and result.exit_code == EXIT_SUCCEEDED
+
+
+def test_the_emulator_rejects_what_the_real_api_would():
+    """The validation the tests rely on can fail: an unknown field, a bad enum, an undeclared run parameter."""
+    assert model_errors({"display_name": "x", "colour": "red"}, "V2beta1Experiment")
+    assert model_errors({"display_name": "x", "storage_state": "SOMEWHERE"}, "V2beta1Experiment")
+    emulator = KfpApiEmulator()
+    try:
+        client = make_client(emulator.url)
+        submit(_request(emulator), client=client, out=lambda line: None)
+        run = next(iter(emulator.runs.values()))
+        reference = run["pipeline_version_reference"]
+        with pytest.raises(Exception):
+            client.run_pipeline(run["experiment_id"], "bad", params={"no_such_parameter": 1},
+                                pipeline_id=reference["pipeline_id"], version_id=reference["pipeline_version_id"])
+    finally:
+        emulator.close()
+    assert any("no_such_parameter" in message for message in emulator.rejected)
+
+
+def test_unknown_parameters_and_a_bad_config_fail_before_anything_is_sent():
+    emulator = KfpApiEmulator()
+    try:
+        cli = [str(BIN / "fourm-kfp"), "submit", "--host", emulator.url, "--preset", "smoke"]
+        unknown = subprocess.run(cli + ["--param", "pretrain_gpus=8"], capture_output=True, text=True)
+        bad = subprocess.run(cli + ["--set", "data.image_size=x"], capture_output=True, text=True)
+    finally:
+        emulator.close()
+    assert unknown.returncode == 2 and "pretrain_gpus" in unknown.stderr and "pretrain_nodes" in unknown.stderr
+    assert bad.returncode == 2 and "data.image_size" in bad.stderr
+    assert not emulator.requests
+
+
+def test_the_cli_exit_status_says_how_the_run_went(tracking):
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"), on_run_created=_pipeline_writes_gate(tracking, False))
+    try:
+        proc = subprocess.run([str(BIN / "fourm-kfp"), "submit", "--host", emulator.url, "--preset", "smoke",
+                               "--param", "pretrain_nodes=2", "--wait", "--poll", "0.01",
+                               "--mlflow-tracking-uri", tracking], capture_output=True, text=True, timeout=300)
+    finally:
+        emulator.close()
+    assert proc.returncode == EXIT_GATE_REFUSED, proc.stderr[-2000:]
+    assert "model gate: refused" in proc.stdout and "/#/runs/details/" in proc.stdout
