@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -102,6 +103,30 @@ def test_s3_objects_land_in_the_bucket(s3_uri, s3_env):
     store.put_bytes("k/v.txt", b"hello")
     bucket, prefix = s3_uri.removeprefix("s3://").split("/", 1)
     assert (s3_env.data_dir / bucket / prefix / "k" / "v.txt").read_bytes() == b"hello"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_s3_connections_of_its_own(s3_uri):
+    """A DataLoader worker is a fork: sharing the parent's pooled keep-alive sockets, parent and child read each
+    other's responses (a shard that is "not a tar", without an error). The child gets a fresh pool."""
+    store = open_store(s3_uri)
+    store.put_bytes("k", b"payload")
+    assert store.get_bytes("k") == b"payload"  # leaves a keep-alive connection in the pool
+    pool = store.client._http
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave without running pytest's exit handlers
+        try:
+            ok = store.client._http is not pool and open_store(s3_uri).get_bytes("k") == b"payload"
+            os.write(write_end, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    answer = os.read(read_end, 1)
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    assert answer == b"1"
+    assert store.client._http is pool and store.get_bytes("k") == b"payload"  # the parent keeps its own
 
 
 def test_write_survives_an_endpoint_that_comes_up_late(tmp_path, monkeypatch):

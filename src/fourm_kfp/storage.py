@@ -26,6 +26,7 @@ import random
 import shutil
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, TypeVar
 from urllib.parse import urlparse
@@ -400,7 +401,7 @@ def s3_client(endpoint: str | None = None):
     if not access_key or not secret_key:
         raise StorageError("S3 credentials missing: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
     # An explicit region avoids a GetBucketLocation call, which some S3 servers answer in a form minio can't parse.
-    return Minio(
+    client = Minio(
         parsed.netloc,
         access_key=access_key,
         secret_key=secret_key,
@@ -408,6 +409,26 @@ def s3_client(endpoint: str | None = None):
         region=os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1",
         http_client=_http_client(),
     )
+    _LIVE_CLIENTS.add(client)
+    return client
+
+
+#: Every minio client of this process, so that a forked child can give each a connection pool of its own.
+_LIVE_CLIENTS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _own_pools_after_fork() -> None:
+    """In a forked child (a DataLoader worker): a fresh connection pool for every S3 client. The pooled keep-alive
+    connections are sockets shared with the parent; a child sending requests on them reads the parent's responses
+    and the parent the child's (wrong bytes without an error, e.g. a shard that is "not a tar"). The inherited
+    sockets are left alone: closing them here would not close them for the parent, and is not needed."""
+    for client in list(_LIVE_CLIENTS):
+        if hasattr(client, "_http"):
+            client._http = _http_client()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_own_pools_after_fork)
 
 
 _CLIENTS: dict[str, object] = {}

@@ -15,12 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fourm_kfp.config.loader import load_config
-from fourm_kfp.contract import run_stage
 from fourm_kfp.contract.manifest import MANIFEST_NAME
-from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
 from fourm_kfp.train.export import load_model
+from tests.train.pretrain_helpers import input_args, losses, smoke_upstream
 
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "MLFLOW_TRACKING_URI": "none", "OMP_NUM_THREADS": "1"}
@@ -29,12 +27,7 @@ ENV = {**os.environ, "MLFLOW_TRACKING_URI": "none", "OMP_NUM_THREADS": "1"}
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> list[str]:
     """``--input`` arguments pointing at committed smoke pretokenize and train-tokenizers outputs."""
-    store = open_store(str(tmp_path_factory.mktemp("upstream")), create=True)
-    config = load_config("smoke")
-    outcomes = {name: run_stage(get_stage(name), config, store).output_uri
-                for name in ("prepare-data", "train-tokenizers", "pretokenize")}
-    return ["--input", f"pretokenize={outcomes['pretokenize']}",
-            "--input", f"train-tokenizers={outcomes['train-tokenizers']}"]
+    return input_args(smoke_upstream(open_store(str(tmp_path_factory.mktemp("upstream")), create=True)))
 
 
 def _pretrain(root: Path, inputs: list[str], *sets: str, launcher: list[str] | None = None,
@@ -51,11 +44,6 @@ def _pretrain(root: Path, inputs: list[str], *sets: str, launcher: list[str] | N
     return json.loads(out[out.index("{"):])
 
 
-def _losses(output_uri: str) -> dict[int, float]:
-    lines = open_store(output_uri).get_text("metrics.jsonl").splitlines()
-    return {int(r["step"]): r["loss"] for r in map(json.loads, lines) if "loss" in r}
-
-
 def test_a_smoke_run_exports_a_model_that_loads_from_its_uri(tmp_path, inputs):
     outcome = _pretrain(tmp_path, inputs, "train.steps=6", "train.log_every=2", "train.checkpoint_every=3")
     out = open_store(outcome["output_uri"])
@@ -70,7 +58,7 @@ def test_a_smoke_run_exports_a_model_that_loads_from_its_uri(tmp_path, inputs):
     assert report["steps"] == 6 and set(report["modalities"]) == set(card["modalities"])
     assert all(m["marginal_loss"] > 0 for m in report["modalities"].values())
     assert out.get_bytes("reports/training_curves.png")[:4] == b"\x89PNG"
-    assert sorted(_losses(outcome["output_uri"])) == [2, 4, 6]
+    assert sorted(losses(outcome["output_uri"])) == [2, 4, 6]
 
 
 def test_a_killed_run_resumes_with_the_uninterrupted_losses(tmp_path, inputs):
@@ -89,8 +77,8 @@ def test_a_killed_run_resumes_with_the_uninterrupted_losses(tmp_path, inputs):
     resumed = _pretrain(tmp_path / "killed", inputs, *sets)
     assert resumed["status"] == "ran" and resumed["output_uri"].rsplit("/", 1)[1] == \
         reference["output_uri"].rsplit("/", 1)[1]
-    after = _losses(resumed["output_uri"])
-    expected = _losses(reference["output_uri"])
+    after = losses(resumed["output_uri"])
+    expected = losses(reference["output_uri"])
     assert min(after) >= 11 and max(after) == 30
     assert {s: after[s] for s in after} == {s: expected[s] for s in after}  # bitwise equal trajectories
 
