@@ -74,14 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("-j", default="1x1", metavar="[MIN:]NODESxPROCS",
                         help="nodes x processes per node, as dist.ddp's -j (default 1x1)")
     launch.add_argument("--scheduler-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="scheduler run config (repeatable): queue= (kubernetes, required), namespace=, "
-                             "partition= and time= (slurm), log_dir= (local_cwd; default <root>/torchx)")
+                        help="scheduler run config (repeatable): queue= (required) and namespace= (kubernetes), "
+                             "partition=, time=, job_dir= (slurm), log_dir= (local_cwd; default <root>/torchx)")
     launch.add_argument("--image", default="", help="kubernetes: container image (default: the GPU image)")
     launch.add_argument("--cpu", type=int, default=2, help="CPUs per replica (default 2)")
     launch.add_argument("--gpu", type=int, default=0, help="GPUs per replica (default 0)")
     launch.add_argument("--mem-mb", type=int, default=1024, help="memory per replica in MB (default 1024)")
     launch.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                        help="environment of the replicas (repeatable; local_cwd and slurm also inherit this one)")
+                        help="environment of the replicas (repeatable), e.g. S3 credentials for kubernetes pods "
+                             "(local_cwd and slurm replicas also inherit this process's)")
     launch.add_argument("--rdzv-port", type=int, default=0,
                         help="rendezvous port (default: a free one for local_cwd, else derived from the address)")
     launch.add_argument("--force", action="store_true", help="recompute even if the output is committed")

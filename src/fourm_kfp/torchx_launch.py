@@ -1,0 +1,267 @@
+"""``fourm-kfp launch pretrain``: the pretrain stage as a torchx ``dist.ddp`` job, for teams without Kubeflow.
+
+:func:`launch_pretrain` has the shape of the KFP launcher (:mod:`fourm_kfp.cluster.pretrain_job`):
+
+1. **plan** — the pretrain content address follows from the config (and the upstream addresses); when that output
+   is committed and ``force`` is off it is reported through the ordinary stage runner (status ``skipped``, an
+   MLflow run tagged as reused) and no torchx app is created. The inputs must be committed: a missing one fails
+   here, before anything is scheduled;
+2. **build** the app from torchx's ``dist.ddp`` component: ``-j NNODESxNPROC`` replicas each running
+   ``torchrun -m fourm_kfp.cli stage pretrain ...``, the one training entry point PyTorchJob pods run too
+   (:func:`fourm_kfp.cluster.job_spec.pretrain_stage_args`), with the resolved input URIs and no ``--force`` (a
+   retried replica resumes; a forced output is cleared once, just before the app is scheduled). Every job gets
+   its own rendezvous port (dist.ddp's default, 29500, is fixed): a free port here for ``local_cwd``, one derived
+   from the address elsewhere, or ``rdzv_port``;
+3. **run** it with :func:`torchx.runner.get_runner` on ``local_cwd``, ``slurm`` or ``kubernetes`` (Volcano; its
+   ``queue`` is required): validate the scheduler config (dry run), schedule, stream replica 0's log, wait for a
+   terminal state; a failed or cancelled app raises :class:`LaunchFailed` with torchx's error;
+4. **report** the committed output like ``fourm-kfp stage``: a :class:`~fourm_kfp.contract.StageOutcome` with the
+   manifest's metrics.
+
+Where the replicas run: ``local_cwd`` runs them here, in the current folder, with this interpreter's ``bin/``
+first on ``PATH`` (torchx calls ``torchrun`` from ``PATH``); ``slurm`` runs them in the submit (or ``job_dir``)
+folder with the submitting environment, so the store and ``--root`` must be on a shared file system;
+``kubernetes`` (a Volcano job) runs them in ``image`` (default: the pretrain GPU image), whose own ``torchrun``
+starts the stage — there ``--root`` is a folder in the pod, the store must be object storage, and the pods get
+only the environment given (``env``: S3 credentials, ``MLFLOW_TRACKING_URI``).
+
+torchx 0.7.0 is installed by ``make setup`` with ``--no-deps`` (its ``urllib3<1.27`` bound is stale and contradicts
+kfp's pin; see the Makefile); it is imported only when a launch runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from fourm_kfp.config.schema import ConfigError
+from fourm_kfp.contract import StageOutcome
+from fourm_kfp.errors import UserError
+
+log = logging.getLogger(__name__)
+
+SCHEDULERS = ("local_cwd", "slurm", "kubernetes")
+#: The module every replica's torchrun starts: the CLI's ``stage pretrain``, as in the cluster's pods.
+ENTRY_MODULE = "fourm_kfp.cli"
+#: ``--root`` of the kubernetes replicas: writable in the image (torchx's Volcano pods have no /scratch volume, the
+#: PyTorchJob template's ``job_spec.POD_ROOT``); only the default SQLite MLflow store would go there.
+KUBERNETES_ROOT = "/tmp/fourm-run"
+#: Derived rendezvous ports (schedulers other than local_cwd) fall in [PORT_BASE, PORT_BASE + PORT_SPAN).
+PORT_BASE, PORT_SPAN = 20000, 10000
+
+
+class LaunchFailed(UserError):
+    """The torchx app failed or was cancelled, or it succeeded without committing pretrain's output."""
+
+
+@dataclass
+class TorchxParams:
+    """How to run the job: scheduler, size, per-replica resources, image, scheduler config."""
+
+    scheduler: str = "local_cwd"
+    j: str = "1x1"  # [MIN_NODES:]NODESxPROCS_PER_NODE, as torchx's dist.ddp -j
+    scheduler_args: Sequence[str] = ()  # KEY=VALUE items of the scheduler's run config (queue=, partition=, ...)
+    image: str = ""  # kubernetes: the container image (default: the pretrain GPU image); slurm/local_cwd ignore it
+    cpu: int = 2
+    gpu: int = 0
+    mem_mb: int = 1024
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of the replicas
+    rdzv_port: int = 0  # 0: a free port (local_cwd) or one derived from the address
+    max_retries: int = 0
+    wait_interval_s: float = 0.0  # 0: 1 s for local_cwd, 10 s elsewhere
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (the c10d store of rank 0 binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rendezvous_port(scheduler: str, address: str, requested: int = 0) -> int:
+    """``requested``, else a free port (``local_cwd``: every replica is on this machine), else one derived from the
+    content address (rank 0's node is not known here; distinct runs get distinct ports)."""
+    if requested:
+        return requested
+    if scheduler == "local_cwd":
+        return free_port()
+    return PORT_BASE + int(hashlib.sha256(address.encode()).hexdigest(), 16) % PORT_SPAN
+
+
+def replica_stage_args(*, preset: str, overrides: Sequence[str], root: str, store_uri: str,
+                       input_uris: dict[str, str], s3_endpoint: str = "", tracking_uri: str = "",
+                       parent_run_id: str = "") -> list[str]:
+    """``fourm-kfp``'s arguments in every replica: the pods' (:func:`~fourm_kfp.cluster.job_spec.pretrain_stage_args`)
+    with the replicas' ``--root``."""
+    from fourm_kfp.cluster.job_spec import pretrain_stage_args
+
+    args = pretrain_stage_args(preset=preset, overrides=overrides, store_uri=store_uri, input_uris=input_uris,
+                               s3_endpoint=s3_endpoint, tracking_uri=tracking_uri, parent_run_id=parent_run_id)
+    # TODO: pretrain_stage_args(root=...) once it takes one; it sets the pod's folder (job_spec.POD_ROOT).
+    args[args.index("--root") + 1] = root
+    return args
+
+
+def build_app(stage_args: Sequence[str], address: str, params: TorchxParams, rdzv_port: int):
+    """The torchx ``AppDef``: ``dist.ddp`` running ``torchrun -m fourm_kfp.cli <stage_args>`` on ``params.j``."""
+    from torchx.components.dist import ddp
+
+    from fourm_kfp.cluster.job_spec import job_name
+
+    env = dict(params.env)
+    bin_dir = str(Path(sys.executable).parent)
+    if params.scheduler == "local_cwd":
+        # torchx's local_cwd runs `torchrun` from PATH, the role's PATH first: this environment's torchrun.
+        env["PATH"] = os.pathsep.join(p for p in (bin_dir, env.get("PATH")) if p)
+    elif params.scheduler == "slurm":
+        # srun exports the submitting environment with the role's variables over it (a shared file system).
+        env["PATH"] = os.pathsep.join(p for p in (bin_dir, env.get("PATH") or os.environ.get("PATH")) if p)
+    image = params.image
+    if not image:
+        if params.scheduler == "kubernetes":
+            from fourm_kfp.components.images import GPU_IMAGE
+
+            image = GPU_IMAGE
+        else:
+            image = os.getcwd()  # local_cwd and slurm run in a folder, not an image
+    return ddp(*stage_args, m=ENTRY_MODULE, j=params.j, name=job_name(address), image=image, cpu=params.cpu,
+               gpu=params.gpu, memMB=params.mem_mb, env=env, rdzv_port=rdzv_port, max_retries=params.max_retries)
+
+
+def scheduler_config(runner, scheduler: str, items: Sequence[str], defaults: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
+    """The scheduler's run config from ``KEY=VALUE`` items, typed by torchx; an unknown key is an error."""
+    opts = runner.scheduler_run_opts(scheduler)
+    known = {name: opt for name, opt in opts}
+    cfg: dict[str, Any] = dict(defaults or {})
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--scheduler-arg {item!r}: expected KEY=VALUE")
+        if key not in known:
+            raise ConfigError(f"--scheduler-arg {key}: {scheduler} has no such option; its options: "
+                              f"{', '.join(sorted(known))}")
+        cfg.update(opts.cfg_from_str(f"{key}={value}"))
+    missing = sorted(name for name, opt in known.items() if opt.is_required and name not in cfg)
+    if missing:
+        raise ConfigError(f"the {scheduler} scheduler needs {', '.join(f'--scheduler-arg {m}=...' for m in missing)}")
+    return cfg
+
+
+def follow(runner, handle: str, role: str, out: Callable[[str], None], wait_interval_s: float):
+    """Stream replica 0's log (a thread, retried while the replica is not up yet) and wait for a terminal state."""
+    from torchx.specs import is_terminal
+
+    done = threading.Event()
+
+    def stream() -> None:
+        shown = 0  # lines already printed: a retried read starts over (a Kubernetes log follow does)
+        while True:
+            try:
+                for i, line in enumerate(runner.log_lines(handle, role, k=0, should_tail=True)):
+                    if i >= shown:
+                        out(line.rstrip("\n"))
+                        shown += 1
+                return
+            except Exception as exc:  # noqa: BLE001 - the replica is pending, or its log is gone
+                if done.is_set():
+                    log.debug("log of %s/%s/0: %s", handle, role, exc)
+                    return
+                time.sleep(max(wait_interval_s, 1.0))
+
+    thread = threading.Thread(target=stream, name="torchx-log", daemon=True)
+    thread.start()
+    try:
+        status = runner.wait(handle, wait_interval=wait_interval_s)
+        while status is not None and not is_terminal(status.state):
+            status = runner.wait(handle, wait_interval=wait_interval_s)
+    finally:
+        done.set()
+    thread.join(timeout=60)
+    return status
+
+
+def launch_pretrain(*, preset: str, overrides: Sequence[str], root: str | os.PathLike, store_uri: str,
+                    s3_endpoint: str = "", tracking_uri: str | None = None, force: bool = False,
+                    input_uris: dict[str, str] | None = None, params: TorchxParams | None = None, runner=None,
+                    out: Callable[[str], None] = print) -> StageOutcome:
+    """Plan, launch through torchx, follow and report the pretrain stage; see the module docstring."""
+    from fourm_kfp.config.loader import load_config
+    from fourm_kfp.contract.addressing import stage_address
+    from fourm_kfp.contract.manifest import read_manifest
+    from fourm_kfp.contract.runner import open_inputs, output_store
+    from fourm_kfp.launch import apply_s3_endpoint, launch_stage, setup_logging
+    from fourm_kfp.stages import get_stage
+    from fourm_kfp.storage import open_store
+
+    params = params or TorchxParams()
+    if params.scheduler not in SCHEDULERS:
+        raise ConfigError(f"--scheduler {params.scheduler!r}: expected one of {', '.join(SCHEDULERS)}")
+    setup_logging()
+    apply_s3_endpoint(s3_endpoint)
+    started = time.monotonic()
+    config = load_config(preset, overrides=list(overrides))
+    spec = get_stage("pretrain")
+    store = open_store(store_uri, s3_endpoint=s3_endpoint or None, create=True)
+    address = stage_address(spec, config)
+    output = output_store(spec, config, store)
+    if not force and read_manifest(output) is not None:
+        out(f"[torchx] pretrain {address} is committed at {output.uri}: creating no torchx app")
+        return launch_stage("pretrain", preset=preset, overrides=overrides, store_uri=store_uri,
+                            s3_endpoint=s3_endpoint, tracking_uri=tracking_uri, root=root,
+                            input_uris=input_uris)
+    if params.scheduler == "kubernetes" and "://" not in store.uri:
+        raise ConfigError(f"--scheduler kubernetes: the store {store.uri} is a local folder the pods cannot see; "
+                          "use --store s3://bucket/prefix (with --s3-endpoint)")
+    inputs = open_inputs(spec, config, store, input_uris)  # fail here, not in N replicas, when an input is missing
+    replica_root = KUBERNETES_ROOT if params.scheduler == "kubernetes" else str(root)
+    stage_args = replica_stage_args(preset=preset, overrides=overrides, root=replica_root, store_uri=store.uri,
+                                    input_uris={name: item.uri for name, item in inputs.items()},
+                                    s3_endpoint=s3_endpoint, tracking_uri=tracking_uri or "")
+    port = rendezvous_port(params.scheduler, address, params.rdzv_port)
+    app = build_app(stage_args, address, params, port)
+    role = app.roles[0].name
+    interval = params.wait_interval_s or (1.0 if params.scheduler == "local_cwd" else 10.0)
+
+    from torchx.runner import get_runner
+    from torchx.specs import NONE, AppState
+
+    own_runner = runner is None
+    runner = runner if runner is not None else get_runner()
+    try:
+        defaults = {"log_dir": str(Path(root) / "torchx")} if params.scheduler == "local_cwd" else {}
+        cfg = scheduler_config(runner, params.scheduler, params.scheduler_args, defaults)
+        info = runner.dryrun(app, params.scheduler, cfg=cfg)  # a bad config fails before anything is cleared
+        out(f"[torchx] pretrain {address}: {params.scheduler} dist.ddp -j {params.j}, rendezvous port {port}, "
+            f"output {output.uri}")
+        if force:
+            removed = output.delete_prefix()
+            out(f"[torchx] --force: cleared {removed} objects at {output.uri}")
+        handle = runner.schedule(info)
+        out(f"[torchx] app {handle}")
+        status = follow(runner, handle, role, out, interval)
+    finally:
+        if own_runner:
+            runner.close()
+    if status is None or status.state != AppState.SUCCEEDED:
+        state = status.state.name if status is not None else "gone"
+        error = status.structured_error_msg if status is not None else NONE
+        detail = f": {error}" if error and error != NONE else ""
+        where = f" (logs: {status.ui_url})" if status is not None and status.ui_url else ""
+        raise LaunchFailed(f"torchx app {handle} {state}{where}{detail}")
+    committed = read_manifest(output)
+    if committed is None:
+        raise LaunchFailed(f"torchx app {handle} succeeded but pretrain's output is not committed at {output.uri}: "
+                           "the replicas ran something else than the pretrain stage")
+    manifest, digest = committed
+    log.info("pretrain: torchx app %s committed %s", handle, output.uri)
+    return StageOutcome("pretrain", "ran", output.uri, round(time.monotonic() - started, 3), digest,
+                        manifest.get("mlflow_run_id"), manifest.get("metrics", {}))
