@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 DEMO_ROOT ?= runs/demo
 
-.PHONY: setup demo test compile bench clean
+.PHONY: setup demo test compile bench ui clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,15 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The MLflow UI on the demo's store (another run folder: make ui DEMO_ROOT=runs/x). The full mlflow package, which
+# serves it, is the optional `ui` extra: installed here on first use, never in the stage images.
+ui: $(VENV)/.ui-done
+	$(BIN)/fourm-kfp ui --root $(DEMO_ROOT)
+
+$(VENV)/.ui-done: $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[ui]"
+	touch $@
 
 compile: setup
 	$(BIN)/fourm-kfp compile --output pipelines/fourm_pretrain.yaml

@@ -12,17 +12,18 @@ from fourm_kfp.components.images import GPU_IMAGE
 def evaluate(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
              parent_run_id: str, force: bool, model_uri: str, pretokenized_uri: str, tokenizers_uri: str,
              data_uri: str, report: dsl.Output[dsl.Markdown], report_html: dsl.Output[dsl.HTML],
-             metrics: dsl.Output[dsl.Metrics]
+             metrics: dsl.Output[dsl.Metrics], stage_overrides: list = []
              ) -> NamedTuple("Outputs", [("output_uri", str), ("promoted", bool), ("gate", str), ("result", str)]):
     """Evaluate the model; outputs the committed evaluation's URI, whether the model became champion, the gate's
     decision (JSON) and the stage outcome."""
     import json
     from collections import namedtuple
 
-    from fourm_kfp.kfp_runtime import run_stage_component
+    from fourm_kfp.kfp_runtime import run_stage_component, with_stage_overrides
     from fourm_kfp.storage import open_store
 
-    outcome = run_stage_component("evaluate", preset, config_overrides, store_uri, s3_endpoint,
+    overrides = with_stage_overrides(config_overrides, stage_overrides)
+    outcome = run_stage_component("evaluate", preset, overrides, store_uri, s3_endpoint,
                                   mlflow_tracking_uri, parent_run_id, force,
                                   input_uris={"pretrain": model_uri, "pretokenize": pretokenized_uri,
                                               "train-tokenizers": tokenizers_uri, "prepare-data": data_uri},

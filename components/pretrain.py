@@ -11,24 +11,27 @@ from fourm_kfp.components.images import GPU_IMAGE
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
 def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
              parent_run_id: str, force: bool, pretokenized_uri: str, tokenizers_uri: str,
-             report: dsl.Output[dsl.Markdown], metrics: dsl.Output[dsl.Metrics], job_spec: dsl.Output[dsl.Artifact],
+             report: dsl.Output[dsl.Markdown], report_html: dsl.Output[dsl.HTML], metrics: dsl.Output[dsl.Metrics],
+             job_spec: dsl.Output[dsl.Artifact],
              launcher: str = "in-pod", nodes: int = 1, procs_per_node: int = 1,
              accelerator: str = "nvidia.com/gpu", cpu_per_node: str = "", memory_per_node: str = "",
              node_selector: dict = {}, tolerations: list = [], deadline_s: int = 259200, min_nodes: int = 0,
-             delete_job: bool = True,
-             kfp_run_id: str = "") -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):
-    """Train the model; outputs the committed run's URI (exported model, checkpoints, metrics, report) and, in the
-    job modes, the rendered job spec."""
+             delete_job: bool = True, kfp_run_id: str = "",
+             stage_overrides: list = []) -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):
+    """Train the model; outputs the committed run's URI (exported model, checkpoints, metrics, report), the report
+    with the loss curves inline (HTML, shown in the UI) and, in the job modes, the rendered job spec."""
     import json
     from collections import namedtuple
 
-    from fourm_kfp.kfp_runtime import run_pretrain_component
+    from fourm_kfp.kfp_runtime import run_pretrain_component, with_stage_overrides
 
+    overrides = with_stage_overrides(config_overrides, stage_overrides)
     outcome = run_pretrain_component(
-        preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id, force,
+        preset, overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id, force,
         input_uris={"pretokenize": pretokenized_uri, "train-tokenizers": tokenizers_uri}, launcher=launcher,
         job={"nodes": nodes, "procs_per_node": procs_per_node, "accelerator": accelerator,
              "cpu_per_node": cpu_per_node, "memory_per_node": memory_per_node, "node_selector": node_selector,
              "tolerations": tolerations, "deadline_s": deadline_s, "min_nodes": min_nodes, "delete_job": delete_job},
-        kfp_run_id=kfp_run_id, report_path=report.path, metrics=metrics, job_spec_path=job_spec.path)
+        kfp_run_id=kfp_run_id, report_path=report.path, metrics=metrics, job_spec_path=job_spec.path,
+        html_path=report_html.path)
     return namedtuple("Outputs", ["output_uri", "result"])(outcome.output_uri, json.dumps(outcome.to_dict()))

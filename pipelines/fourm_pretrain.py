@@ -57,6 +57,7 @@ def fourm_pretrain(
     pretokenize_force: bool = False,
     pretokenize_width: int = 1,
     pretrain_force: bool = False,
+    pretrain_config_overrides: list = [],
     pretrain_accelerator: str = "nvidia.com/gpu",
     pretrain_launcher: str = "pytorchjob",
     pretrain_nodes: int = 1,
@@ -91,6 +92,9 @@ def fourm_pretrain(
             smoke and demo presets have one or a few shards).
         pretrain_force: Recompute pretrain even if its output is committed (else a committed run is reused and an
             interrupted one resumes from its newest checkpoint); default false.
+        pretrain_config_overrides: ``train.*`` and ``evaluate.*`` overrides for pretrain and evaluate only, e.g.
+            ``["train.steps=2000"]``; default none. A rerun that changes only these (or other pretrain_*
+            parameters) recomputes pretrain and evaluate and reuses every upstream output by its content address.
         pretrain_accelerator: "nvidia.com/gpu" (default: pretraining requests GPUs) or "cpu" (no accelerator
             request, so a CPU-only cluster can run it; the image runs on CPUs too, and precision "auto" then trains
             in fp32); the evaluate step follows it on the same kind of node.
@@ -152,9 +156,10 @@ def fourm_pretrain(
                                                part_uris=dsl.Collected(worker.output), **stage_inputs, **shared))
         tokens.set_display_name("pretokenize")
         train_args = dict(force=pretrain_force, pretokenized_uri=tokens.outputs["output_uri"],
-                          tokenizers_uri=tokenizers.outputs["output_uri"], **shared)
+                          tokenizers_uri=tokenizers.outputs["output_uri"], stage_overrides=pretrain_config_overrides,
+                          **shared)
         eval_args = dict(force=evaluate_force, pretokenized_uri=tokens.outputs["output_uri"], **stage_inputs,
-                         **shared)
+                         stage_overrides=pretrain_config_overrides, **shared)
         # Each branch trains and then evaluates on its kind of node (KFP has no single task after an If/Else).
         with dsl.If(pretrain_launcher == "in-pod", name="pretrain-in-pod"):
             with dsl.If(pretrain_accelerator == "cpu", name="pretrain-on-cpu"):

@@ -58,4 +58,4 @@ def test_closing_summary_names_every_stage_and_where_things_are():
                "stages": [{"name": "prepare-data", "status": "skipped", "seconds": 1.25, "output_uri": "/r/p/1"}]}
     text = closing_summary(summary)
     assert "prepare-data  skipped" in text and "/r/p/1" in text and "/r/l.log" in text
-    assert "mlflow ui --backend-store-uri sqlite:////r/mlflow.db" in text
+    assert "make ui DEMO_ROOT=/r " in text  # the full mlflow serves the UI; mlflow-skinny has none

@@ -1,6 +1,7 @@
 """End to end: `fourm-kfp run --preset smoke` through kfp.local, on local disk and on the S3 server.
 
-The second run with the same arguments must report every stage `skipped` (content-addressed reuse) and be quick.
+The second run with the same arguments must report every stage `skipped` (content-addressed reuse); a rerun that
+changes only pretrain_* parameters recomputes pretrain and evaluate alone.
 """
 
 from __future__ import annotations
@@ -86,15 +87,24 @@ def test_smoke_pipeline_local_then_skipped(tmp_path):
     # The evaluated model is registered and, being the first, promoted to champion.
     assert first["model_gate"]["promoted"] and first["model_gate"]["model_name"] == "fourm-smoke"
 
-    second, seconds = _run(tmp_path)
+    second, _ = _run(tmp_path)
     assert [s["status"] for s in second["stages"]] == ["skipped"] * len(STAGES)
     assert [s["output_uri"] for s in second["stages"]] == [s["output_uri"] for s in first["stages"]]
     assert second["mlflow"]["parent_run_id"] != first["mlflow"]["parent_run_id"]
-    _check_mlflow(second, "skipped")
-    assert seconds < 60, f"a fully reused run took {seconds:.1f}s"
+    _check_mlflow(second, "skipped")  # every stage reused: nothing recomputed (how fast is bench/'s business)
 
     forced, _ = _run(tmp_path, "--force", "train-tokenizers")
     assert [s["status"] for s in forced["stages"]] == ["skipped", "ran"] + ["skipped"] * (len(STAGES) - 2)
+
+    # A per-stage rerun, as from the UI: only pretrain_* parameters change, so pretrain and evaluate recompute and
+    # every upstream output is reused by its content address.
+    rerun, _ = _run(tmp_path, "--param", 'pretrain_config_overrides=["train.steps=3"]')
+    assert [s["status"] for s in rerun["stages"]] == ["skipped"] * 3 + ["ran", "ran"]
+    assert [s["output_uri"] for s in rerun["stages"][:3]] == [s["output_uri"] for s in first["stages"][:3]]
+    assert rerun["stages"][3]["output_uri"] != first["stages"][3]["output_uri"]
+    # The pretrain step's HTML output (the KFP UI shows it) has the loss curves inline.
+    pages = [p.read_text() for p in (tmp_path / "kfp").rglob("report_html") if p.parent.name.startswith("pretrain")]
+    assert pages and all("training_curves.png" in page and "data:image/png;base64," in page for page in pages)
 
 
 def test_smoke_pipeline_on_s3(tmp_path, s3_env):

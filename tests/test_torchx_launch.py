@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from fourm_kfp.cluster.job_spec import pretrain_stage_args
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract.manifest import MANIFEST_NAME, IncompleteOutputError
 from fourm_kfp.storage import open_store
 from fourm_kfp.torchx_launch import (KUBERNETES_ROOT, TorchxParams, build_app, free_port, launch_pretrain,
-                                     rendezvous_port, replica_stage_args, scheduler_config)
+                                     rendezvous_port, scheduler_config)
 from tests.train.pretrain_helpers import input_args, smoke_upstream
 
 BIN = Path(sys.executable).parent
@@ -103,7 +104,7 @@ def test_missing_inputs_fail_before_anything_is_scheduled(tmp_path, monkeypatch,
 
 def test_the_app_is_dist_ddp_running_the_stage_on_its_own_rendezvous_port(tmp_path):
     inputs = {"pretokenize": "s3://b/p/pretokenize/1", "train-tokenizers": "s3://b/p/train-tokenizers/2"}
-    args = replica_stage_args(preset="smoke", overrides=["train.steps=4"], root=str(tmp_path), store_uri="s3://b/p",
+    args = pretrain_stage_args(preset="smoke", overrides=["train.steps=4"], root=str(tmp_path), store_uri="s3://b/p",
                               input_uris=inputs, s3_endpoint="http://s3:9000")
     assert args[:2] == ["stage", "pretrain"] and args[args.index("--root") + 1] == str(tmp_path)
     assert "--force" not in args  # a retried replica resumes; a forced output is cleared once, by the launcher
@@ -123,7 +124,7 @@ def test_the_app_is_dist_ddp_running_the_stage_on_its_own_rendezvous_port(tmp_pa
 def test_kubernetes_renders_a_volcano_job_of_the_image_and_scheduler_config_is_checked():
     from torchx.runner import get_runner
 
-    args = replica_stage_args(preset="smoke", overrides=[], root=KUBERNETES_ROOT, store_uri="s3://b/p",
+    args = pretrain_stage_args(preset="smoke", overrides=[], root=KUBERNETES_ROOT, store_uri="s3://b/p",
                               input_uris={"pretokenize": "s3://b/p/x", "train-tokenizers": "s3://b/p/y"})
     params = TorchxParams(scheduler="kubernetes", j="2x4", gpu=4, image="registry.example/fourm:1",
                           env={"AWS_ACCESS_KEY_ID": "k"})

@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--summary", help="write the run summary JSON here")
     run.add_argument("--pretokenize-width", type=int, default=1, metavar="N",
                      help="pretokenize workers in parallel (the pipeline's ParallelFor width; default 1)")
+    run.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                     help="another pipeline parameter, as in the KFP UI, e.g. --param "
+                          "'pretrain_config_overrides=[\"train.steps=3\"]' (values parse as JSON when they can)")
 
     stage = sub.add_parser("stage", help="run one stage directly (reusing committed upstream outputs)")
     stage.add_argument("name", choices=list(STAGES))
@@ -155,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--mlflow-tracking-uri", default=None, help="with --wait: open the MLflow parent run here "
                         "(tagged with the CI job), and read the gate's verdict (default: $MLFLOW_TRACKING_URI)")
 
+    ui = sub.add_parser("ui", help="serve the MLflow UI on a run folder's store (needs the `ui` extra: make ui)")
+    ui.add_argument("--root", default="runs/demo", help="run folder whose mlflow.db to show (default runs/demo)")
+    ui.add_argument("--mlflow-tracking-uri", help="a tracking store instead of <root>/mlflow.db")
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=5000, help="port (default 5000)")
+
     compile_ = sub.add_parser("compile", help="compile the KFP pipeline to YAML")
     compile_.add_argument("--output", help="default: fourm_pretrain.yaml beside the pipeline definition")
 
@@ -166,13 +175,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fourm_kfp.console import closing_summary
+    from fourm_kfp.kfp_submit import parse_parameters
     from fourm_kfp.local_run import PipelineFailed, run_pipeline_locally
 
     try:
         summary = run_pipeline_locally(args.preset, args.root, store=args.store, s3_endpoint=args.s3_endpoint,
                                        overrides=args.overrides, force=args.force,
                                        tracking_uri=args.mlflow_tracking_uri, summary_path=args.summary,
-                                       pipeline_arguments={"pretokenize_width": args.pretokenize_width})
+                                       pipeline_arguments={"pretokenize_width": args.pretokenize_width,
+                                                           **parse_parameters(args.param)})
     except PipelineFailed as exc:
         print(closing_summary(exc.summary))
         print(f"Error: {exc}", file=sys.stderr)
@@ -342,6 +353,33 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return submit(request).exit_code
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    """Exec the full MLflow's server on the run folder's store (mlflow-skinny, which the stages use, has no UI)."""
+    import os
+    import shutil
+
+    from fourm_kfp.contract import lineage
+    from fourm_kfp.errors import UserError
+    from fourm_kfp.launch import local_root
+
+    root = local_root(args.root)
+    tracking = args.mlflow_tracking_uri or lineage.default_tracking_uri(root)
+    if not args.mlflow_tracking_uri and not (root / "mlflow.db").is_file():
+        raise UserError(f"--root {root}: no mlflow.db there; run the pipeline first (make demo) or name the store "
+                        "with --mlflow-tracking-uri")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("mlflow")  # the full package: mlflow-skinny's `mlflow ui` serves no UI ("index.html not found")
+    except PackageNotFoundError:
+        raise UserError("the MLflow UI needs the full mlflow package: make ui (or pip install -e '.[ui]')") from None
+    exe = Path(sys.executable).parent / "mlflow"
+    argv = [str(exe) if exe.exists() else shutil.which("mlflow") or "mlflow", "ui", "--backend-store-uri", tracking, "--host", args.host, "--port", str(args.port)]
+    print(f"MLflow UI on http://{args.host}:{args.port} for {tracking} (Ctrl-C stops it)", flush=True)
+    os.execv(argv[0], argv)
+    return 0  # not reached
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from fourm_kfp.pipeline_compiler import compile_pipeline
 
@@ -370,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"run": cmd_run, "stage": cmd_stage, "launch": cmd_launch, "status": cmd_status, "compile": cmd_compile,
                "config": cmd_config, "generate": cmd_generate, "verify": cmd_verify,
-               "submit": cmd_submit}[args.command]
+               "submit": cmd_submit, "ui": cmd_ui}[args.command]
     try:
         return handler(args)
     except UserError as exc:

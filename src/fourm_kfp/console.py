@@ -140,6 +140,7 @@ def closing_summary(summary: dict[str, Any]) -> str:
         lines.insert(-3, f"model:      {gate['model_name']} version {gate['version']} ({state}) in the MLflow "
                          f"registry: {gate['reason']}")
     if tracking.startswith("sqlite:"):
-        lines.append(f"MLflow UI:  pip install mlflow==3.17.2 && mlflow ui --backend-store-uri {tracking} "
-                     "(mlflow-skinny, which this package uses, ships no UI)")
+        root = tracking.removeprefix("sqlite:///").removesuffix("/mlflow.db")
+        lines.append(f"MLflow UI:  make ui DEMO_ROOT={root}  (installs the `ui` extra once, then serves "
+                     "http://127.0.0.1:5000)")
     return "\n".join(lines)

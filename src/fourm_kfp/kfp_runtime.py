@@ -12,12 +12,25 @@ import json
 from typing import Sequence
 
 from fourm_kfp.config.loader import load_config
-from fourm_kfp.config.schema import to_dict
+from fourm_kfp.config.schema import ConfigError, to_dict
 from fourm_kfp.contract import StageOutcome, lineage
 from fourm_kfp.launch import launch_stage, setup_logging
 from fourm_kfp.storage import open_store
 
 TAG_RUN_LABEL = "fourm.run_label"
+#: Config sections that only pretrain and evaluate read: what ``pretrain_config_overrides`` may change.
+PRETRAIN_ONLY_SECTIONS = ("train.", "evaluate.")
+
+
+def with_stage_overrides(config_overrides: Sequence[str], stage_overrides: Sequence[str]) -> list[str]:
+    """The shared overrides followed by ``pretrain_config_overrides`` (later wins), which may touch only sections
+    that no upstream stage reads: so a rerun that changes only them recomputes pretrain and evaluate and reuses
+    every upstream output by its content address."""
+    wrong = [item for item in stage_overrides if not item.startswith(PRETRAIN_ONLY_SECTIONS)]
+    if wrong:
+        raise ConfigError(f"pretrain_config_overrides {wrong}: only {', '.join(s + '*' for s in PRETRAIN_ONLY_SECTIONS)} "
+                          "keys (read by pretrain and evaluate alone); put others in config_overrides")
+    return [*config_overrides, *stage_overrides]
 
 
 def open_pipeline_run(run_label: str, preset: str, config_overrides: Sequence[str], store_uri: str,
@@ -80,9 +93,8 @@ def publish_outcome(outcome: StageOutcome, report_path: str | None = None, metri
         with open(report_path, "w") as fh:
             fh.write(text)
     if html_path:
-        pages = [k for k in output.list("reports") if k.endswith(".html")]
         with open(html_path, "w") as fh:
-            fh.write(output.get_text(pages[0]) if pages else f"<h1>{outcome.name}</h1>")
+            fh.write(html_report(output, outcome.name))
     if metrics is not None:
         for name, value in sorted(outcome.metrics.items()):
             metrics.log_metric(name, float(value))
@@ -90,10 +102,31 @@ def publish_outcome(outcome: StageOutcome, report_path: str | None = None, metri
     return outcome
 
 
+def html_report(output, stage: str) -> str:
+    """The stage's HTML report for the KFP UI: its own ``reports/*.html``, else a page with its pictures inline
+    (``reports/*.png``, e.g. pretrain's loss curves) above its Markdown reports."""
+    import base64
+    import html
+
+    keys = output.list("reports")
+    pages = [k for k in keys if k.endswith(".html")]
+    if pages:
+        return output.get_text(pages[0])
+    parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(stage)}</title><h1>{html.escape(stage)}</h1>"]
+    for key in sorted(k for k in keys if k.endswith(".png")):
+        data = base64.b64encode(output.get_bytes(key)).decode()
+        name = html.escape(key.rsplit("/", 1)[-1])
+        parts.append(f"<h3>{name}</h3><img alt='{name}' style='max-width:100%' src='data:image/png;base64,{data}'>")
+    for key in sorted(k for k in keys if k.endswith(".md")):
+        parts.append(f"<pre style='white-space:pre-wrap'>{html.escape(output.get_text(key))}</pre>")
+    return "\n".join(parts)
+
+
 def run_pretrain_component(preset: str, config_overrides: Sequence[str], store_uri: str, s3_endpoint: str,
                            mlflow_tracking_uri: str, parent_run_id: str, force: bool, input_uris: dict[str, str],
                            launcher: str, job: dict, kfp_run_id: str, report_path: str | None = None,
-                           metrics=None, job_spec_path: str | None = None) -> StageOutcome:
+                           metrics=None, job_spec_path: str | None = None,
+                           html_path: str | None = None) -> StageOutcome:
     """The pretrain step: train in this pod (``launcher="in-pod"``), or launch and follow a PyTorchJob / TrainJob
     (:mod:`fourm_kfp.cluster.pretrain_job`) and report its committed output the same way."""
     if launcher == "in-pod":
@@ -102,7 +135,7 @@ def run_pretrain_component(preset: str, config_overrides: Sequence[str], store_u
                 fh.write("# pretrain_launcher=in-pod: trained in the step's own pod, no job\n")
         return run_stage_component("pretrain", preset, config_overrides, store_uri, s3_endpoint,
                                    mlflow_tracking_uri, parent_run_id, force, input_uris=input_uris,
-                                   report_path=report_path, metrics=metrics)
+                                   report_path=report_path, metrics=metrics, html_path=html_path)
     from fourm_kfp.cluster.pretrain_job import JobParams, launch_pretrain_job
     from fourm_kfp.components.images import GPU_IMAGE
 
@@ -111,7 +144,7 @@ def run_pretrain_component(preset: str, config_overrides: Sequence[str], store_u
                                   parent_run_id=parent_run_id, force=force, input_uris=input_uris,
                                   params=JobParams(launcher=launcher, **job), image=GPU_IMAGE,
                                   kfp_run_id=kfp_run_id, spec_path=job_spec_path)
-    return publish_outcome(outcome, report_path=report_path, metrics=metrics)
+    return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
 
 
 def run_stage_part_component(stage: str, part: int, parts: int, preset: str, config_overrides: Sequence[str],

@@ -11,11 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from fourm_kfp.config.schema import ConfigError
 
+log = logging.getLogger(__name__)
 #: Where outputs go when an S3 endpoint is given but no store.
 DEFAULT_S3_STORE = "s3://fourm-kfp"
 
@@ -75,3 +78,55 @@ def launch_stage(name: str, *, preset: str, overrides: Sequence[str], store_uri:
                               parent_run_id=parent_run_id or None)
     return run_stage(spec, config, store, force=force, input_uris=inputs, tracking_uri=tracking,
                      parent_run_id=parent_run_id or None, parts=parts)
+
+
+@dataclass
+class LaunchPlan:
+    """What a launcher of one stage on other machines (a PyTorchJob, torchx) knows before it starts anything: the
+    stage's address and output, and whether that output is committed already."""
+
+    stage: str
+    config: Any
+    spec: Any
+    store: Any
+    address: str
+    output: Any
+    committed: bool
+    started: float
+
+
+def plan_launch(stage: str, *, preset: str, overrides: Sequence[str], store_uri: str,
+                s3_endpoint: str = "") -> LaunchPlan:
+    """Load the config, open the store, and find ``stage``'s content address and whether it is committed."""
+    from fourm_kfp.config.loader import load_config
+    from fourm_kfp.contract.addressing import stage_address
+    from fourm_kfp.contract.manifest import read_manifest
+    from fourm_kfp.contract.runner import output_store
+    from fourm_kfp.stages import get_stage
+    from fourm_kfp.storage import open_store
+
+    setup_logging()
+    apply_s3_endpoint(s3_endpoint)
+    started = time.monotonic()
+    config = load_config(preset, overrides=list(overrides))
+    spec = get_stage(stage)
+    store = open_store(store_uri, s3_endpoint=s3_endpoint or None, create=True)
+    output = output_store(spec, config, store)
+    return LaunchPlan(stage, config, spec, store, stage_address(spec, config), output,
+                      read_manifest(output) is not None, started)
+
+
+def committed_outcome(plan: LaunchPlan, what: str):
+    """The outcome of a stage that ran elsewhere, read from its committed manifest (``what`` ran it: the job)."""
+    from fourm_kfp.contract import StageOutcome
+    from fourm_kfp.contract.manifest import read_manifest
+    from fourm_kfp.errors import UserError
+
+    committed = read_manifest(plan.output)
+    if committed is None:
+        raise UserError(f"{what} succeeded but {plan.stage}'s output is not committed at {plan.output.uri}: it ran "
+                        f"something else than the {plan.stage} stage (image, command)")
+    manifest, digest = committed
+    log.info("%s: %s committed %s", plan.stage, what, plan.output.uri)
+    return StageOutcome(plan.stage, "ran", plan.output.uri, round(time.monotonic() - plan.started, 3), digest,
+                        manifest.get("mlflow_run_id"), manifest.get("metrics", {}))

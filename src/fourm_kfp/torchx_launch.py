@@ -96,20 +96,6 @@ def rendezvous_port(scheduler: str, address: str, requested: int = 0) -> int:
     return PORT_BASE + int(hashlib.sha256(address.encode()).hexdigest(), 16) % PORT_SPAN
 
 
-def replica_stage_args(*, preset: str, overrides: Sequence[str], root: str, store_uri: str,
-                       input_uris: dict[str, str], s3_endpoint: str = "", tracking_uri: str = "",
-                       parent_run_id: str = "") -> list[str]:
-    """``fourm-kfp``'s arguments in every replica: the pods' (:func:`~fourm_kfp.cluster.job_spec.pretrain_stage_args`)
-    with the replicas' ``--root``."""
-    from fourm_kfp.cluster.job_spec import pretrain_stage_args
-
-    args = pretrain_stage_args(preset=preset, overrides=overrides, store_uri=store_uri, input_uris=input_uris,
-                               s3_endpoint=s3_endpoint, tracking_uri=tracking_uri, parent_run_id=parent_run_id)
-    # TODO: pretrain_stage_args(root=...) once it takes one; it sets the pod's folder (job_spec.POD_ROOT).
-    args[args.index("--root") + 1] = root
-    return args
-
-
 def build_app(stage_args: Sequence[str], address: str, params: TorchxParams, rdzv_port: int):
     """The torchx ``AppDef``: ``dist.ddp`` running ``torchrun -m fourm_kfp.cli <stage_args>`` on ``params.j``."""
     from torchx.components.dist import ddp
@@ -194,26 +180,16 @@ def launch_pretrain(*, preset: str, overrides: Sequence[str], root: str | os.Pat
                     input_uris: dict[str, str] | None = None, params: TorchxParams | None = None, runner=None,
                     out: Callable[[str], None] = print) -> StageOutcome:
     """Plan, launch through torchx, follow and report the pretrain stage; see the module docstring."""
-    from fourm_kfp.config.loader import load_config
-    from fourm_kfp.contract.addressing import stage_address
-    from fourm_kfp.contract.manifest import read_manifest
-    from fourm_kfp.contract.runner import open_inputs, output_store
-    from fourm_kfp.launch import apply_s3_endpoint, launch_stage, setup_logging
-    from fourm_kfp.stages import get_stage
-    from fourm_kfp.storage import open_store
+    from fourm_kfp.cluster.job_spec import pretrain_stage_args
+    from fourm_kfp.contract.runner import open_inputs
+    from fourm_kfp.launch import committed_outcome, launch_stage, plan_launch
 
     params = params or TorchxParams()
     if params.scheduler not in SCHEDULERS:
         raise ConfigError(f"--scheduler {params.scheduler!r}: expected one of {', '.join(SCHEDULERS)}")
-    setup_logging()
-    apply_s3_endpoint(s3_endpoint)
-    started = time.monotonic()
-    config = load_config(preset, overrides=list(overrides))
-    spec = get_stage("pretrain")
-    store = open_store(store_uri, s3_endpoint=s3_endpoint or None, create=True)
-    address = stage_address(spec, config)
-    output = output_store(spec, config, store)
-    if not force and read_manifest(output) is not None:
+    plan = plan_launch("pretrain", preset=preset, overrides=overrides, store_uri=store_uri, s3_endpoint=s3_endpoint)
+    address, output, store = plan.address, plan.output, plan.store
+    if not force and plan.committed:
         out(f"[torchx] pretrain {address} is committed at {output.uri}: creating no torchx app")
         return launch_stage("pretrain", preset=preset, overrides=overrides, store_uri=store_uri,
                             s3_endpoint=s3_endpoint, tracking_uri=tracking_uri, root=root,
@@ -221,9 +197,9 @@ def launch_pretrain(*, preset: str, overrides: Sequence[str], root: str | os.Pat
     if params.scheduler == "kubernetes" and "://" not in store.uri:
         raise ConfigError(f"--scheduler kubernetes: the store {store.uri} is a local folder the pods cannot see; "
                           "use --store s3://bucket/prefix (with --s3-endpoint)")
-    inputs = open_inputs(spec, config, store, input_uris)  # fail here, not in N replicas, when an input is missing
+    inputs = open_inputs(plan.spec, plan.config, store, input_uris)  # fail here, not in N replicas
     replica_root = KUBERNETES_ROOT if params.scheduler == "kubernetes" else str(root)
-    stage_args = replica_stage_args(preset=preset, overrides=overrides, root=replica_root, store_uri=store.uri,
+    stage_args = pretrain_stage_args(preset=preset, overrides=overrides, root=replica_root, store_uri=store.uri,
                                     input_uris={name: item.uri for name, item in inputs.items()},
                                     s3_endpoint=s3_endpoint, tracking_uri=tracking_uri or "")
     port = rendezvous_port(params.scheduler, address, params.rdzv_port)
@@ -257,11 +233,4 @@ def launch_pretrain(*, preset: str, overrides: Sequence[str], root: str | os.Pat
         detail = f": {error}" if error and error != NONE else ""
         where = f" (logs: {status.ui_url})" if status is not None and status.ui_url else ""
         raise LaunchFailed(f"torchx app {handle} {state}{where}{detail}")
-    committed = read_manifest(output)
-    if committed is None:
-        raise LaunchFailed(f"torchx app {handle} succeeded but pretrain's output is not committed at {output.uri}: "
-                           "the replicas ran something else than the pretrain stage")
-    manifest, digest = committed
-    log.info("pretrain: torchx app %s committed %s", handle, output.uri)
-    return StageOutcome("pretrain", "ran", output.uri, round(time.monotonic() - started, 3), digest,
-                        manifest.get("mlflow_run_id"), manifest.get("metrics", {}))
+    return committed_outcome(plan, f"torchx app {handle}")

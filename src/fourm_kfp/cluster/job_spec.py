@@ -83,15 +83,17 @@ def job_name(address: str) -> str:
 
 
 def pretrain_stage_args(*, preset: str, overrides: Sequence[str], store_uri: str, input_uris: dict[str, str],
-                        s3_endpoint: str = "", tracking_uri: str = "", parent_run_id: str = "") -> list[str]:
-    """``fourm-kfp``'s arguments in a training pod: the one stage entry point with the run's config and lineage.
+                        s3_endpoint: str = "", tracking_uri: str = "", parent_run_id: str = "",
+                        root: str = POD_ROOT) -> list[str]:
+    """``fourm-kfp``'s arguments in a training pod (or any replica, ``root`` being its local folder): the one stage
+    entry point with the run's config and lineage.
 
     No ``--force``: a pod restarted by the operator must resume, never clear (the launcher clears a forced output
     once, before it creates the job)."""
     args = ["stage", "pretrain", "--preset", preset]
     for item in overrides:
         args += ["--set", item]
-    args += ["--root", POD_ROOT, "--store", store_uri]
+    args += ["--root", root, "--store", store_uri]
     if s3_endpoint:
         args += ["--s3-endpoint", s3_endpoint]
     if tracking_uri:

@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from fourm_kfp.cluster.job_launcher import JOB_KINDS, FollowSettings, JobFailed, run_job
+from fourm_kfp.cluster.job_launcher import JOB_KINDS, FollowSettings, run_job
 from fourm_kfp.cluster.job_spec import JobRequest, OwnerPod, pretrain_stage_args, render_job, to_yaml
 from fourm_kfp.contract import StageOutcome, lineage
-from fourm_kfp.contract.addressing import stage_address
-from fourm_kfp.contract.manifest import read_manifest, require_manifest
-from fourm_kfp.contract.runner import open_inputs, output_store
+from fourm_kfp.contract.runner import open_inputs
+from fourm_kfp.launch import committed_outcome
 
 log = logging.getLogger(__name__)
 JOB_ARTIFACT_DIR = "pretrain-job"
@@ -63,26 +61,17 @@ def launch_pretrain_job(*, preset: str, overrides: Sequence[str], store_uri: str
                         api=None, settings: FollowSettings | None = None, owner: OwnerPod | None = None,
                         out: Callable[[str], None] = print) -> StageOutcome:
     """Plan, launch, follow and report the pretrain stage as a cluster job; see the module docstring."""
-    from fourm_kfp.config.loader import load_config
-    from fourm_kfp.launch import apply_s3_endpoint, launch_stage, setup_logging
-    from fourm_kfp.stages import get_stage
-    from fourm_kfp.storage import open_store
+    from fourm_kfp.launch import launch_stage, plan_launch
 
-    setup_logging()
-    apply_s3_endpoint(s3_endpoint)
-    started = time.monotonic()
-    config = load_config(preset, overrides=list(overrides))
-    spec = get_stage("pretrain")
-    store = open_store(store_uri, s3_endpoint=s3_endpoint or None, create=True)
-    address = stage_address(spec, config)
-    output = output_store(spec, config, store)
-    if not force and read_manifest(output) is not None:
+    plan = plan_launch("pretrain", preset=preset, overrides=overrides, store_uri=store_uri, s3_endpoint=s3_endpoint)
+    address, output = plan.address, plan.output
+    if not force and plan.committed:
         out(f"[launcher] pretrain {address} is committed at {output.uri}: creating no job")
         _write(spec_path, f"# pretrain {address} was committed at {output.uri}; no job was created\n")
         return launch_stage("pretrain", preset=preset, overrides=overrides, store_uri=store_uri,
                             s3_endpoint=s3_endpoint, tracking_uri=tracking_uri, parent_run_id=parent_run_id,
                             input_uris=input_uris)
-    inputs = open_inputs(spec, config, store, input_uris)  # fail here, not in N pods, when an input is missing
+    inputs = open_inputs(plan.spec, plan.config, plan.store, input_uris)  # fail here, not in N pods, when an input is missing
     tracking = lineage.resolve_tracking_uri(tracking_uri, None)
     stage_args = pretrain_stage_args(preset=preset, overrides=overrides, store_uri=store_uri,
                                      input_uris={name: item.uri for name, item in inputs.items()},
@@ -113,19 +102,12 @@ def launch_pretrain_job(*, preset: str, overrides: Sequence[str], store_uri: str
     api = api if api is not None else KubeApi.from_environment()
     result = run_job(api, JOB_KINDS[params.launcher], job, params.deadline_s,
                      settings or FollowSettings(delete=params.delete_job), out=out, before_create=clear_forced_output)
-    committed = read_manifest(output)
-    if committed is None:
-        raise JobFailed(f"{request.name} succeeded but pretrain's output is not committed at {output.uri}: the "
-                        "pods ran something else (image, command) than the pretrain stage")
-    manifest, digest = require_manifest(output, "output of pretrain")
-    run_id = manifest.get("mlflow_run_id")
-    if tracking and run_id:
-        lineage.attach_artifact(tracking, run_id, artifact, text.encode())
-    status = "adopted" if result.adopted else "ran"
-    log.info("pretrain: %s job %s committed %s", status, request.name, output.uri)
-    return StageOutcome("pretrain", "ran", output.uri, round(time.monotonic() - started, 3), digest, run_id,
-                        manifest.get("metrics", {}))
-
+    outcome = committed_outcome(plan, f"{params.launcher} {request.name}")
+    if tracking and outcome.mlflow_run_id:
+        lineage.attach_artifact(tracking, outcome.mlflow_run_id, artifact, text.encode())
+    if result.adopted:
+        log.info("pretrain: the adopted job %s finished", request.name)
+    return outcome
 
 def _write(path: str | None, text: str) -> None:
     if path:
