@@ -179,6 +179,7 @@ def read_artifact(tracking_uri: str, run_id: str, name: str) -> bytes | None:
     """A file attached to a run, or None when it has none by that name."""
     from mlflow.exceptions import MlflowException
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one small file: no progress bar
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = _client(tracking_uri).download_artifacts(run_id, name, tmp)
