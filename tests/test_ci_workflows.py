@@ -31,6 +31,7 @@ import yaml
 
 from fourm_kfp.cli import build_parser
 from fourm_kfp.kfp_submit import EXIT_CODES
+from tests.dev_tools import dev_tool
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -141,13 +142,6 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
-def _tool(name: str) -> str:
-    """A binary installed by the dev extra: next to this interpreter first (the venv), else on PATH."""
-    local = Path(sys.executable).parent / name
-    found = str(local) if local.is_file() else shutil.which(name)
-    if not found:
-        pytest.fail(f"`{name}` not found: install the dev extra (pip install -e '.[dev]')")
-    return found
 
 
 # ---------------------------------------------------------------------------------------------------- actionlint
@@ -253,7 +247,7 @@ def _shellcheck(script: str, tmp_path: Path, name: str) -> str:
     """shellcheck's findings on one `run:` script (empty when clean), the way actionlint runs it."""
     path = tmp_path / f"{name}.sh"
     path.write_text(EXPRESSION.sub(lambda m: "_" * len(m.group(0)), script))
-    proc = subprocess.run([_tool("shellcheck"), "--norc", "--shell=bash", "--format=gcc", "-e", SHELLCHECK_EXCLUDE,
+    proc = subprocess.run([dev_tool("shellcheck"), "--norc", "--shell=bash", "--format=gcc", "-e", SHELLCHECK_EXCLUDE,
                            str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode in (0, 1), proc.stderr
     return proc.stdout

@@ -31,6 +31,7 @@ import yaml
 from fourm_kfp import __version__
 from fourm_kfp.components.images import CPU_IMAGE, GPU_IMAGE
 from fourm_kfp.pipelines import fourm_pretrain as pipeline
+from tests.dev_tools import dev_tool
 from tests.k8s_schemas import (PYTORCHJOB_CRD, crd_errors, crd_validator, k8s_errors, pod_template_errors)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,13 +70,6 @@ TRAINING_API_GROUPS = {"kubeflow.org", "trainer.kubeflow.org", "jobset.x-k8s.io"
 # --------------------------------------------------------------------------------------------------- helpers
 
 
-def _tool(name: str) -> str:
-    """A binary installed by the dev extra: next to this interpreter first (the venv), else on PATH."""
-    local = Path(sys.executable).parent / name
-    found = str(local) if local.is_file() else shutil.which(name)
-    if not found:
-        pytest.fail(f"`{name}` not found: install the dev extra (pip install -e '.[dev]')")
-    return found
 
 
 def _pod_template_errors(job: dict) -> list[str]:
@@ -137,7 +131,7 @@ def rendered(tmp_path_factory) -> dict[str, list[dict]]:
     shutil.copytree(MANIFESTS, work, ignore=shutil.ignore_patterns("*.env"))
     for example in work.rglob("*.env.example"):
         example.with_suffix("").write_text(example.read_text())
-    kubectl = _tool("kubectl")
+    kubectl = dev_tool("kubectl")
     out = {}
     for folder in KUSTOMIZATIONS:
         proc = subprocess.run([kubectl, "kustomize", str(work / folder)], capture_output=True, text=True, timeout=60)
@@ -375,7 +369,7 @@ def test_crd_validation_rejects_broken_pytorchjobs(pytorchjob_validator, pytorch
 
 def test_dockerfiles_pass_hadolint():
     config = REPO / ".hadolint.yaml"
-    cmd = [_tool("hadolint"), "--no-color", "--format", "json", "--failure-threshold", "warning"]
+    cmd = [dev_tool("hadolint"), "--no-color", "--format", "json", "--failure-threshold", "warning"]
     cmd += ["--config", str(config)] if config.is_file() else []
     proc = subprocess.run(cmd + [str(p) for p in DOCKERFILES.values()], capture_output=True, text=True, timeout=60)
     findings = [f"{Path(f['file']).name}:{f['line']} {f['code']} {f['level']}: {f['message']}"

@@ -192,16 +192,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _input_uris(items: list[str]) -> dict[str, str]:
+def _pairs(items: list[str], flag: str, shape: str = "KEY=VALUE", empty_ok: bool = False) -> dict[str, str]:
+    """``--flag KEY=VALUE`` arguments as a dict; a malformed one is a user error naming the flag."""
     from fourm_kfp.config.schema import ConfigError
 
-    inputs = {}
+    pairs = {}
     for item in items:
-        name, sep, uri = item.partition("=")
-        if not sep or not uri:
-            raise ConfigError(f"--input {item!r}: expected STAGE=URI")
-        inputs[name] = uri
-    return inputs
+        key, sep, value = item.partition("=")
+        if not sep or not key or not (value or empty_ok):
+            raise ConfigError(f"{flag} {item!r}: expected {shape}")
+        pairs[key] = value
+    return pairs
+
+
+def _input_uris(items: list[str]) -> dict[str, str]:
+    return _pairs(items, "--input", "STAGE=URI")
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
@@ -224,16 +229,10 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from fourm_kfp.config.schema import ConfigError
     from fourm_kfp.launch import local_root, resolve_store_uri
     from fourm_kfp.torchx_launch import TorchxParams, launch_pretrain
 
-    env = {}
-    for item in args.env:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--env {item!r}: expected KEY=VALUE")
-        env[key] = value
+    env = _pairs(args.env, "--env", empty_ok=True)
     root = local_root(args.root)
     params = TorchxParams(scheduler=args.scheduler, j=args.j, scheduler_args=args.scheduler_arg, image=args.image,
                           cpu=args.cpu, gpu=args.gpu, mem_mb=args.mem_mb, env=env, rdzv_port=args.rdzv_port)
@@ -313,12 +312,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from fourm_kfp.model.generation import SamplingArgs
 
     apply_s3_endpoint(args.s3_endpoint)
-    inputs = {}
-    for item in args.inputs:
-        name, sep, value = item.partition("=")
-        if not sep or not value:
-            raise UserError(f"--from {item!r}: expected MODALITY=VALUE")
-        inputs[name] = value
+    inputs = _pairs(args.inputs, "--from", "MODALITY=VALUE")
     targets = [t.strip() for t in args.to.split(",") if t.strip()]
     try:
         sampling = SamplingArgs(steps=args.steps, order=args.order, schedule=args.schedule,
