@@ -33,3 +33,13 @@ def test_launcher_parent_run_is_passed_through_untouched(tmp_path):
 def test_bad_config_fails_the_first_step():
     with pytest.raises(ConfigError, match="data.image_size"):
         open_lineage_step("", "kfp-1", "smoke", ["data.image_size=huge"], "/x", "none", "")
+
+
+def test_pretrain_config_overrides_touch_only_what_no_upstream_stage_reads():
+    from fourm_kfp.config.schema import ConfigError
+    from fourm_kfp.kfp_runtime import with_stage_overrides
+
+    assert with_stage_overrides(["data.image_size=32"], ["train.steps=3", "evaluate.num_samples=4"]) == \
+        ["data.image_size=32", "train.steps=3", "evaluate.num_samples=4"]
+    with pytest.raises(ConfigError, match=r"pretrain_config_overrides \['data.image_size=96'\]"):
+        with_stage_overrides([], ["train.steps=3", "data.image_size=96"])  # would move prepare-data's address

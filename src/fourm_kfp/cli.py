@@ -368,7 +368,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     except PackageNotFoundError:
         raise UserError("the MLflow UI needs the full mlflow package: make ui (or pip install -e '.[ui]')") from None
     exe = Path(sys.executable).parent / "mlflow"
-    argv = [str(exe) if exe.exists() else shutil.which("mlflow") or "mlflow", "ui", "--backend-store-uri", tracking, "--host", args.host, "--port", str(args.port)]
+    argv = [str(exe) if exe.exists() else shutil.which("mlflow") or "mlflow", "ui", "--backend-store-uri", tracking,
+            "--host", args.host, "--port", str(args.port)]
     print(f"MLflow UI on http://{args.host}:{args.port} for {tracking} (Ctrl-C stops it)", flush=True)
     os.execv(argv[0], argv)
     return 0  # not reached

@@ -28,8 +28,9 @@ def with_stage_overrides(config_overrides: Sequence[str], stage_overrides: Seque
     every upstream output by its content address."""
     wrong = [item for item in stage_overrides if not item.startswith(PRETRAIN_ONLY_SECTIONS)]
     if wrong:
-        raise ConfigError(f"pretrain_config_overrides {wrong}: only {', '.join(s + '*' for s in PRETRAIN_ONLY_SECTIONS)} "
-                          "keys (read by pretrain and evaluate alone); put others in config_overrides")
+        allowed = ", ".join(section + "*" for section in PRETRAIN_ONLY_SECTIONS)
+        raise ConfigError(f"pretrain_config_overrides {wrong}: only {allowed} keys (read by pretrain and evaluate "
+                          "alone); put others in config_overrides")
     return [*config_overrides, *stage_overrides]
 
 

@@ -26,7 +26,7 @@ from fourm_kfp.cluster.job_launcher import JOB_KINDS, FollowSettings, run_job
 from fourm_kfp.cluster.job_spec import JobRequest, OwnerPod, pretrain_stage_args, render_job, to_yaml
 from fourm_kfp.contract import StageOutcome, lineage
 from fourm_kfp.contract.runner import open_inputs
-from fourm_kfp.launch import committed_outcome
+from fourm_kfp.launch import committed_outcome, launch_stage, plan_launch
 
 log = logging.getLogger(__name__)
 JOB_ARTIFACT_DIR = "pretrain-job"
@@ -61,8 +61,6 @@ def launch_pretrain_job(*, preset: str, overrides: Sequence[str], store_uri: str
                         api=None, settings: FollowSettings | None = None, owner: OwnerPod | None = None,
                         out: Callable[[str], None] = print) -> StageOutcome:
     """Plan, launch, follow and report the pretrain stage as a cluster job; see the module docstring."""
-    from fourm_kfp.launch import launch_stage, plan_launch
-
     plan = plan_launch("pretrain", preset=preset, overrides=overrides, store_uri=store_uri, s3_endpoint=s3_endpoint)
     address, output = plan.address, plan.output
     if not force and plan.committed:
@@ -71,7 +69,7 @@ def launch_pretrain_job(*, preset: str, overrides: Sequence[str], store_uri: str
         return launch_stage("pretrain", preset=preset, overrides=overrides, store_uri=store_uri,
                             s3_endpoint=s3_endpoint, tracking_uri=tracking_uri, parent_run_id=parent_run_id,
                             input_uris=input_uris)
-    inputs = open_inputs(plan.spec, plan.config, plan.store, input_uris)  # fail here, not in N pods, when an input is missing
+    inputs = open_inputs(plan.spec, plan.config, plan.store, input_uris)  # a missing input fails here, not in N pods
     tracking = lineage.resolve_tracking_uri(tracking_uri, None)
     stage_args = pretrain_stage_args(preset=preset, overrides=overrides, store_uri=store_uri,
                                      input_uris={name: item.uri for name, item in inputs.items()},
@@ -108,6 +106,7 @@ def launch_pretrain_job(*, preset: str, overrides: Sequence[str], store_uri: str
     if result.adopted:
         log.info("pretrain: the adopted job %s finished", request.name)
     return outcome
+
 
 def _write(path: str | None, text: str) -> None:
     if path:
