@@ -196,6 +196,13 @@ class FourM(nn.Module):
         start = sum(self.vocab_sizes[:modality])
         return weight[start:start + self.vocab_sizes[modality]]
 
+    def head_weights(self) -> tuple[torch.Tensor, ...]:
+        """Every modality's slice of the output head in one ``split``. In backward, a split joins the slices'
+        gradients once; a slice per modality would fill a zero gradient of the whole table for each (the same
+        values, bit for bit, at one table-sized write instead of one per modality)."""
+        weight = self.dec_token_embed.weight if self.head is None else self.head.weight
+        return weight.split(list(self.vocab_sizes))
+
     def logits(self, hidden: torch.Tensor, modality: str | int) -> torch.Tensor:
         """``[..., vocab of modality]`` logits of decoder states ``hidden``."""
         index = self.args.names.index(modality) if isinstance(modality, str) else modality
@@ -210,13 +217,14 @@ class FourM(nn.Module):
         flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_order)
         targets = batch.dec_targets.reshape(-1).index_select(0, batch.target_order)
         losses, accuracy, counts, total, samples = {}, {}, {}, None, {}
+        heads = self.head_weights()
         for index, (name, hid, tgt, slots) in enumerate(zip(self.args.names, flat.split(batch.target_counts),
                                                             targets.split(batch.target_counts),
                                                             batch.target_order.split(batch.target_counts))):
             count = batch.target_counts[index]
             if count == 0:
                 continue
-            logits = self.logits(hid, index).float()
+            logits = (hid @ heads[index].t()).float()
             if per_sample:
                 samples[name] = self._sample_sums(logits, tgt, slots, batch.dec_targets.shape)
                 summed = samples[name][:, 0].sum()
