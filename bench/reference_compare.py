@@ -1,0 +1,371 @@
+"""Our train step against the reference implementation (apple/ml-4m) at the reference's own configuration, printing
+JSON (issue 16, target 1).
+
+Both models are built in one process at ml-4m's ``fm_tiny_6e_6d_swiglu_nobias`` / ``fm_base_12e_12d_swiglu_nobias``
+settings with the modalities of its 4M pre-training: rgb at 224 px entering the encoder as 16-px pixel patches
+(ml-4m ``rgb@224``, ``ImageEncoderEmbedding``) and predicted as 14x14 tokens of a 16384 vocabulary
+(``tok_rgb@224``), depth 14x14 tokens of 8192 (``tok_depth@224``, input and target), caption 30000-token WordPiece
+of at most 256 tokens (``caption``, input and target). 128 input + 128 target tokens per sample, batch 8, AdamW,
+fp32, 2 threads.
+
+One batch is masked once by our masking (:func:`fourm_kfp.masking.multimodal_masking.mask_sample`) and the same
+samples (the same tokens, positions, pixels and per-modality budgets) are written in the reference's input format,
+the per-modality ``tensor`` / ``input_mask`` / ``target_mask`` / ``decoder_attention_mask`` of
+``fourm/data/masking.py``'s ``UnifiedMasking`` (a caption target of ``n`` decoder tokens is ``n + 1`` ids, as the
+reference's decoder shifts it), so both steps see exactly the same number of valid input and target tokens.
+
+The reference's step is what its training loop (``run_training_4m.py``) does in fp32: ``loss, _ =
+model(mod_dict, num_encoder_tokens, num_decoder_tokens, loss_type="mod")``, backward, gradient clipping, the AdamW of
+its ``create_optimizer`` (its parameter groups, torch's default AdamW implementation). Ours is
+:func:`fourm_kfp.train.step.train_step` with :func:`fourm_kfp.train.optimizer.build_optimizer` (product defaults).
+
+The reference is imported from ``--reference PATH`` / ``$FOURM_REFERENCE`` (default ``/tmp/ml-4m`` when present),
+never vendored; without it the JSON says so and only our step is timed. Its package ``__init__`` files pull in the
+whole data pipeline (torchvision, OpenCV, albumentations, boto3, webdataset, ...), none of which the model needs, so
+the bench loads ``fourm.models.fm`` and its real submodules (``fm_utils``, ``encoder_embeddings``,
+``decoder_embeddings``, ``utils.timm.registry``, ``utils.optim_factory``) without running those ``__init__`` files;
+``fm.py``'s module-level ``from fourm.data.modality_info import MODALITY_INFO`` (unused by the ``FourM`` class, which
+takes ``modality_info`` as an argument) gets an empty dict, and ``fm.py``'s ``random.sample(dict.items(), n)`` (a
+``TypeError`` since Python 3.11) gets 3.10's behaviour. The model code timed is the reference's, unchanged.
+
+Timing: warm-up steps for both, then ``--rounds`` rounds alternating ours and the reference's (``--steps`` steps
+each); best and median seconds per step and tokens/s (tokens = (input + target) x batch), and ours/reference.
+
+    python bench/reference_compare.py [--configs tiny,base] [--rounds 5] [--steps 3] [--reference PATH]
+                                      [--output f.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from fourm_kfp.config.fourm_config import OptimizerConfig
+from fourm_kfp.masking.dirichlet_masking import MixtureComponent
+from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
+from fourm_kfp.model.batch import ModalitySpec
+from fourm_kfp.model.fourm import FourM, FourMArgs
+from fourm_kfp.train.optimizer import build_optimizer
+from fourm_kfp.train.step import StepSettings, train_step
+
+from bench_output import emit
+
+#: ml-4m model config name, (encoder layers, decoder layers, width, heads)
+CONFIGS = {"tiny": ("fm_tiny_6e_6d_swiglu_nobias", (6, 6, 384, 6)),
+           "base": ("fm_base_12e_12d_swiglu_nobias", (12, 12, 768, 12))}
+IMAGE_SIZE, PATCH, GRID = 224, 16, 14
+RGB_VOCAB, DEPTH_VOCAB, TEXT_VOCAB, TEXT_MAX = 16384, 8192, 30000, 256
+INPUT_TOKENS, TARGET_TOKENS, BATCH = 128, 128, 8
+CAPTION_LENGTH = (20, 60)  # caption ids per sample (uniform), well under TEXT_MAX
+SENTINELS = tuple(range(4, 104))
+LR, GRAD_CLIP = 1e-4, 1.0
+#: our modality index -> the reference's encoder / decoder modality names
+REF_NAMES = {"rgb": ("rgb@224", "tok_rgb@224"), "depth": ("tok_depth@224", "tok_depth@224"),
+             "caption": ("caption", "caption")}
+
+
+# -- our side ---------------------------------------------------------------------------------------------------------
+
+def our_specs() -> tuple[ModalitySpec, ...]:
+    return (ModalitySpec("rgb", "image", RGB_VOCAB, grid=(GRID, GRID), pixel_input=True, patch_size=PATCH),
+            ModalitySpec("depth", "image", DEPTH_VOCAB, grid=(GRID, GRID)),
+            ModalitySpec("caption", "sequence", TEXT_VOCAB, max_length=TEXT_MAX))
+
+
+def masked_samples(specs, seed: int = 0):
+    ones = tuple(0.5 for _ in specs)
+    masking = MaskingArgs(specs, INPUT_TOKENS, TARGET_TOKENS, (MixtureComponent(1.0, ones, ones),), SENTINELS)
+    rng = np.random.default_rng(seed)
+    samples, raw = [], []
+    for _ in range(BATCH):
+        tokens = {"rgb": rng.integers(0, RGB_VOCAB, (GRID, GRID)), "depth": rng.integers(0, DEPTH_VOCAB, (GRID, GRID)),
+                  "caption": rng.integers(104, TEXT_VOCAB, int(rng.integers(*CAPTION_LENGTH))).tolist()}
+        pixels = rng.integers(0, 256, (IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)
+        samples.append(mask_sample(rng, masking, tokens, pixels))
+        raw.append(tokens)
+    return masking, samples, raw
+
+
+def build_ours(layers) -> FourM:
+    enc_l, dec_l, dim, heads = layers
+    torch.manual_seed(0)
+    return FourM(FourMArgs(our_specs(), enc_l, dec_l, dim, heads))
+
+
+# -- the reference ----------------------------------------------------------------------------------------------------
+
+def load_reference(path: Path) -> SimpleNamespace:
+    """``fourm.models.fm`` and its model submodules from an ml-4m checkout, without its package ``__init__`` files."""
+    for name in ("fourm", "fourm.models", "fourm.utils", "fourm.utils.timm", "fourm.data"):
+        package = types.ModuleType(name)
+        package.__path__ = [str(path / name.replace(".", "/"))]
+        sys.modules[name] = package
+    info = types.ModuleType("fourm.data.modality_info")
+    info.MODALITY_INFO = {}  # imported at fm.py's top, never read by the FourM class
+    sys.modules["fourm.data.modality_info"] = info
+    fm = importlib.import_module("fourm.models.fm")
+    # fm.py calls random.sample(dict.items(), n), which Python >= 3.11 refuses (deprecated since 3.9, when it was
+    # converted to a tuple): give its module the 3.9/3.10 behaviour, the same shuffle of the modality order
+    compat = types.ModuleType("random_sample_of_views")
+    compat.__dict__.update(random.__dict__)
+    compat.sample = lambda population, k, **kw: random.sample(tuple(population), k, **kw)
+    fm.random = compat
+    return SimpleNamespace(fm=fm,
+                           enc=importlib.import_module("fourm.models.encoder_embeddings"),
+                           dec=importlib.import_module("fourm.models.decoder_embeddings"),
+                           optim=importlib.import_module("fourm.utils.optim_factory"))
+
+
+def reference_modality_info() -> dict:
+    """The fields of ml-4m's ``MODALITY_INFO`` that ``FourM`` reads (``id``, ``type``), for our four domains; the ids
+    are distinct small ints (ml-4m uses a 15-bit hash of the name; only distinctness matters)."""
+    return {"rgb@224": {"type": "img", "id": 1, "max_tokens": GRID * GRID},
+            "tok_rgb@224": {"type": "img", "id": 2, "max_tokens": GRID * GRID},
+            "tok_depth@224": {"type": "img", "id": 3, "max_tokens": GRID * GRID},
+            "caption": {"type": "seq", "id": 4, "max_tokens": TEXT_MAX}}
+
+
+def build_reference(ref: SimpleNamespace, config: str) -> torch.nn.Module:
+    """As ``run_training_4m.py`` builds it from ``MODALITY_INFO``'s embedding partials (same arguments)."""
+    torch.manual_seed(0)
+    encoder = {"rgb@224": ref.enc.ImageEncoderEmbedding(num_channels=3, patch_size=PATCH, image_size=IMAGE_SIZE),
+               "tok_depth@224": ref.enc.ImageTokenEncoderEmbedding(vocab_size=DEPTH_VOCAB, patch_size=PATCH,
+                                                                   image_size=IMAGE_SIZE),
+               "caption": ref.enc.SequenceEncoderEmbedding(vocab_size=TEXT_VOCAB, max_length=TEXT_MAX, padding_idx=0)}
+    decoder = {"tok_rgb@224": ref.dec.ImageTokenDecoderEmbedding(vocab_size=RGB_VOCAB, patch_size=PATCH,
+                                                                 image_size=IMAGE_SIZE),
+               "tok_depth@224": ref.dec.ImageTokenDecoderEmbedding(vocab_size=DEPTH_VOCAB, patch_size=PATCH,
+                                                                   image_size=IMAGE_SIZE),
+               "caption": ref.dec.SequenceDecoderEmbedding(vocab_size=TEXT_VOCAB, max_length=TEXT_MAX, padding_idx=0)}
+    return getattr(ref.fm, config)(encoder_embeddings=encoder, decoder_embeddings=decoder,
+                                   modality_info=reference_modality_info())
+
+
+def reference_optimizer(ref: SimpleNamespace, model: torch.nn.Module) -> torch.optim.Optimizer:
+    cfg = OptimizerConfig()
+    args = SimpleNamespace(opt="adamw", lr=LR, weight_decay=cfg.weight_decay, opt_eps=1e-8,
+                           opt_betas=tuple(cfg.betas), momentum=0.9)
+    with contextlib.redirect_stdout(sys.stderr):  # it prints its settings
+        return ref.optim.create_optimizer(args, model, skip_list=model.no_weight_decay())
+
+
+def reference_batch(samples, raw, specs) -> dict[str, dict[str, torch.Tensor]]:
+    """Our masked samples in ``UnifiedMasking``'s output format (``True`` in a mask = not used), collated."""
+    n = GRID * GRID
+    seq_len = (TEXT_MAX + 1) * 2
+    out = {name: {"tensor": [], "input_mask": [], "target_mask": [], "decoder_attention_mask": []}
+           for name in ("rgb@224", "tok_rgb@224", "tok_depth@224", "caption")}
+    index = {s.name: i for i, s in enumerate(specs)}
+    for sample, tokens in zip(samples, raw):
+        enc = {name: [(t, p) for t, m, p in sample.enc if m == i] for name, i in index.items()}
+        dec = {name: [(x, y, p) for x, y, m, p in sample.dec if m == i] for name, i in index.items()}
+
+        def image(grid, inputs, targets):
+            input_mask, target_mask = torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)
+            input_mask[[p for p in inputs]] = False
+            target_mask[[p for p in targets]] = False
+            attention = torch.zeros(n, dtype=torch.int)
+            if targets:
+                attention[int(torch.nonzero(~target_mask)[0])] = len(targets)
+            return grid, input_mask, target_mask, attention
+
+        pixels = torch.from_numpy(sample.pixels)
+        rgb_grid = torch.from_numpy(np.asarray(tokens["rgb"]).reshape(-1))
+        depth_grid = torch.from_numpy(np.asarray(tokens["depth"]).reshape(-1))
+        parts = {"rgb@224": image(pixels, [p for _, p in enc["rgb"]], []),
+                 "tok_rgb@224": image(rgb_grid, [], [p for _, _, p in dec["rgb"]]),
+                 "tok_depth@224": image(depth_grid, [p for _, p in enc["depth"]], [p for _, _, p in dec["depth"]])}
+        # caption: input ids first, then (at the input budget) the target sequence: n decoder slots = n + 1 ids
+        tensor = torch.zeros(seq_len, dtype=torch.int)
+        input_mask, target_mask = torch.ones(seq_len, dtype=torch.bool), torch.ones(seq_len, dtype=torch.bool)
+        attention = torch.zeros(seq_len, dtype=torch.int)
+        ids = [t for t, _ in sorted(enc["caption"], key=lambda e: e[1])]
+        tensor[:len(ids)] = torch.tensor(ids, dtype=torch.int)
+        input_mask[:len(ids)] = False
+        slots = sorted(dec["caption"], key=lambda d: d[2])
+        if slots:
+            target = [slots[0][0]] + [y for _, y, _ in slots]
+            start = len(ids)
+            tensor[start:start + len(target)] = torch.tensor(target, dtype=torch.int)
+            target_mask[start:start + len(target)] = False
+            attention[start:start + len(target)] = 1
+        parts["caption"] = (tensor, input_mask, target_mask, attention)
+        for name, values in parts.items():
+            for key, value in zip(("tensor", "input_mask", "target_mask", "decoder_attention_mask"), values):
+                out[name][key].append(value)
+    return {name: {key: torch.stack(v) for key, v in d.items()} for name, d in out.items()}
+
+
+def reference_valid_tokens(batch) -> tuple[int, int]:
+    enc = sum(int((~batch[m]["input_mask"]).sum()) for m in ("rgb@224", "tok_depth@224", "caption"))
+    dec = sum(int((~batch[m]["target_mask"]).sum()) for m in ("tok_rgb@224", "tok_depth@224"))
+    caption = batch["caption"]["target_mask"]
+    dec += int((~caption[:, 1:] & ~caption[:, :-1]).sum())
+    return enc, dec
+
+
+def reference_step(model, optimizer, batch) -> torch.Tensor:
+    # the model writes 'x'/'emb'/'ids' into the per-modality dicts: give it fresh ones each step
+    mod_dict = {name: dict(d) for name, d in batch.items()}
+    loss, _ = model(mod_dict, num_encoder_tokens=INPUT_TOKENS, num_decoder_tokens=TARGET_TOKENS, loss_type="mod")
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    optimizer.step()
+    return loss.detach()
+
+
+# -- timing -----------------------------------------------------------------------------------------------------------
+
+def parameter_breakdown(model: torch.nn.Module) -> dict[str, int]:
+    parts: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        key = name.split(".")[0]
+        parts[key] = parts.get(key, 0) + p.numel()
+    return parts
+
+
+def summary(times: list[float], tokens: int) -> dict:
+    best, median = min(times), statistics.median(times)
+    return {"step_s_best": best, "step_s_median": median, "tokens_per_s_best": tokens / best,
+            "tokens_per_s_median": tokens / median, "step_s_rounds": times}
+
+
+def compare(name: str, ref: SimpleNamespace | None, rounds: int, steps: int, warmup: int) -> dict:
+    config, layers = CONFIGS[name]
+    specs = our_specs()
+    masking, samples, raw = masked_samples(specs)
+    ours_batch = collate(samples, masking)
+    ours = build_ours(layers)
+    ours_opt = build_optimizer(ours, OptimizerConfig(), LR)
+    settings = StepSettings(None, GRAD_CLIP, tuple(s.name for s in specs))
+    cpu = torch.device("cpu")
+    tokens = BATCH * (INPUT_TOKENS + TARGET_TOKENS)
+    result = {"reference_config": config, "encoder_layers": layers[0], "decoder_layers": layers[1],
+              "dim": layers[2], "heads": layers[3], "tokens_per_step": tokens,
+              "ours": {"parameters": sum(p.numel() for p in ours.parameters()),
+                       "parameters_by_module": parameter_breakdown(ours),
+                       "valid_input_tokens": int(ours_batch.enc_valid.sum()),
+                       "valid_target_tokens": int(ours_batch.dec_valid.sum())}}
+    runners = {"ours": lambda: train_step(ours, ours_opt, [ours_batch], settings, cpu)["loss"]}
+    if ref is not None:
+        reference = build_reference(ref, config)
+        ref_opt = reference_optimizer(ref, reference)
+        ref_batch = reference_batch(samples, raw, specs)
+        valid_in, valid_out = reference_valid_tokens(ref_batch)
+        result["reference"] = {"parameters": sum(p.numel() for p in reference.parameters()),
+                               "parameters_by_module": parameter_breakdown(reference),
+                               "valid_input_tokens": valid_in, "valid_target_tokens": valid_out}
+        runners["reference"] = lambda: reference_step(reference, ref_opt, ref_batch)
+    losses = {}
+    for label, run in runners.items():
+        for _ in range(warmup):
+            losses[label] = float(run())
+    times: dict[str, list[float]] = {label: [] for label in runners}
+    for _ in range(rounds):
+        for label, run in runners.items():  # interleaved: ours, reference, ours, reference, ...
+            start = time.perf_counter()
+            for _ in range(steps):
+                run()
+            times[label].append((time.perf_counter() - start) / steps)
+    for label in runners:
+        result[label].update(summary(times[label], tokens))
+        result[label]["loss_after_warmup"] = losses[label]
+    if ref is not None:
+        o, r = result["ours"], result["reference"]
+        result["ratio_ours_over_reference"] = {"best": o["tokens_per_s_best"] / r["tokens_per_s_best"],
+                                               "median": o["tokens_per_s_median"] / r["tokens_per_s_median"]}
+        result["parameter_difference_ours_minus_reference"] = o["parameters"] - r["parameters"]
+    return result
+
+
+DIFFERENCES = [
+    "Same trunk: encoder/decoder depth, width, heads, bias-free linears and LayerNorms, SwiGLU feed-forward, "
+    "fp32, AdamW (betas 0.9/0.95, weight decay 0.05 on matrices, eps 1e-8), grad clip 1.0.",
+    "Same batch content: one masking (ours) of 8 samples, written in each implementation's input format; the same "
+    "valid input and target tokens per sample (see valid_*_tokens).",
+    "rgb: both embed 16-px pixel patches of a 224 px image with a bias-free linear (ours: ModalitySpec pixel_input, "
+    "patch_size 16; reference: ImageEncoderEmbedding rgb@224) and predict 14x14 tokens of 16384 (ours: the same "
+    "'rgb' modality's output head; reference: a separate domain tok_rgb@224). In the reference, rgb@224 input and "
+    "tok_rgb@224 target are two domains masked independently (a cell may be both input and target); ours keeps "
+    "them disjoint (the batch here has disjoint cells for both).",
+    "Embeddings: ours has one encoder and one decoder token table over all modalities (rows for rgb's encoder "
+    "tokens exist but pixel input never reads them) with the output head tied to the decoder table; the reference "
+    "has per-domain tables, each decoder embedding sharing its table with its output head (share_embedding=True), "
+    "and no encoder table for tok_rgb@224.",
+    "Reference only: decoder_proj_context (a dim x dim linear on the encoder output before cross-attention) and "
+    "learned modality embeddings per embedding module (shared between encoder and decoder); ours adds one learned "
+    "modality embedding table and a learned mask token.",
+    "Parameters: the trunks (encoder, decoder blocks) have identical counts; ours has 16384 x dim more (its shared "
+    "encoder table keeps rows for rgb tokens that pixel input never reads; they get no gradient), the reference "
+    "dim x (dim + 1) more (decoder_proj_context, with bias).",
+    "Optimizer implementation: ours foreach AdamW (build_optimizer's CPU default); the reference torch's default "
+    "(for-loop on CPU), as its create_optimizer builds it.",
+    "Loss: both average per-modality mean cross-entropies ('mod'); the reference masks by boolean indexing of the "
+    "decoder output, ours by the loader's host-side target order.",
+]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default="tiny,base")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reference", default=os.environ.get("FOURM_REFERENCE")
+                        or ("/tmp/ml-4m" if Path("/tmp/ml-4m").exists() else None))
+    parser.add_argument("--output")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    result = {"device": "cpu", "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+              "precision": "fp32", "torch": torch.__version__, "batch": BATCH, "input_tokens": INPUT_TOKENS,
+              "target_tokens": TARGET_TOKENS, "rounds": args.rounds, "steps_per_round": args.steps,
+              "warmup_steps": args.warmup, "date": time.strftime("%Y-%m-%d"),
+              "modalities": {"rgb": "224 px as 16-px pixel patches in; 14x14 tokens of 16384 out",
+                             "depth": "14x14 tokens of 8192, in and out",
+                             "caption": f"WordPiece ids of 30000, at most 256; {CAPTION_LENGTH[0]}-"
+                                        f"{CAPTION_LENGTH[1] - 1} per sample here, in and out"},
+              "differences": DIFFERENCES}
+    if Path("/proc/loadavg").exists():
+        result["loadavg_before"] = Path("/proc/loadavg").read_text().split()[:3]
+    ref = None
+    path = Path(args.reference) if args.reference else None
+    if path is not None and (path / "fourm" / "models" / "fm.py").exists():
+        ref = load_reference(path)
+        result["reference"] = {"path": str(path), "import": "fourm.models.fm and its model submodules, package "
+                               "__init__ files skipped (they import the data pipeline), MODALITY_INFO left empty, "
+                               "random.sample of a dict view as in Python 3.10"}
+        commit = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
+        if commit.returncode == 0:
+            result["reference"]["commit"] = commit.stdout.strip()
+    else:
+        result["reference"] = {"skipped": f"no ml-4m checkout at {path} (--reference PATH or $FOURM_REFERENCE; "
+                                          "git clone https://github.com/apple/ml-4m)" if path else
+                               "no ml-4m checkout given (--reference PATH or $FOURM_REFERENCE)"}
+    result["configs"] = {}
+    for name in args.configs.split(","):
+        result["configs"][name] = compare(name, ref, args.rounds, args.steps, args.warmup)
+        print(f"{name}: done", file=sys.stderr)
+    if Path("/proc/loadavg").exists():
+        result["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
+    emit(result, args.output)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
