@@ -313,8 +313,8 @@ DIFFERENCES = [
     "Parameters: the trunks (encoder, decoder blocks) have identical counts; ours has 16384 x dim more (its shared "
     "encoder table keeps rows for rgb tokens that pixel input never reads; they get no gradient), the reference "
     "dim x (dim + 1) more (decoder_proj_context, with bias).",
-    "Optimizer implementation: ours foreach AdamW (build_optimizer's CPU default); the reference torch's default "
-    "(for-loop on CPU), as its create_optimizer builds it.",
+    "Optimizer implementation: ours build_optimizer's AdamW (fused on the CPU since commit b059a3c, foreach "
+    "before); the reference torch's default (for-loop on CPU), as its create_optimizer builds it.",
     "Loss: both average per-modality mean cross-entropies ('mod'); the reference masks by boolean indexing of the "
     "decoder output, ours by the loader's host-side target order.",
 ]
