@@ -33,10 +33,10 @@ def test_a_clear_win_excludes_zero():
     result = _result("caption-to-rgb", "shape_presence_f1", True, model, baseline)
     assert result.metrics["shape_presence_f1"] == 1.0 and result.baseline["shape_presence_f1"] < 0.6
     assert result.difference == pytest.approx(1.0 - result.baseline["shape_presence_f1"])
-    assert 0 < result.interval_low < result.difference < result.interval_high
-    assert result.beats_baseline and result.resamples == pb.BOOTSTRAP_RESAMPLES
+    assert 0 < result.interval.low < result.difference < result.interval.high
+    assert result.beats_baseline and result.interval.resamples == pb.BOOTSTRAP_RESAMPLES
     out = result.to_dict()
-    assert out["beats_baseline"] and out["interval_low"] == result.interval_low
+    assert out["beats_baseline"] and out["interval_low"] == result.interval.low
     assert out["scene_scores"]["model"] == {f"scene-{i}": 1.0 for i in range(len(truth))}
     # One scene's score is the metric of that scene alone.
     assert out["scene_scores"]["baseline"]["scene-3"] == tm.shape_set_f1([frozenset({"cube"})], [truth[3]])[
@@ -54,7 +54,7 @@ def test_one_lucky_scene_is_not_a_win():
     assert tm.better("rgb-to-det", 1 / 900, 0.0)  # the point rule calls it a win
     result = _result("rgb-to-det", "ap50", True, model_stats, baseline_stats)
     # A third of the resamples never draw scene 7 (0.97^30): the interval reaches down to 0.
-    assert result.difference == pytest.approx(1 / 900) and result.interval_low == 0.0 < result.interval_high
+    assert result.difference == pytest.approx(1 / 900) and result.interval.low == 0.0 < result.interval.high
     assert not result.beats_baseline and result.gain_over_baseline == math.inf
     assert result.to_dict()["scene_scores"]["model"]["scene-7"] == 1.0  # the lucky scene alone is perfect
 

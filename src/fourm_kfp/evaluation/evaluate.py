@@ -146,7 +146,7 @@ def evaluate(ctx: StageContext) -> StageResult:
         r = results[-1]
         log.info("evaluate %s: %s %.4f (ceiling %.4f, baseline %.4f; difference %+.4f, 95%% interval "
                  "[%+.4f, %+.4f])%s", task, r.primary, r.metrics[r.primary], r.ceiling[r.primary],
-                 r.baseline[r.primary], r.difference, r.interval_low, r.interval_high,
+                 r.baseline[r.primary], r.difference, r.interval.low, r.interval.high,
                  "" if r.beats_baseline else " — not above the baseline with confidence")
 
     metrics = {f"val.loss.{m}" if m != "all" else "val.loss": v["loss"] for m, v in masked.items()}

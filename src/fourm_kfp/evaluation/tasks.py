@@ -83,18 +83,6 @@ class TaskResult:
         return self.interval.difference
 
     @property
-    def interval_low(self) -> float:
-        return self.interval.low
-
-    @property
-    def interval_high(self) -> float:
-        return self.interval.high
-
-    @property
-    def resamples(self) -> int:
-        return self.interval.resamples
-
-    @property
     def beats_baseline(self) -> bool:
         """The 95% interval of the difference lies above zero."""
         return self.interval.clears(0.0)
@@ -116,8 +104,8 @@ class TaskResult:
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.task, "primary": self.primary, "higher_is_better": self.higher_is_better,
                 "model": self.metrics, "ceiling": self.ceiling, "baseline": self.baseline,
-                "difference": self.difference, "interval_low": self.interval_low,
-                "interval_high": self.interval_high, "resamples": self.resamples,
+                "difference": self.difference, "interval_low": self.interval.low,
+                "interval_high": self.interval.high, "resamples": self.interval.resamples,
                 "confidence": paired_bootstrap.CONFIDENCE, "beats_baseline": self.beats_baseline,
                 "gain_over_baseline": self.gain_over_baseline, "scene_scores": self.scene_scores()}
 
