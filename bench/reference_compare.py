@@ -17,6 +17,7 @@ reference's decoder shifts it), so both steps see exactly the same number of val
 The reference's step is what its training loop (``run_training_4m.py``) does in fp32: ``loss, _ =
 model(mod_dict, num_encoder_tokens, num_decoder_tokens, loss_type="mod")``, backward, gradient clipping, the AdamW of
 its ``create_optimizer`` (its parameter groups, torch's default AdamW implementation). Ours is
+the model as the pretrain stage builds it for one process (:func:`fourm_kfp.model.parallelize.parallelize`) and
 :func:`fourm_kfp.train.step.train_step` with :func:`fourm_kfp.train.optimizer.build_optimizer` (product defaults).
 
 The reference is imported from ``--reference PATH`` / ``$FOURM_REFERENCE`` (default ``/tmp/ml-4m`` when present),
@@ -59,6 +60,7 @@ from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
 from fourm_kfp.model.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs
+from fourm_kfp.model.parallelize import parallelize
 from fourm_kfp.train.optimizer import build_optimizer
 from fourm_kfp.train.step import StepSettings, train_step
 
@@ -101,9 +103,11 @@ def masked_samples(specs, seed: int = 0):
 
 
 def build_ours(layers) -> FourM:
+    """As the pretrain stage builds it for one process (``parallelize``: the CPU's in-place table gradients)."""
     enc_l, dec_l, dim, heads = layers
     torch.manual_seed(0)
-    return FourM(FourMArgs(our_specs(), enc_l, dec_l, dim, heads))
+    model = FourM(FourMArgs(our_specs(), enc_l, dec_l, dim, heads))
+    return parallelize(model)
 
 
 # -- the reference ----------------------------------------------------------------------------------------------------
@@ -317,6 +321,9 @@ DIFFERENCES = [
     "before); the reference torch's default (for-loop on CPU), as its create_optimizer builds it.",
     "Loss: both average per-modality mean cross-entropies ('mod'); the reference masks by boolean indexing of the "
     "decoder output, ours by the loader's host-side target order.",
+    "Gradients: ours, as the pretrain stage builds it for one process on the CPU (parallelize), writes the token "
+    "tables' gradients in place (model/table_gradients.py, since pretrain code_version 4); the reference leaves "
+    "them to autograd (a fresh table-sized gradient per table and step).",
 ]
 
 

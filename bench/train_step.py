@@ -31,6 +31,7 @@ from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
 from fourm_kfp.model.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs, flops_per_token
+from fourm_kfp.model.parallelize import parallelize
 from fourm_kfp.train.hardware import GPU_PEAKS, resolve_precision
 from fourm_kfp.train.optimizer import build_optimizer
 from fourm_kfp.train.step import StepSettings, train_step
@@ -110,11 +111,9 @@ def time_steps(name: str, device: torch.device, dtype: torch.dtype | None, steps
     specs = _specs(grid, vocab, text_vocab)
     args = FourMArgs(specs, enc_l, dec_l, dim, heads)
     torch.manual_seed(0)
-    model = FourM(args).to(device)
-    if compile:  # as train.compile does: torch.compile per block (parallelize module)
-        from fourm_kfp.model.parallelize import parallelize
-
-        model = parallelize(model, mode="none", compile=True)
+    # as the pretrain stage builds it for one process (torch.compile per block with train.compile; on the CPU,
+    # in-place token-table gradients)
+    model = parallelize(FourM(args).to(device), mode="none", compile=compile)
     optimizer = build_optimizer(model, OptimizerConfig(), 1e-4)
     settings = StepSettings(dtype, 1.0, tuple(s.name for s in specs))
     batch = _batch(_masking(specs, enc, dec), batch_size).to(device)

@@ -25,6 +25,7 @@ from torch import nn
 
 from fourm_kfp.model.batch import IGNORE_INDEX, MaskedBatch, ModalitySpec
 from fourm_kfp.model.layers import DecoderBlock, EncoderBlock, init_weights, layer_norm, sincos_1d, sincos_2d
+from fourm_kfp.model.table_gradients import gather_rows, slice_logits
 
 #: Reference sizes (encoder layers, decoder layers, width, heads), DESIGN.md §1.
 SIZES = {"tiny": (6, 6, 384, 6), "small": (8, 8, 512, 8), "base": (12, 12, 768, 12), "large": (24, 24, 1024, 16),
@@ -102,6 +103,8 @@ class FourM(nn.Module):
         self.encoder_norm = layer_norm(dim, args.norm_eps)
         self.decoder_norm = layer_norm(dim, args.norm_eps)
         self.head = None if args.tie_embeddings else nn.Linear(dim, sum(vocab), bias=False)
+        #: token tables and head write their gradients in place (model/table_gradients.py); set by parallelize()
+        self.table_grads_in_place = False
         self.apply(lambda module: init_weights(module, args.init_std))
         nn.init.normal_(self.mask_token, std=args.init_std)
 
@@ -110,8 +113,14 @@ class FourM(nn.Module):
     def _context(self, modality: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         return self.positions[self.position_offset[modality] + position] + self.modality_embed(modality)
 
+    def _in_place_grads(self) -> bool:
+        return self.table_grads_in_place and torch.is_grad_enabled()
+
+    def _lookup(self, table: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+        return gather_rows(table.weight, ids) if self._in_place_grads() else table(ids)
+
     def embed_encoder(self, batch: MaskedBatch) -> torch.Tensor:
-        tokens = self.enc_token_embed(batch.enc_tokens + self.token_offset[batch.enc_modality])
+        tokens = self._lookup(self.enc_token_embed, batch.enc_tokens + self.token_offset[batch.enc_modality])
         if self.patch_embed is not None and batch.pixels is not None:
             p = self.patch_size
             b, c, h, w = batch.pixels.shape
@@ -127,7 +136,7 @@ class FourM(nn.Module):
 
     def decoder_queries(self, tokens: torch.Tensor, modality: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Decoder inputs: the previous token for a sequence slot, the mask token for an image slot, plus context."""
-        embedded = self.dec_token_embed(tokens + self.token_offset[modality])
+        embedded = self._lookup(self.dec_token_embed, tokens + self.token_offset[modality])
         queries = torch.where(self.is_sequence[modality].unsqueeze(-1), embedded, self.mask_token)
         return queries + self._context(modality, position)
 
@@ -217,14 +226,18 @@ class FourM(nn.Module):
         flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_order)
         targets = batch.dec_targets.reshape(-1).index_select(0, batch.target_order)
         losses, accuracy, counts, total, samples = {}, {}, {}, None, {}
-        heads = self.head_weights()
+        in_place = self._in_place_grads()
+        heads = None if in_place else self.head_weights()
+        weight = self.dec_token_embed.weight if self.head is None else self.head.weight
+        starts = _offsets(self.vocab_sizes).tolist()
         for index, (name, hid, tgt, slots) in enumerate(zip(self.args.names, flat.split(batch.target_counts),
                                                             targets.split(batch.target_counts),
                                                             batch.target_order.split(batch.target_counts))):
             count = batch.target_counts[index]
             if count == 0:
                 continue
-            logits = (hid @ heads[index].t()).float()
+            logits = (slice_logits(hid, weight, starts[index], starts[index] + self.vocab_sizes[index]) if in_place
+                      else hid @ heads[index].t()).float()
             if per_sample:
                 samples[name] = self._sample_sums(logits, tgt, slots, batch.dec_targets.shape)
                 summed = samples[name][:, 0].sum()

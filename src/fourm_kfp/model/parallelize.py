@@ -1,5 +1,7 @@
 """Parallelism, applied from outside the single-device model: activation checkpointing and ``torch.compile`` per
 block, then data parallelism (DDP for small models, FSDP2 ``fully_shard`` per block then the root for large ones).
+A single process on the CPU instead has its token tables write their gradients in place
+(:mod:`fourm_kfp.model.table_gradients`).
 
 The model code never knows about any of it; the trainer calls :func:`parallelize` once after building the model.
 """
@@ -42,8 +44,10 @@ def parallelize(model: nn.Module, *, mode: Literal["none", "ddp", "fsdp"] = "non
         if compile:
             block = torch.compile(block)
         stack[i] = block
+    device = next(model.parameters()).device
+    data_parallel = mode == "fsdp" or (mode == "ddp" and distributed.world_size() > 1)
+    model.table_grads_in_place = device.type == "cpu" and not data_parallel
     if mode == "ddp" and distributed.world_size() > 1:
-        device = next(model.parameters()).device
         return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if mode == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from fourm_kfp.model.batch import MaskedBatch
+from fourm_kfp.model.table_gradients import clear_gradients
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches
     loss = loss_sum / count
     finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
     _guarded_update(optimizer, finite, device)
-    optimizer.zero_grad(set_to_none=True)
+    clear_gradients(optimizer)
     values = {"loss": loss, "grad_norm": grad_norm, "finite": finite}
     per_modality = modality_sum / modality_seen  # NaN where a modality had no targets this step
     for j, name in enumerate(settings.modalities):
