@@ -1,16 +1,19 @@
 """The token loader on real pretokenized smoke shards: exact resume, distinct ranks, a weighted mixture, S3, the
-out-of-step shard error, and a forward/backward pass of the model on what it yields."""
+out-of-step shard error, a forward/backward pass of the model on what it yields, and the fast ``.npy`` decode."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract import run_stage
+from fourm_kfp.data.pretokenized import decode_npy, encode_member
 from fourm_kfp.data.shard_stream import ShardMismatchError
 from fourm_kfp.data.shard_writer import shard_key
 from fourm_kfp.data.token_loader import DatasetRef, TokenLoader, validation_batches
@@ -106,3 +109,20 @@ def test_an_out_of_step_shard_is_an_error_naming_both_files(pretokenized, tmp_pa
     args, _ = _args(config, uris, pretokenized_uri=copy.uri)
     with pytest.raises(ShardMismatchError, match="tok_depth/shard-000000.tar.*_keys/shard-000000.txt"):
         list(itertools.islice(TokenLoader(args).batches(), 20))
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(4 * 14 * 14, dtype=np.uint16).reshape(4, 14, 14),  # token grids (the fast path)
+    np.zeros((2, 8, 8, 3), np.uint8),  # rgb crops
+    np.arange(6, dtype=">i4").reshape(2, 3),  # big-endian
+    np.array(7, np.int64),  # 0-d
+    np.zeros((0, 3), np.float32),  # empty
+    np.asfortranarray(np.arange(12.0).reshape(3, 4)),  # Fortran order: np.load's path
+    np.array(["text"]),  # unicode: np.load's path
+])
+def test_npy_members_decode_as_np_load_does(array):
+    data = encode_member("tok_rgb", array)
+    decoded = decode_npy(data)
+    expected = np.load(io.BytesIO(data), allow_pickle=False)
+    assert decoded.dtype == expected.dtype and decoded.shape == expected.shape
+    assert np.array_equal(decoded, expected) and decoded.flags.writeable

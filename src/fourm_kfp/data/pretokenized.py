@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -76,10 +77,25 @@ def encode_member(name: str, value: Any) -> bytes:
     return value.encode("utf-8")
 
 
+#: The header ``np.save`` writes for a C-ordered array of a plain dtype (format 1.0).
+_NPY_HEADER = re.compile(rb"\{'descr': '([<>|][a-z]\d+)', 'fortran_order': False, 'shape': \(([\d, ]*)\), \}\s*\n")
+
+
+def decode_npy(data: bytes) -> np.ndarray:
+    """An ``.npy`` member. The loader reads thousands per second: the header ``np.save`` writes (format 1.0, C
+    order, a plain dtype) is matched directly instead of ``np.load``'s ``ast``-based parse (a fifth of a loader
+    worker's time); anything else goes to ``np.load``."""
+    match = _NPY_HEADER.match(data, 10) if data[:8] == b"\x93NUMPY\x01\x00" else None
+    if match is None or match.end() != 10 + int.from_bytes(data[8:10], "little"):
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    shape = tuple(int(n) for n in match.group(2).split(b",") if n.strip())
+    return np.frombuffer(data, np.dtype(match.group(1).decode()), offset=match.end()).reshape(shape).copy()
+
+
 def decode_member(name: str, data: bytes) -> Any:
     ext = member_ext(name)
     if ext == "npy":
-        return np.load(io.BytesIO(data), allow_pickle=False)
+        return decode_npy(data)
     if ext == "json":
         return json.loads(data)
     return data.decode("utf-8")

@@ -229,11 +229,12 @@ def read_index(uri: str) -> dict[str, Any]:
 
 
 def measure_loader_throughput(args: LoaderArgs, batches: int = 20) -> float:
-    """Samples per second the training stream delivers (after one warm-up batch)."""
+    """Samples per second the training stream delivers, after one warm-up batch per worker (their start-up)."""
     import time
 
     iterator = TokenLoader(args).batches()
-    next(iterator)
+    for _ in range(max(args.num_workers, 1)):
+        next(iterator)
     start = time.perf_counter()
     for _ in range(batches):
         next(iterator)
