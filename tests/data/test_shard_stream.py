@@ -1,14 +1,19 @@
 """Streaming aligned shards back, from local disk and S3: keys join across modalities (absent stays absent, never
-dropped), out-of-step shards are refused naming both files, and memory does not grow with the dataset."""
+dropped), out-of-step shards are refused naming both files, memory does not grow with the dataset, and the lean
+tar reader reads what ``tarfile`` reads and names a damaged shard."""
 
 from __future__ import annotations
+
+import io
+import tarfile
 
 import numpy as np
 import pytest
 
-from fourm_kfp.data.shard_stream import (MissingModalityError, ShardMismatchError, available_modalities,
-                                         iter_joined_shard, iter_split, iter_texts, shard_indices)
-from fourm_kfp.data.shard_writer import ShardWriter, encode_sample, keys_key, shard_key
+from fourm_kfp.data.shard_stream import (MissingModalityError, ShardMismatchError, ShardReadError, _tar_members,
+                                         available_modalities, iter_joined_shard, iter_split, iter_texts,
+                                         shard_indices)
+from fourm_kfp.data.shard_writer import ShardWriter, add_member, encode_sample, keys_key, shard_key
 from fourm_kfp.storage import open_store
 
 MODALITIES = ("rgb", "semseg", "caption")
@@ -99,3 +104,45 @@ def test_samples_held_do_not_grow_with_the_dataset(tmp_path, count):
         del sample
     assert seen == count
     assert _Counted.peak <= 2 * 16 + 4  # the buffer (two modalities a sample) plus the samples in flight
+
+
+def _tar_bytes(members, fmt=tarfile.USTAR_FORMAT) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=fmt) as tar:
+        for name, data in members:
+            if fmt == tarfile.USTAR_FORMAT:
+                add_member(tar, name, data)
+            else:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_tar_members_read_what_tarfile_reads():
+    members = [("k00000.npy", b"x" * 512), ("k00001.txt", b""), ("k00002.json", bytes(range(256)) * 3),
+               ("a" * 60 + "/" + "n" * 90 + ".npy", b"a long name through the ustar prefix")]
+    data = _tar_bytes(members)
+    expected = [(m.name, tarfile.open(fileobj=io.BytesIO(data)).extractfile(m).read())
+                for m in tarfile.open(fileobj=io.BytesIO(data)).getmembers()]
+    assert list(_tar_members(io.BytesIO(data), "t.tar")) == expected == members
+    assert list(_tar_members(io.BytesIO(_tar_bytes([])), "empty.tar")) == []
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda d: d[:100] + b"Z" + d[101:], "bad checksum"),
+    (lambda d: d[:700], "ends inside a member"),
+    (lambda d: d[:300], "ends inside a member header"),
+    (lambda d: b"not a tar at all".ljust(512, b"!") + d[512:], "not a tar"),
+])
+def test_a_damaged_tar_is_an_error_naming_the_shard(damage, message):
+    data = damage(_tar_bytes([("k00000.npy", b"y" * 1000)]))
+    with pytest.raises(ShardReadError, match=message) as error:
+        list(_tar_members(io.BytesIO(data), "s3://bucket/train/tok_rgb/shard-000000.tar"))
+    assert "shard-000000.tar" in str(error.value)
+
+
+def test_a_pax_tar_is_refused_as_foreign():
+    data = _tar_bytes([("é" * 120 + ".npy", b"z")], fmt=tarfile.PAX_FORMAT)
+    with pytest.raises(ShardReadError, match="foreign shard"):
+        list(_tar_members(io.BytesIO(data), "x.tar"))
