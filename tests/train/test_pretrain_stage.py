@@ -81,6 +81,13 @@ def test_a_killed_run_resumes_with_the_uninterrupted_losses(tmp_path, inputs):
     expected = losses(reference["output_uri"])
     assert min(after) >= 11 and max(after) == 30
     assert {s: after[s] for s in after} == {s: expected[s] for s in after}  # bitwise equal trajectories
+    # and the same bytes (weights, optimizer, every checkpoint's rank files with their RNG states), but for the history
+    # before the resume point, which no checkpoint holds
+    history = {"metrics.jsonl", "reports/pretrain_report.json", "reports/pretrain_report.md",
+               "reports/training_curves.png"}
+    files = [{f["key"]: f["sha256"] for f in json.loads(open_store(r["output_uri"]).get_bytes(MANIFEST_NAME))["files"]
+              if f["key"] not in history} for r in (resumed, reference)]
+    assert files[0] == files[1]
 
 
 def test_two_processes_end_with_identical_replicas_and_a_cool_down_reshards(tmp_path, inputs):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fourm_kfp.data.pretokenized import INDEX_FILE, decode_member, token_name
@@ -165,9 +166,13 @@ class TokenLoader:
     def batches(self) -> Iterator[MaskedBatch]:
         workers = max(self.args.num_workers, 1)
         stream = TrainStream(self.args, dict(self.positions), first_worker=self.consumed_batches % workers)
+        # The DataLoader draws its workers' base seed from ``generator``: its own, so that making an iterator (at the
+        # start, and again after a resume) takes nothing from the global RNG the checkpoints save. The stream seeds
+        # its own generators and never reads the workers' torch seed.
         loader = DataLoader(stream, batch_size=None, num_workers=self.args.num_workers,
                             pin_memory=self.args.pin_memory, persistent_workers=False,
-                            prefetch_factor=2 if self.args.num_workers else None)
+                            prefetch_factor=2 if self.args.num_workers else None,
+                            generator=torch.Generator().manual_seed(self.args.seed))
         for batch, worker, position, per_dataset in loader:
             self.positions[worker] = position
             self.consumed_batches += 1
