@@ -4,8 +4,9 @@ Shard ``i`` of a split is one tar per modality plus the key index ``<split>/_key
 :mod:`fourm_kfp.data.shard_writer` writes. :func:`iter_joined_shard` streams the key index and every modality's
 tar in lockstep (a lean reader of the writer's ustar tars) over ``webdataset``'s ``gopen`` streams (``s3://``
 through an opener registered with webdataset and backed by :mod:`fourm_kfp.storage`): each key yields one sample
-holding the modalities that have a member for it; a modality lacking the key is absent from that sample. A member whose key is not the next
-expected one (a corrupt or foreign shard) is a :class:`ShardMismatchError` naming both shards and the key.
+holding the modalities that have a member for it; a modality lacking the key is absent from that sample. A member
+whose key is not the next expected one (a corrupt or foreign shard) is a :class:`ShardMismatchError` naming both
+shards and the key; a tar that cannot be read is a :class:`ShardReadError` naming it.
 
 Memory holds one member per modality at a time, or ``shuffle_buffer`` samples with :func:`iter_split`'s bounded
 shuffle.

@@ -212,6 +212,12 @@ class FourM(nn.Module):
         weight = self.dec_token_embed.weight if self.head is None else self.head.weight
         return weight.split(list(self.vocab_sizes))
 
+    def _logits_in_place(self, hidden: torch.Tensor, modality: int) -> torch.Tensor:
+        """:meth:`logits` for training in one CPU process: the head's gradient goes into the table's buffer."""
+        weight = self.dec_token_embed.weight if self.head is None else self.head.weight
+        start = sum(self.vocab_sizes[:modality])
+        return slice_logits(hidden, weight, start, start + self.vocab_sizes[modality])
+
     def logits(self, hidden: torch.Tensor, modality: str | int) -> torch.Tensor:
         """``[..., vocab of modality]`` logits of decoder states ``hidden``."""
         index = self.args.names.index(modality) if isinstance(modality, str) else modality
@@ -228,16 +234,13 @@ class FourM(nn.Module):
         losses, accuracy, counts, total, samples = {}, {}, {}, None, {}
         in_place = self._in_place_grads()
         heads = None if in_place else self.head_weights()
-        weight = self.dec_token_embed.weight if self.head is None else self.head.weight
-        starts = _offsets(self.vocab_sizes).tolist()
         for index, (name, hid, tgt, slots) in enumerate(zip(self.args.names, flat.split(batch.target_counts),
                                                             targets.split(batch.target_counts),
                                                             batch.target_order.split(batch.target_counts))):
             count = batch.target_counts[index]
             if count == 0:
                 continue
-            logits = (slice_logits(hid, weight, starts[index], starts[index] + self.vocab_sizes[index]) if in_place
-                      else hid @ heads[index].t()).float()
+            logits = (self._logits_in_place(hid, index) if in_place else hid @ heads[index].t()).float()
             if per_sample:
                 samples[name] = self._sample_sums(logits, tgt, slots, batch.dec_targets.shape)
                 summed = samples[name][:, 0].sum()
