@@ -56,6 +56,8 @@ def test_a_smoke_run_exports_a_model_that_loads_from_its_uri(tmp_path, inputs):
             "checkpoints/step-00000006/_COMPLETE"} <= keys
     report = json.loads(out.get_bytes("reports/pretrain_report.json"))
     assert report["steps"] == 6 and set(report["modalities"]) == set(card["modalities"])
+    assert report["first_val_step"] == 0 and report["last_val_step"] == 6
+    assert "| modality | val loss at step 0 | val loss at step 6 |" in out.get_text("reports/pretrain_report.md")
     assert all(m["marginal_loss"] > 0 for m in report["modalities"].values())
     assert out.get_bytes("reports/training_curves.png")[:4] == b"\x89PNG"
     assert sorted(losses(outcome["output_uri"])) == [2, 4, 6]
@@ -88,6 +90,9 @@ def test_a_killed_run_resumes_with_the_uninterrupted_losses(tmp_path, inputs):
     files = [{f["key"]: f["sha256"] for f in json.loads(open_store(r["output_uri"]).get_bytes(MANIFEST_NAME))["files"]
               if f["key"] not in history} for r in (resumed, reference)]
     assert files[0] == files[1]
+    resumed_report = open_store(resumed["output_uri"]).get_text("reports/pretrain_report.md")
+    first = json.loads(open_store(resumed["output_uri"]).get_bytes("reports/pretrain_report.json"))["first_val_step"]
+    assert first > 10 and f"started from a checkpoint: its first validation is at step {first}" in resumed_report
 
 
 def test_two_processes_end_with_identical_replicas_and_a_cool_down_reshards(tmp_path, inputs):

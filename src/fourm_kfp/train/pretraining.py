@@ -230,6 +230,7 @@ def _report(trainer: Trainer, marginal: dict[str, float], card: dict, state: Any
                                   "marginal_loss": marginal.get(name)}
     return {"steps": state.step, "planned_steps": steps, "tokens": state.tokens, "samples": state.samples,
             "skipped_steps": state.skipped, "parameters": card["parameters"],
+            "first_val_step": int(first["step"]), "last_val_step": int(last["step"]),
             "modalities": per_modality, "val_history": trainer.val_history}
 
 
@@ -242,11 +243,15 @@ def _throughput(writer: MetricWriter) -> dict[str, float]:
 
 
 def _markdown(report: dict[str, Any]) -> str:
+    first, last = report["first_val_step"], report["last_val_step"]
     lines = ["# pretrain", "",
              f"{report['steps']} steps, {report['tokens']:,} tokens, {report['parameters']:,} parameters, "
-             f"skipped steps {report['skipped_steps']} (throughput: the stage's MLflow run and manifest metrics)", "",
-             "| modality | val loss at start | val loss at end | marginal (predict the token distribution) | "
-             "end below marginal | val token accuracy |", "|---|---:|---:|---:|---|---:|"]
+             f"skipped steps {report['skipped_steps']} (throughput: the stage's MLflow run and manifest metrics)", ""]
+    if first > 0:
+        lines += [f"This run started from a checkpoint: its first validation is at step {first} (the validation "
+                  "history before a checkpoint is not saved with it).", ""]
+    lines += [f"| modality | val loss at step {first} | val loss at step {last} | marginal (predict the token "
+              "distribution) | end below marginal | val token accuracy |", "|---|---:|---:|---:|---|---:|"]
     for name, m in report["modalities"].items():
         below = "yes" if m["marginal_loss"] is not None and m["val_loss_end"] < m["marginal_loss"] else "no"
         lines.append(f"| {name} | {m['val_loss_start']:.3f} | {m['val_loss_end']:.3f} | "
