@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -82,6 +83,7 @@ class RenderedJob:
     pods: list[str]  # "master-0", "worker-0", ...: the pod index is the position
     world_size: int  # pods x nprocPerNode, as the operator computes WORLD_SIZE
     nproc_per_node: str
+    kubelet_env: dict[str, str]  # the container's env entries as the kubelet resolves them (downward API)
 
 
 def render(store_uri: str, input_uris: dict[str, str]) -> RenderedJob:
@@ -92,18 +94,22 @@ def render(store_uri: str, input_uris: dict[str, str]) -> RenderedJob:
         kfp_run_id="test-run",
         stage_args=pretrain_stage_args(preset="smoke", overrides=OVERRIDES, store_uri=store_uri,
                                        input_uris=input_uris)))
-    commands, pods = {}, []
+    commands, pods, kubelet_env = {}, [], {}
     for role, replica in job["spec"]["pytorchReplicaSpecs"].items():
         [container] = replica["template"]["spec"]["containers"]
-        # Nothing but the Secret and the ConfigMap feeds the container's env: the test sets what they hold.
-        assert "env" not in container and [next(iter(s)) for s in container["envFrom"]] == ["secretRef",
-                                                                                            "configMapRef"]
+        # The Secret and the ConfigMap feed the container's env (the test sets what they hold), and the downward API
+        # its CPU request, which the kubelet resolves to whole CPUs (divisor 1 rounds up).
+        assert [next(iter(s)) for s in container["envFrom"]] == ["secretRef", "configMapRef"]
+        assert container["env"] == [{"name": "FOURM_CPU_REQUEST", "valueFrom": {
+            "resourceFieldRef": {"resource": "requests.cpu", "divisor": "1"}}}]
+        cpu = str(container["resources"]["requests"]["cpu"])
+        kubelet_env["FOURM_CPU_REQUEST"] = str(math.ceil(int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)))
         commands[role] = container["command"] + container["args"]
         pods += [f"{role.lower()}-{i}" for i in range(replica["replicas"])]
     assert set(commands) == {"Master", "Worker"} and commands["Master"] == commands["Worker"], commands
     assert pods == ["master-0", "worker-0"]
     return RenderedJob(job, job["metadata"]["labels"][ADDRESS_LABEL], commands["Master"], pods,
-                       len(pods) * int(job["spec"]["nprocPerNode"]), job["spec"]["nprocPerNode"])
+                       len(pods) * int(job["spec"]["nprocPerNode"]), job["spec"]["nprocPerNode"], kubelet_env)
 
 
 def node_command(command: list[str], root: Path) -> list[str]:
@@ -231,7 +237,8 @@ class Cluster:
         for i, _pod in enumerate(job.pods):
             node_dir = base / f"node{i}"
             self.nodes.append(Node(i, node_dir, node_command(job.command, node_dir / "scratch-run"),
-                                   {**base_env(node_dir, s3_env), **operator_env(job, i, self.port)}))
+                                   {**base_env(node_dir, s3_env), **job.kubelet_env,
+                                    **operator_env(job, i, self.port)}))
 
     def start(self, attempt: str) -> None:
         for node in self.nodes:

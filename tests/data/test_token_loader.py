@@ -35,7 +35,7 @@ def pretokenized(tmp_path_factory):
 def _args(config, uris, batch=4, workers=0, rank=0, pretokenized_uri=None):
     inputs = TrainingInputs.read(pretokenized_uri or uris["pretokenize"], uris["train-tokenizers"])
     specs = modality_specs(config, inputs)
-    largs = loader_args(config, inputs, masking_args(config, specs, inputs), batch, rank, 2, False)
+    largs = loader_args(config, inputs, masking_args(config, specs, inputs), batch, rank, 2, torch.device("cpu"))
     return dataclasses.replace(largs, num_workers=workers), specs
 
 

@@ -105,7 +105,8 @@ class TrainConfig:
     keep_last: int = option(2, "checkpoints kept besides the permanent ones", versioned=False, min=1)
     keep_every: int = option(0, "keep every checkpoint whose step is a multiple of this (0: none)",
                              versioned=False, min=0)
-    loader_workers: int = option(1, "data loader worker processes per rank", versioned=False, min=0)
+    loader_workers: int = option(-1, "data loader worker processes per rank (-1: on a GPU the CPUs per local rank "
+                                 "less one, at most 14; on the CPU 1)", versioned=False, min=-1)
     profile_steps: int = option(0, "profile this many early steps on rank 0 (0: off)", versioned=False, min=0)
     resume_from: str = option("", "start from this checkpoint URI (model, optimizer, schedule, loader): a cool-down")
     init_from: str = option("", "load only model weights from this checkpoint or model URI (fine-tuning)")

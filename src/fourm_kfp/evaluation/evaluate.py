@@ -96,7 +96,7 @@ def masked_modeling(ctx: StageContext, engine: AnyToAny) -> tuple[list[str], tm.
     inputs = TrainingInputs.read(ctx.inputs[PRETOKENIZED].uri, ctx.inputs[TOKENIZERS].uri)
     specs = engine.model.args.modalities
     masking = masking_args(cfg, specs, inputs)
-    loader = loader_args(cfg, inputs, masking, cfg.evaluate.batch_size, 0, 1, pin_memory=False)
+    loader = loader_args(cfg, inputs, masking, cfg.evaluate.batch_size, 0, 1, engine.device)
     dtype = torch.bfloat16 if engine.device.type == "cuda" else None
     names = engine.model.args.names
     keys, rows = [], []

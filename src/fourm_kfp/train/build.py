@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from fourm_kfp.data.pretokenized import token_name
 from fourm_kfp.data.token_loader import DatasetRef, LoaderArgs
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
@@ -18,6 +20,7 @@ from fourm_kfp.masking.multimodal_masking import MaskingArgs
 from fourm_kfp.model.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourMArgs
 from fourm_kfp.storage import open_store
+from fourm_kfp.train.hardware import loader_workers
 
 TEXT_TOKENIZER = "text/tokenizer.json"
 
@@ -95,8 +98,11 @@ def masking_args(config: Any, specs: tuple[ModalitySpec, ...], inputs: TrainingI
 
 
 def loader_args(config: Any, inputs: TrainingInputs, masking: MaskingArgs, batch_size: int, rank: int,
-                world_size: int, pin_memory: bool) -> LoaderArgs:
+                world_size: int, device: torch.device) -> LoaderArgs:
+    """The loader of this rank on ``device`` (pinned memory and, with ``train.loader_workers: -1``, more worker
+    processes on a GPU: :func:`fourm_kfp.train.hardware.loader_workers`)."""
     datasets = (DatasetRef(inputs.pretokenized_uri, config.data.weight),
                 *(DatasetRef(uri, weight) for uri, weight in config.data.extra_datasets.items()))
     return LoaderArgs(datasets, masking, inputs.text_tokenizer_json, batch_size, seed=config.train.seed, rank=rank,
-                      world_size=world_size, num_workers=config.train.loader_workers, pin_memory=pin_memory)
+                      world_size=world_size, num_workers=loader_workers(config.train.loader_workers, device),
+                      pin_memory=device.type == "cuda")

@@ -1,4 +1,5 @@
-"""The device a rank trains on, the precision ``auto`` resolves to there, and its peak FLOP/s for MFU.
+"""The device a rank trains on, the precision ``auto`` resolves to there, its peak FLOP/s for MFU, and how many
+loader workers it gets.
 
 bf16 autocast on CUDA and on CPUs with native bf16 (AVX512-BF16 or AMX); fp32 elsewhere: on AVX2-only CPUs a bf16
 matmul runs ~50x slower than fp32 (DESIGN.md §5). Peak FLOP/s: the vendor's dense bf16/fp32 figure for known
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -22,6 +24,46 @@ def training_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
+
+
+#: The most loader worker processes ``train.loader_workers: -1`` gives a rank.
+MAX_AUTO_LOADER_WORKERS = 14
+
+
+#: Whole CPUs the pod requested (the job templates set it through the downward API).
+CPU_REQUEST_ENV = "FOURM_CPU_REQUEST"
+
+
+def available_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """CPUs this process may use: its affinity, capped by a cgroup CPU quota (a Kubernetes CPU limit sets one
+    without pinning cores, so the affinity alone would count every core of the node) and by the pod's CPU request
+    where the job says it (``$FOURM_CPU_REQUEST``)."""
+    count = len(os.sched_getaffinity(0))
+    if os.environ.get(CPU_REQUEST_ENV, "").isdigit() and int(os.environ[CPU_REQUEST_ENV]) > 0:
+        count = min(count, int(os.environ[CPU_REQUEST_ENV]))
+    quota = None
+    try:
+        limit, period = (cgroup / "cpu.max").read_text().split()[:2]  # cgroup v2: "max 100000" or "400000 100000"
+        quota = None if limit == "max" else int(limit) / int(period)
+    except (OSError, ValueError):
+        try:  # cgroup v1
+            limit = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+            quota = limit / int((cgroup / "cpu" / "cpu.cfs_period_us").read_text()) if limit > 0 else None
+        except (OSError, ValueError):
+            pass
+    return max(1, min(count, int(quota))) if quota else count
+
+
+def loader_workers(setting: int, device: torch.device, cpus: int | None = None) -> int:
+    """``train.loader_workers``; ``-1``: on a GPU the CPUs of each local rank less one (for the training process), at
+    most :data:`MAX_AUTO_LOADER_WORKERS`, so the loader keeps up with the step; on the CPU one (the step itself
+    needs the cores)."""
+    if setting >= 0:
+        return setting
+    if device.type != "cuda":
+        return 1
+    per_rank = (cpus or available_cpus()) // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    return max(1, min(MAX_AUTO_LOADER_WORKERS, per_rank - 1))
 
 
 def cpu_has_native_bf16() -> bool:

@@ -127,7 +127,7 @@ def pretrain(ctx: StageContext) -> StageResult:
                                                                                     train.global_batch_size))
     schedule = Schedule(optimizer.param_groups[0]["lr"], train.optimizer.warmup_steps, steps,
                         train.optimizer.min_lr_ratio)
-    loader_cfg = loader_args(cfg, inputs, masking, micro, rank, world, pin_memory=device.type == "cuda")
+    loader_cfg = loader_args(cfg, inputs, masking, micro, rank, world, device)
     loader = TokenLoader(loader_cfg)
     val = validation_batches(loader_cfg, train.val_batches)
     store = ctx.output.inner  # checkpoints and metrics are rewritten as training goes: recorded at the end

@@ -1,0 +1,57 @@
+"""How many loader workers a rank gets: the setting when given; with -1, on a GPU the CPUs per local rank less one
+(a cgroup CPU quota, as a Kubernetes CPU limit sets, and the pod's CPU request count over the affinity), at most
+14; on the CPU one."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from fourm_kfp.train.hardware import MAX_AUTO_LOADER_WORKERS, available_cpus, loader_workers
+
+CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
+
+
+def test_a_given_setting_is_kept():
+    assert loader_workers(3, CUDA, cpus=64) == 3 and loader_workers(0, CPU) == 0
+
+
+@pytest.mark.parametrize("cpus,local_ranks,expected", [
+    (16, 1, MAX_AUTO_LOADER_WORKERS),  # the issue's device machine: 16 cores, one GPU
+    (8, 1, 7),
+    (96, 8, 11),  # an 8-GPU node: 12 CPUs per rank
+    (4, 8, 1),  # fewer CPUs than ranks: still one worker
+])
+def test_auto_on_a_gpu_shares_the_cpus_among_local_ranks(monkeypatch, cpus, local_ranks, expected):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_ranks))
+    assert loader_workers(-1, CUDA, cpus=cpus) == expected
+
+
+def test_auto_on_the_cpu_is_one_worker():
+    assert loader_workers(-1, CPU, cpus=64) == 1
+
+
+@pytest.mark.parametrize("files,expected", [
+    ({"cpu.max": "400000 100000\n"}, 4),  # cgroup v2 quota of 4 CPUs
+    ({"cpu.max": "150000 100000\n"}, 1),  # 1.5 CPUs: whole CPUs only
+    ({"cpu.max": "max 100000\n"}, None),  # no quota: the affinity
+    ({"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2),  # cgroup v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),
+])
+def test_available_cpus_honours_a_cgroup_quota(tmp_path, monkeypatch, files, expected):
+    monkeypatch.delenv("FOURM_CPU_REQUEST", raising=False)
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    affinity = len(os.sched_getaffinity(0))
+    assert available_cpus(tmp_path) == (min(expected, affinity) if expected else affinity)
+
+
+def test_available_cpus_honours_the_pods_cpu_request(tmp_path, monkeypatch):
+    monkeypatch.setenv("FOURM_CPU_REQUEST", "1")  # as the job templates' downward API sets it
+    assert available_cpus(tmp_path) == 1
+    monkeypatch.setenv("FOURM_CPU_REQUEST", "0")  # no request: not a limit
+    assert available_cpus(tmp_path) == len(os.sched_getaffinity(0))
