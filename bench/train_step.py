@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--shapes", default="demo,4m-b")
     parser.add_argument("--loader-workers", type=int, default=None,
-                        help="loader worker processes (default: 14 on CUDA, the issue's budget on a 16-core host; "
+                        help="loader worker processes (default: 14 on CUDA, the target's budget on a 16-core host; "
                              "2 on the CPU); -1: skip the loader")
     parser.add_argument("--loader-shape", default="4m-b", choices=sorted(SHAPES),
                         help="the loader's shapes and the step whose consumption it is compared with")

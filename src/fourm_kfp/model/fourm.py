@@ -200,23 +200,27 @@ class FourM(nn.Module):
             x = block.step(x, cache, cross_mask)
         return self.decoder_norm(x)
 
-    def head_weight(self, modality: int) -> torch.Tensor:
-        weight = self.dec_token_embed.weight if self.head is None else self.head.weight
+    def _head_table(self) -> torch.Tensor:
+        """The output head's weight over every modality's vocabulary (the decoder token table when tied)."""
+        return self.dec_token_embed.weight if self.head is None else self.head.weight
+
+    def _head_rows(self, modality: int) -> tuple[int, int]:
         start = sum(self.vocab_sizes[:modality])
-        return weight[start:start + self.vocab_sizes[modality]]
+        return start, start + self.vocab_sizes[modality]
+
+    def head_weight(self, modality: int) -> torch.Tensor:
+        start, stop = self._head_rows(modality)
+        return self._head_table()[start:stop]
 
     def head_weights(self) -> tuple[torch.Tensor, ...]:
         """Every modality's slice of the output head in one ``split``. In backward, a split joins the slices'
         gradients once; a slice per modality would fill a zero gradient of the whole table for each (the same
         values, bit for bit, at one table-sized write instead of one per modality)."""
-        weight = self.dec_token_embed.weight if self.head is None else self.head.weight
-        return weight.split(list(self.vocab_sizes))
+        return self._head_table().split(list(self.vocab_sizes))
 
     def _logits_in_place(self, hidden: torch.Tensor, modality: int) -> torch.Tensor:
         """:meth:`logits` for training in one CPU process: the head's gradient goes into the table's buffer."""
-        weight = self.dec_token_embed.weight if self.head is None else self.head.weight
-        start = sum(self.vocab_sizes[:modality])
-        return slice_logits(hidden, weight, start, start + self.vocab_sizes[modality])
+        return slice_logits(hidden, self._head_table(), *self._head_rows(modality))
 
     def logits(self, hidden: torch.Tensor, modality: str | int) -> torch.Tensor:
         """``[..., vocab of modality]`` logits of decoder states ``hidden``."""
