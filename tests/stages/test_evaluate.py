@@ -1,7 +1,8 @@
 """The evaluate stage on a smoke model: every task scored beside its ceiling and baseline with a bootstrap interval,
-reports written, the model registered and gated in MLflow; a second evaluation is gated against the first's
-per-scene scores; the payload is byte-identical in another run folder; a real-data model (rgb + caption) gets only
-the tasks that make sense; `fourm-kfp generate` writes images and text."""
+reports written, the scores of each weight snapshot against its step, the model registered and gated in MLflow; a
+second evaluation is gated against the first's per-scene scores; the payload is byte-identical in another run
+folder; a real-data model (rgb + caption) gets only the tasks that make sense; `fourm-kfp generate` writes images
+and text."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def smoke(tmp_path_factory):
     """A smoke store with every stage up to pretrain committed, and an MLflow store."""
     root = tmp_path_factory.mktemp("evaluate")
     store = open_store(str(root / "store"), create=True)
-    config = load_config("smoke", overrides=["train.steps=4"])
+    config = load_config("smoke", overrides=["train.steps=4", "train.snapshot_every=2", "evaluate.curve_samples=2"])
     uris = {name: run_stage(get_stage(name), config, store).output_uri
             for name in ("prepare-data", "train-tokenizers", "pretokenize", "pretrain")}
     return root, store, config, uris
@@ -74,7 +75,7 @@ def test_evaluate_scores_every_task_with_references_and_gates_the_model(smoke):
     assert caption["ceiling"]["object_f1"] > 0.9
     assert set(report["masked"]) >= {"rgb", "depth", "caption", "all"}
     for name in ("evaluation_report.md", "evaluation_report.html", "grid_rgb-to-depth.png", "grid_caption-to-rgb.png",
-                 "scene_scores.json", "model_gate.md"):
+                 "scene_scores.json", "model_gate.md", "scores_vs_steps.png"):
         assert output.exists(f"reports/{name}"), name
     assert "data:image/png;base64," in output.get_text("reports/evaluation_report.html")
     markdown = output.get_text("reports/evaluation_report.md")
@@ -113,6 +114,30 @@ def test_evaluate_scores_every_task_with_references_and_gates_the_model(smoke):
     assert "not promoted" in again_output.get_text("reports/model_gate.md")
     assert str(client.get_model_version_by_alias("fourm-smoke", "champion").version) == "1"
     assert str(client.get_model_version_by_alias("fourm-smoke", "candidate").version) == "2"
+
+
+def test_the_curve_scores_each_snapshot_and_ends_with_the_final_model(smoke):
+    """The scores against training steps: the snapshot at step 2 and the final model (step 4) on the first
+    ``curve_samples`` scenes; its last point is what an evaluation of the final model on those scenes alone gives
+    (the engine went back to the final weights), with the same trivial baseline."""
+    root, store, config, _ = smoke
+    outcome, _ = _evaluate(root, store, config)
+    output = open_store(outcome.output_uri)
+    report = json.loads(output.get_bytes("evaluation.json"))
+    curve = report["curve"]
+    assert curve["steps"] == [2, 4] and curve["scenes"] == 2 and sorted(curve["tasks"]) == sorted(TASKS)
+    assert output.get_bytes("reports/scores_vs_steps.png")[:4] == b"\x89PNG"
+    markdown = output.get_text("reports/evaluation_report.md")
+    assert "## Scores against training steps" in markdown and "| trivial baseline |" in markdown
+
+    small = load_config("smoke", overrides=["train.steps=4", "train.snapshot_every=2", "evaluate.num_samples=2"])
+    alone, _ = _evaluate(root, store, small)
+    tasks = {t["task"]: t for t in json.loads(open_store(alone.output_uri).get_bytes("evaluation.json"))["tasks"]}
+    for task, values in curve["tasks"].items():
+        primary = tasks[task]["primary"]
+        assert values["primary"] == primary and len(values["model"]) == 2
+        assert values["model"][-1] == pytest.approx(tasks[task]["model"][primary], abs=1e-9), task
+        assert values["baseline"] == pytest.approx(tasks[task]["baseline"][primary], abs=1e-9), task
 
 
 def test_the_payload_is_byte_identical_in_another_run_folder(smoke, tmp_path):

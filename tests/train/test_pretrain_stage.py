@@ -1,6 +1,7 @@
-"""The pretrain stage as users run it: a full smoke run whose model loads back from its URI; a run killed midway
-that resumes on its own with the very losses an uninterrupted run has (bitwise, CPU); two torchrun processes
-that end with identical replicas; and a cool-down start from another run's checkpoint on another world size."""
+"""The pretrain stage as users run it: a full smoke run whose model (and weight snapshots) load back from its URI;
+a run killed midway that resumes on its own with the very losses an uninterrupted run has (bitwise, CPU); two
+torchrun processes that end with identical replicas; and a cool-down start from another run's checkpoint on another
+world size."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from fourm_kfp.contract.manifest import MANIFEST_NAME
 from fourm_kfp.storage import open_store
-from fourm_kfp.train.export import load_model
+from fourm_kfp.train.checkpoint import complete_checkpoints, load_checkpoint
+from fourm_kfp.train.export import load_model, snapshot_steps
 from tests.train.pretrain_helpers import input_args, losses, smoke_upstream
 
 BIN = Path(sys.executable).parent
@@ -45,7 +48,8 @@ def _pretrain(root: Path, inputs: list[str], *sets: str, launcher: list[str] | N
 
 
 def test_a_smoke_run_exports_a_model_that_loads_from_its_uri(tmp_path, inputs):
-    outcome = _pretrain(tmp_path, inputs, "train.steps=6", "train.log_every=2", "train.checkpoint_every=3")
+    outcome = _pretrain(tmp_path, inputs, "train.steps=6", "train.log_every=2", "train.checkpoint_every=2",
+                        "train.snapshot_every=2")
     out = open_store(outcome["output_uri"])
     model, card = load_model(outcome["output_uri"])
     assert card["step"] == 6 and card["args"]["dim"] == 64 and card["tokenizers_uri"]
@@ -61,6 +65,19 @@ def test_a_smoke_run_exports_a_model_that_loads_from_its_uri(tmp_path, inputs):
     assert all(m["marginal_loss"] > 0 for m in report["modalities"].values())
     assert out.get_bytes("reports/training_curves.png")[:4] == b"\x89PNG"
     assert sorted(losses(outcome["output_uri"])) == [2, 4, 6]
+    # Weight snapshots every 2 steps before the last (whose weights are the model): the checkpoint's weights.
+    assert snapshot_steps(out) == [2, 4]
+    assert {"snapshots/step-00000002.safetensors", "snapshots/step-00000004.safetensors"} <= keys
+    snapshot, snapshot_card = load_model(outcome["output_uri"], snapshot=4)
+    assert snapshot_card["step"] == 4
+    checkpointed, _ = load_model(outcome["output_uri"])
+    app = {"model": get_model_state_dict(checkpointed)}
+    load_checkpoint({c.step: c for c in complete_checkpoints(out.child("checkpoints"))}[4], app)
+    for name, tensor in snapshot.state_dict().items():
+        assert torch.equal(tensor, app["model"][name]), name
+    assert not all(torch.equal(t, model.state_dict()[n]) for n, t in snapshot.state_dict().items())
+    with pytest.raises(ValueError, match="no weight snapshot at step 3; it has \\[2, 4\\]"):
+        load_model(outcome["output_uri"], snapshot=3)
 
 
 def test_a_killed_run_resumes_with_the_uninterrupted_losses(tmp_path, inputs):
@@ -111,8 +128,10 @@ def test_two_processes_end_with_identical_replicas_and_a_cool_down_reshards(tmp_
 def test_fsdp2_on_two_processes_trains_checkpoints_and_exports(tmp_path, inputs):
     torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", "29732", "-m", "fourm_kfp.cli"]
     fsdp = _pretrain(tmp_path, inputs, "train.steps=2", "train.checkpoint_every=1", "train.parallelism=fsdp",
-                     launcher=torchrun)
+                     "train.snapshot_every=1", launcher=torchrun)
     assert fsdp["metrics"]["steps"] == 2.0
     model, card = load_model(fsdp["output_uri"])  # the gathered full state dict
     assert sum(p.numel() for p in model.parameters()) == card["parameters"]
+    snapshot, _ = load_model(fsdp["output_uri"], snapshot=1)  # gathered from both ranks' shards mid-run
+    assert snapshot.state_dict().keys() == model.state_dict().keys()
     assert open_store(fsdp["output_uri"]).exists("checkpoints/step-00000002/_COMPLETE")

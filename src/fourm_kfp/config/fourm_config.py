@@ -103,6 +103,8 @@ class TrainConfig:
     val_batches: int = option(4, "validation batches (fixed seed and budgets)", versioned=False, min=1)
     checkpoint_every: int = option(500, "steps between checkpoints", versioned=False, min=1)
     keep_last: int = option(2, "checkpoints kept besides the permanent ones", versioned=False, min=1)
+    snapshot_every: int = option(0, "also export the model's weights every this many steps (snapshots/, scored by "
+                                    "the evaluation's scores-against-steps figure; 0: none)", min=0)
     keep_every: int = option(0, "keep every checkpoint whose step is a multiple of this (0: none)",
                              versioned=False, min=0)
     loader_workers: int = option(-1, "data loader worker processes per rank (-1: on a GPU the CPUs per local rank "
@@ -343,6 +345,8 @@ class EvaluateConfig:
     baseline_samples: int = option(512, "train samples the trivial baselines are fitted on", min=1)
     grid_samples: int = option(6, "samples shown per task in the report's grids", versioned=False, min=1)
     seed: int = option(0, "generation seed")
+    curve_samples: int = option(0, "val scenes on which every weight snapshot of the model (train.snapshot_every) "
+                                   "and the final model are scored: the scores-against-steps figure (0: none)", min=0)
     sampling: SamplingConfig = option(SamplingConfig(), "generation settings")
     gate: GateConfig = option(GateConfig(), "the model gate")
 

@@ -21,7 +21,9 @@ from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.data.modality_visuals import visualize
 from fourm_kfp.model.generation import Generated, Generator, SamplingArgs
 from fourm_kfp.tokenizers.bundle import load_tokenizers
-from fourm_kfp.train.export import load_model
+from fourm_kfp.storage import open_store
+from fourm_kfp.train.export import (WEIGHTS, load_model, read_weights, snapshot_key,
+                                    snapshot_steps)
 
 
 class AnyToAny:
@@ -29,7 +31,8 @@ class AnyToAny:
 
     def __init__(self, model_uri: str, device: str | None = None, tokenizers_uri: str | None = None):
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model, self.card = load_model(model_uri, self.device)
+        self.model_store = open_store(model_uri)
+        self.model, self.card = load_model(self.model_store, self.device)
         self.tokenizers = load_tokenizers(tokenizers_uri or self.card["tokenizers_uri"], device=str(self.device))
         specials = self.card.get("text_special_ids") or {}
         sentinels = tuple(specials[s] for s in ("[S_0]", "[S_1]") if s in specials)
@@ -41,6 +44,15 @@ class AnyToAny:
     @property
     def modalities(self) -> list[str]:
         return list(self.specs)
+
+    def snapshot_steps(self) -> list[int]:
+        """Steps of the model's weight snapshots (``train.snapshot_every``)."""
+        return snapshot_steps(self.model_store)
+
+    def use_weights(self, snapshot: int | None) -> None:
+        """Generate with the weights of the snapshot at step ``snapshot`` from now on (``None``: the final ones)."""
+        key = WEIGHTS if snapshot is None else snapshot_key(snapshot)
+        self.model.load_state_dict(read_weights(self.model_store, key), strict=True)
 
     # -- values <-> tokens ---------------------------------------------------------------------------------------
 

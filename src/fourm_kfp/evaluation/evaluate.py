@@ -5,9 +5,10 @@ the prepared val split (exact ground truth). Writes the payload -- ``evaluation.
 primary scores and the bootstrap intervals against the baseline), ``reports/scene_scores.json`` (the per-scene
 statistics of every metric the gate can use; also an artifact of the stage's MLflow run, where a later gate reads
 the champion's), the Markdown/HTML report and grids -- a function of the inputs alone, byte for byte (no timings,
-the model as a store-relative reference, no registry outcome). What the run did outside its output are run records
-(``SPEC.run_records``): ``gate.json`` (registered version, promoted or not and why, so CI retraining can act on
-the outcome) and ``reports/model_gate.md``.
+the model as a store-relative reference, no registry outcome); with ``evaluate.curve_samples``, also the scores of
+every weight snapshot of the model (``reports/scores_vs_steps.png``, :mod:`~fourm_kfp.evaluation.learning_curve`).
+What the run did outside its output are run records (``SPEC.run_records``): ``gate.json`` (registered version,
+promoted or not and why, so CI retraining can act on the outcome) and ``reports/model_gate.md``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from fourm_kfp.data.pretokenized import decode_member, token_name
 from fourm_kfp.data.shard_stream import available_modalities, iter_split
 from fourm_kfp.evaluation import task_metrics as tm
 from fourm_kfp.evaluation.any_to_any import AnyToAny
+from fourm_kfp.evaluation.learning_curve import curve_png, score_curve
 from fourm_kfp.evaluation.model_gate import scene_scores
 from fourm_kfp.evaluation.report import gate_markdown, report_html, report_markdown, task_grid
 from fourm_kfp.evaluation.tasks import Baselines, Scenes, TaskResult, run_task, split_task
@@ -149,6 +151,11 @@ def evaluate(ctx: StageContext) -> StageResult:
                  r.baseline[r.primary], r.difference, r.interval.low, r.interval.high,
                  "" if r.beats_baseline else " — not above the baseline with confidence")
 
+    curve = None
+    if cfg.curve_samples and results:
+        curve = score_curve(engine, scenes.head(cfg.curve_samples), tasks, baselines, sampling, cfg.seed,
+                            cfg.batch_size, results)
+
     metrics = {f"val.loss.{m}" if m != "all" else "val.loss": v["loss"] for m, v in masked.items()}
     metrics |= {f"val.accuracy.{m}" if m != "all" else "val.accuracy": v["accuracy"] for m, v in masked.items()}
     for r in results:
@@ -161,6 +168,7 @@ def evaluate(ctx: StageContext) -> StageResult:
         "num_samples": len(scenes), "sampling": asdict(sampling), "masked": masked,
         "tasks": [r.to_dict() for r in results], "tasks_skipped": skipped,
         "tasks_beating_baseline": int(metrics["tasks_beating_baseline"]), "metrics": metrics,
+        **({"curve": curve} if curve else {}),
     }
     grids = {r.task: task_grid(r.examples) for r in results}
     scores = scene_scores({"": (masked_keys, masked_stats)} | {f"{r.task}.": (r.scene_keys, r.model_stats)
@@ -170,8 +178,11 @@ def evaluate(ctx: StageContext) -> StageResult:
     for task, png in grids.items():
         if png:
             ctx.write_report(f"grid_{task}.png", png)
+    figure = curve_png(curve) if curve else b""
+    if figure:
+        ctx.write_report("scores_vs_steps.png", figure)
     ctx.write_report("evaluation_report.md", report_markdown(report).encode())
-    ctx.write_report("evaluation_report.html", report_html(report, grids).encode())
+    ctx.write_report("evaluation_report.html", report_html(report, grids, figure).encode())
 
     gate, gate_skipped = _gate(ctx, model_uri, metrics, scores)
     gate_json = json.dumps(gate or {"skipped": gate_skipped}, indent=2).encode()

@@ -1,5 +1,6 @@
 """The evaluation report: tables (model / tokenizer ceiling / trivial baseline per task, the difference to the
-baseline with its bootstrap interval), example grids; and the model gate's page.
+baseline with its bootstrap interval, and the scores against training steps when there is a curve), example grids;
+and the model gate's page.
 
 Markdown for the KFP UI's Markdown viewer and MLflow, a self-contained HTML page (grids embedded) for the KFP UI's
 HTML viewer, and one PNG grid per task (rows: val scenes; columns: input, generated, ceiling, ground truth). The
@@ -124,7 +125,23 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     lines += ["", "### All metrics", ""] + _markdown_table(METRIC_HEAD, _metric_rows(report["tasks"]))
     lines += ["", "Grids: `reports/grid_<task>.png` (input / generated / ceiling = the ground truth's tokens decoded "
               "/ ground truth)."]
+    if report.get("curve"):
+        lines += ["", "## Scores against training steps", "", _curve_explanation(report["curve"]), ""]
+        lines += _markdown_table(*_curve_table(report["curve"]))
     return "\n".join(lines) + "\n"
+
+
+def _curve_explanation(curve: Mapping[str, Any]) -> str:
+    return (f"Every weight snapshot of the model and the final model, on the first {curve['scenes']} val scenes "
+            "with the same tasks, sampling and seed (figure: `reports/scores_vs_steps.png`).")
+
+
+def _curve_table(curve: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Head and rows: one row per step (each task's primary metric), then the trivial baseline."""
+    tasks = curve["tasks"]
+    head = ["step"] + [f"{t} {v['primary']} {'↑' if v['higher_is_better'] else '↓'}" for t, v in tasks.items()]
+    rows = [[str(step)] + [_fmt(v["model"][i]) for v in tasks.values()] for i, step in enumerate(curve["steps"])]
+    return head, rows + [["trivial baseline"] + [_fmt(v["baseline"]) for v in tasks.values()]]
 
 
 def gate_markdown(gate: Mapping[str, Any] | None, skipped: str = "") -> str:
@@ -146,8 +163,12 @@ def gate_markdown(gate: Mapping[str, Any] | None, skipped: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def report_html(report: Mapping[str, Any], grids: Mapping[str, bytes]) -> str:
-    """A self-contained page: the Markdown's tables plus the grids inline."""
+def _img(alt: str, png: bytes) -> str:
+    return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+
+
+def report_html(report: Mapping[str, Any], grids: Mapping[str, bytes], curve_png: bytes = b"") -> str:
+    """A self-contained page: the Markdown's tables plus the grids (and the scores-against-steps figure) inline."""
     esc = html.escape
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>fourm-kfp evaluation</title><style>",
              "body{font-family:sans-serif;margin:24px}table{border-collapse:collapse;margin:8px 0}"
@@ -167,7 +188,12 @@ def report_html(report: Mapping[str, Any], grids: Mapping[str, bytes]) -> str:
         parts.append("</table>")
     for task, png in grids.items():
         if png:
-            data = base64.b64encode(png).decode()
-            parts.append(f"<h3>{esc(task)}</h3><img alt='{esc(task)}' src='data:image/png;base64,{data}'>")
+            parts.append(f"<h3>{esc(task)}</h3>{_img(task, png)}")
+    if report.get("curve"):
+        head, rows = _curve_table(report["curve"])
+        parts.append(f"<h2>Scores against training steps</h2><p>{esc(_curve_explanation(report['curve']))}</p>")
+        parts.append("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{esc(v)}</td>" for v in row) + "</tr>" for row in rows]
+        parts.append("</table>" + (_img("scores against training steps", curve_png) if curve_png else ""))
     parts.append("</body></html>")
     return "\n".join(parts)

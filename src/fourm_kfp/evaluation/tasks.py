@@ -48,6 +48,11 @@ class Scenes:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def head(self, n: int) -> "Scenes":
+        """The first ``n`` scenes."""
+        return Scenes(self.keys[:n], {m: v[:n] for m, v in self.truth.items()},
+                      {m: v[:n] for m, v in self.tokens.items()})
+
 
 @dataclass
 class TaskResult:

@@ -1,7 +1,8 @@
 """Training curves as a PNG (Pillow only): one panel per metric family, one line per series, dashed references.
 
 Used by the pretrain report: the train loss, and the validation loss per modality against the loss of predicting
-the marginal token distribution (a horizontal dashed line in the same colour).
+the marginal token distribution (a horizontal dashed line in the same colour); and by the evaluation's scores
+against training steps (the trivial baseline dashed).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def _dashed(draw: ImageDraw.ImageDraw, y: float, x0: float, x1: float, color: tu
 
 
 def line_chart(title: str, series: Series, references: Mapping[str, float] | None = None,
-               ylabel: str = "") -> Image.Image:
-    """One panel: ``series`` as lines; ``references`` (same names) as dashed horizontal lines."""
+               ylabel: str = "", reference_label: str = "dashed: marginal") -> Image.Image:
+    """One panel: ``series`` as lines; ``references`` (same names) as dashed horizontal lines, which the legend
+    calls ``reference_label``."""
     references = references or {}
     image = Image.new("RGB", (WIDTH, HEIGHT), "white")
     draw = ImageDraw.Draw(image)
@@ -78,7 +80,7 @@ def line_chart(title: str, series: Series, references: Mapping[str, float] | Non
             _dashed(draw, xy(x_lo, references[name])[1], left, right, color)
         draw.text((right + 8, top + 14 * i), name, fill=color, font=font)
     if references:
-        draw.text((right + 8, top + 14 * len(series) + 6), "dashed: marginal", fill="gray", font=font)
+        draw.text((right + 8, top + 14 * len(series) + 6), reference_label, fill="gray", font=font)
     return image
 
 

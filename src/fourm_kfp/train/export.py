@@ -1,5 +1,9 @@
 """The trained model as a self-describing artifact: ``model/model.safetensors`` + ``model/model.json``.
 
+Snapshots taken during training (``train.snapshot_every``) are weights alone, ``snapshots/step-NNNNNNNN.safetensors``
+beside the model: the same architecture and card, so :func:`load_model` reads one by its step (the evaluate stage
+scores them for its scores-against-steps figure).
+
 ``model.json`` holds the model's arguments (sizes and every modality's spec), the modality table rows it was
 trained on, the URIs of the tokenizers and of the pretokenized data it needs, the text tokenizer's special ids,
 and the training step. :func:`load_model` rebuilds the model from the output URI alone (local or S3), so the
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,6 +30,17 @@ from fourm_kfp.storage import Store, open_store, output_ref, resolve_uri
 FORMAT = "fourm-kfp-model/1"
 WEIGHTS = "model/model.safetensors"
 CARD = "model/model.json"
+SNAPSHOTS = "snapshots"
+_SNAPSHOT = re.compile(r"^step-(\d{8})\.safetensors$")
+
+
+def snapshot_key(step: int) -> str:
+    return f"{SNAPSHOTS}/step-{step:08d}.safetensors"
+
+
+def snapshot_steps(output: Store) -> list[int]:
+    """The steps of the weight snapshots in a pretrain output, in order."""
+    return sorted(int(m.group(1)) for key in output.child(SNAPSHOTS).list() if (m := _SNAPSHOT.match(key)))
 
 
 def args_to_dict(args: Any) -> dict[str, Any]:
@@ -62,17 +78,24 @@ def export_model(state: dict[str, torch.Tensor], args: Any, output: Store, *, to
         "step": step,
         "parameters": int(sum(t.numel() for t in state.values())),
     }
-    with tempfile.TemporaryDirectory(prefix="fourm-export-") as tmp:
-        path = Path(tmp) / "model.safetensors"
-        save_file(state, str(path), metadata={"format": FORMAT})  # one entry: more would be written in hash order
-        output.put_file(WEIGHTS, path)
+    put_weights(output, WEIGHTS, state)
     output.put_bytes(CARD, json.dumps(card, indent=2, sort_keys=True).encode())
     return card
 
 
-def load_model(uri: str | Store, device: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
+def put_weights(store: Store, key: str, state: dict[str, torch.Tensor]) -> None:
+    """``state`` as a safetensors file at ``key`` (the same bytes for the same tensors)."""
+    with tempfile.TemporaryDirectory(prefix="fourm-export-") as tmp:
+        path = Path(tmp) / "weights.safetensors"
+        save_file(state, str(path), metadata={"format": FORMAT})  # one entry: more would be written in hash order
+        store.put_file(key, path)
+
+
+def load_model(uri: str | Store, device: str | torch.device = "cpu",
+               snapshot: int | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """``(model in eval mode on device, card)`` from a pretrain output URI; the card's ``tokenizers_uri`` and
-    ``pretokenized_uri`` resolved to URIs."""
+    ``pretokenized_uri`` resolved to URIs. ``snapshot``: the weights of the snapshot at that step instead of the
+    final ones (the card's ``step`` says which)."""
     from fourm_kfp.contract.manifest import require_manifest
     from fourm_kfp.model.fourm import FourM
 
@@ -84,7 +107,17 @@ def load_model(uri: str | Store, device: str | torch.device = "cpu") -> tuple[nn
     for key in ("tokenizers_uri", "pretokenized_uri"):
         card[key] = resolve_uri(store.uri, card[key])
     model = FourM(args_from_dict(card["args"]))
-    with tempfile.TemporaryDirectory(prefix="fourm-model-") as tmp:
-        store.get_file(WEIGHTS, Path(tmp) / "model.safetensors")
-        model.load_state_dict(load_file(str(Path(tmp) / "model.safetensors")), strict=True)
+    if snapshot is not None:
+        if not store.exists(snapshot_key(snapshot)):
+            raise ValueError(f"{store.uri}: no weight snapshot at step {snapshot}; it has "
+                             f"{snapshot_steps(store) or 'none'} (train.snapshot_every)")
+        card["step"] = snapshot
+    model.load_state_dict(read_weights(store, WEIGHTS if snapshot is None else snapshot_key(snapshot)), strict=True)
     return model.to(device).eval(), card
+
+
+def read_weights(store: Store, key: str) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file at ``key`` (on the CPU)."""
+    with tempfile.TemporaryDirectory(prefix="fourm-model-") as tmp:
+        store.get_file(key, Path(tmp) / "weights.safetensors")
+        return load_file(str(Path(tmp) / "weights.safetensors"))

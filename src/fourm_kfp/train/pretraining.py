@@ -1,8 +1,9 @@
 """Pre-training end to end inside the ``pretrain`` stage: build, restore, train, validate, export, report.
 
-Every rank runs :func:`pretrain` (torchrun semantics); rank 0 alone writes metrics files, the exported model and
-the report. Checkpoints live under the stage's own output (``checkpoints/``), which the runner keeps across
-restarts (the stage is resumable), so a restarted job continues from its newest complete checkpoint by itself.
+Every rank runs :func:`pretrain` (torchrun semantics); rank 0 alone writes metrics files, weight snapshots
+(``train.snapshot_every``), the exported model and the report. Checkpoints and snapshots live under the stage's own
+output (``checkpoints/``, ``snapshots/``), which the runner keeps across restarts (the stage is resumable), so a
+restarted job continues from its newest complete checkpoint by itself.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from fourm_kfp.model.parallelize import parallelize, unwrap
 from fourm_kfp.train import curves
 from fourm_kfp.train.build import TrainingInputs, loader_args, masking_args, modality_specs, model_args
 from fourm_kfp.train.checkpoint import CheckpointManager, complete_checkpoints, find_checkpoint
-from fourm_kfp.train.export import export_model, full_state_dict
+from fourm_kfp.train.export import (export_model, full_state_dict, put_weights, snapshot_key,
+                                    snapshot_steps)
 from fourm_kfp.train.hardware import peak_flops, resolve_precision, training_device, training_nondeterminism
 from fourm_kfp.train.metrics import ConsoleSink, JsonLinesSink, MetricWriter, TrackerSink
 from fourm_kfp.train.optimizer import Schedule, build_optimizer, peak_learning_rate
@@ -137,13 +139,14 @@ def pretrain(ctx: StageContext) -> StageResult:
     writer = MetricWriter(sinks)
     enc, dec = train.input_budget, train.target_budget
     loop = LoopSettings(steps, accum, train.log_every, train.val_every, train.checkpoint_every, train.nonfinite,
-                        train.max_skipped_steps, train.profile_steps, flops_per_token(args, enc, dec),
-                        peak_flops(device, dtype) * world)
+                        train.max_skipped_steps, train.profile_steps, train.snapshot_every,
+                        flops_per_token(args, enc, dec), peak_flops(device, dtype) * world)
     profile_dir = Path(tempfile.mkdtemp(prefix="fourm-profile-")) if train.profile_steps else None
     trainer = Trainer(trunk, optimizer, schedule,
                       Loader(loader.batches, loader.state_dict, loader.load_state_dict, loader.metrics),
                       masked_modeling_validator(val, device, dtype, args.names), checkpoints, writer, loop,
-                      StepSettings(dtype, train.optimizer.grad_clip, args.names), device, profile_dir)
+                      StepSettings(dtype, train.optimizer.grad_clip, args.names), device, profile_dir,
+                      snapshot=lambda step: _snapshot(trunk, store, step))
     resumed = trainer.restore(train.resume_from or None)
     state = trainer.fit()
 
@@ -157,6 +160,8 @@ def pretrain(ctx: StageContext) -> StageResult:
     for ckpt in complete_checkpoints(store.child("checkpoints")):
         for key in ckpt.store.list():
             ctx.output.record_existing(f"checkpoints/{ckpt.store.uri.rsplit('/', 1)[1]}/{key}")
+    for step in snapshot_steps(store):  # some may come from a run this one resumed
+        ctx.output.record_existing(snapshot_key(step))
     ctx.output.record_existing("metrics.jsonl")
     if profile_dir and (profile_dir / "trace.json").exists():
         ctx.output.put_file("profile/trace.json", profile_dir / "trace.json")
@@ -175,6 +180,14 @@ def pretrain(ctx: StageContext) -> StageResult:
                **{k.replace("/", "."): v for k, v in trainer.val_history[-1].items() if k != "step"}}
     return StageResult(counts={"steps": state.step, "parameters": card["parameters"], "modalities": list(args.names)},
                        metrics=metrics, nondeterminism=training_nondeterminism(device))
+
+
+def _snapshot(model: torch.nn.Module, store: Any, step: int) -> None:
+    """``train.snapshot_every``: the weights at ``step`` beside the model (gathered on every rank, written by
+    rank 0)."""
+    state = full_state_dict(model)
+    if distributed.is_primary():
+        put_weights(store, snapshot_key(step), state)
 
 
 def replica_divergence(model: torch.nn.Module) -> float:

@@ -2,8 +2,8 @@
 
 Everything the loop needs is built elsewhere (:mod:`fourm_kfp.train.build`) and handed in, so the loop reads as the
 algorithm: take ``accum`` micro-batches, step, and at interval boundaries log (one host read of the accumulated
-device values), validate, checkpoint. A restarted run resumes from the newest complete checkpoint by itself and
-continues bit-for-bit: model, optimizer, step, RNG and the loader's position all come back.
+device values), validate, snapshot the weights, checkpoint. A restarted run resumes from the newest complete
+checkpoint by itself and continues bit-for-bit: model, optimizer, step, RNG and the loader's position all come back.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class LoopSettings:
     nonfinite: str  # "skip" | "fail"
     max_skipped_steps: int
     profile_steps: int = 0
+    snapshot_every: int = 0  # 0: no weight snapshots
     flops_per_token: float = 0.0
     peak_flops: float = 0.0
 
@@ -81,6 +82,7 @@ class Trainer:
     step_settings: StepSettings
     device: torch.device
     profile_dir: Path | None = None
+    snapshot: Callable[[int], None] | None = None  # export the weights at this step (called on every rank)
     state: TrainState = field(default_factory=TrainState)
     val_history: list[dict[str, float]] = field(default_factory=list)
 
@@ -152,6 +154,9 @@ class Trainer:
                 interval = _Interval(self.device)
             if loop.val_every and self.state.step % loop.val_every == 0 and self.state.step < loop.total_steps:
                 self._validate()
+            if (self.snapshot and loop.snapshot_every and self.state.step % loop.snapshot_every == 0
+                    and self.state.step < loop.total_steps):  # the last step's weights are the exported model
+                self.snapshot(self.state.step)
             if self.state.step % loop.checkpoint_every == 0 or self.state.step == loop.total_steps:
                 self._checkpoint()
         if not self.val_history or self.val_history[-1]["step"] != self.state.step:
