@@ -43,3 +43,23 @@ def test_pretrain_config_overrides_touch_only_what_no_upstream_stage_reads():
         ["data.image_size=32", "train.steps=3", "evaluate.num_samples=4"]
     with pytest.raises(ConfigError, match=r"pretrain_config_overrides \['data.image_size=96'\]"):
         with_stage_overrides([], ["train.steps=3", "data.image_size=96"])  # would move prepare-data's address
+
+
+def test_a_stage_metric_that_is_not_finite_stays_out_of_the_kfp_metrics_artifact(capsys):
+    """KFP cannot serialise NaN into an artifact's metadata (a whole local run failed on a short pretrain's
+    throughput); such a value stays in the manifest only, the finite ones are published."""
+    from google.protobuf import json_format, struct_pb2
+    from kfp import dsl
+
+    from fourm_kfp.contract.runner import StageOutcome
+    from fourm_kfp.kfp_runtime import publish_outcome
+
+    metrics = dsl.Metrics(name="metrics", uri="", metadata={})
+    outcome = StageOutcome("pretrain", "ran", "/tmp/out", 1.0, "sha256:0",
+                           metrics={"steps": 20.0, "tokens_per_s": float("nan"), "mfu": float("inf")})
+    publish_outcome(outcome, metrics=metrics)
+    assert metrics.metadata == {"steps": 20.0}
+    struct = struct_pb2.Struct()
+    struct.update(metrics.metadata)
+    json_format.MessageToJson(struct)  # what kfp.local does with it; NaN raises here
+    assert '"tokens_per_s": NaN' in capsys.readouterr().out  # the outcome itself still says it

@@ -9,6 +9,7 @@ MLflow tracking URI and parent run id (empty = take the environment). Stages run
 from __future__ import annotations
 
 import json
+import math
 from typing import Sequence
 
 from fourm_kfp.config.loader import load_config
@@ -96,9 +97,10 @@ def publish_outcome(outcome: StageOutcome, report_path: str | None = None, metri
     if html_path:
         with open(html_path, "w") as fh:
             fh.write(html_report(output, outcome.name))
-    if metrics is not None:
+    if metrics is not None:  # KFP's metrics metadata cannot hold NaN or infinity: those stay in the manifest
         for name, value in sorted(outcome.metrics.items()):
-            metrics.log_metric(name, float(value))
+            if math.isfinite(float(value)):
+                metrics.log_metric(name, float(value))
     print(json.dumps(outcome.to_dict()), flush=True)
     return outcome
 

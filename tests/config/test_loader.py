@@ -22,6 +22,14 @@ def test_presets_load_and_differ_in_scale():
     assert [c.name for c in smoke.alphas.mixture] == ["all-to-all", "rgb-to-all"]
 
 
+@pytest.mark.parametrize("preset", available_presets())
+def test_every_preset_loads_and_one_that_draws_a_curve_has_snapshots_for_it(preset):
+    config = load_config(preset)
+    assert config.preset == preset
+    if config.evaluate.curve_samples:  # scores against steps need weights from before the last step
+        assert 0 < config.train.snapshot_every < config.train.steps
+
+
 def test_overrides_beat_files_and_are_typed():
     config = load_config("smoke", overrides=["data.image_size=96", "train.model.dim=128",
                                               "prepare_data.max_bad_fraction=0.5"])

@@ -48,9 +48,10 @@ def curve_png(curve: dict[str, Any]) -> bytes:
     """One panel per task: the model's primary metric against the step, the trivial baseline dashed."""
     panels = []
     for task, values in curve["tasks"].items():
-        arrow = "↑" if values["higher_is_better"] else "↓"
-        name = f"{values['primary']} {arrow}"
-        panels.append(curves.line_chart(f"{task} ({curve['scenes']} val scenes)",
+        better = "higher" if values["higher_is_better"] else "lower"
+        name = values["primary"]
+        panels.append(curves.line_chart(f"{task}: {name}, {better} is better ({curve['scenes']} val scenes)",
                                         {name: list(zip(curve["steps"], values["model"]))},
-                                        {name: values["baseline"]}, reference_label="dashed: trivial baseline"))
+                                        {name: values["baseline"]}, reference_label="dashed: trivial baseline",
+                                        markers=True))
     return curves.stack_png(panels)

@@ -36,9 +36,9 @@ def _dashed(draw: ImageDraw.ImageDraw, y: float, x0: float, x1: float, color: tu
 
 
 def line_chart(title: str, series: Series, references: Mapping[str, float] | None = None,
-               ylabel: str = "", reference_label: str = "dashed: marginal") -> Image.Image:
-    """One panel: ``series`` as lines; ``references`` (same names) as dashed horizontal lines, which the legend
-    calls ``reference_label``."""
+               ylabel: str = "", reference_label: str = "dashed: marginal", markers: bool = False) -> Image.Image:
+    """One panel: ``series`` as lines (``markers``: with a dot at each point); ``references`` (same names) as
+    dashed horizontal lines, which the legend calls ``reference_label``."""
     references = references or {}
     image = Image.new("RGB", (WIDTH, HEIGHT), "white")
     draw = ImageDraw.Draw(image)
@@ -74,8 +74,8 @@ def line_chart(title: str, series: Series, references: Mapping[str, float] | Non
         line = [xy(x, y) for x, y in values if math.isfinite(y)]
         if len(line) > 1:
             draw.line(line, fill=color, width=2)
-        for px, py in line[-1:] if len(line) == 1 else []:
-            draw.ellipse([px - 2, py - 2, px + 2, py + 2], fill=color)
+        for px, py in line if markers or len(line) == 1 else []:
+            draw.ellipse([px - 3, py - 3, px + 3, py + 3], fill=color)
         if name in references and math.isfinite(references[name]):
             _dashed(draw, xy(x_lo, references[name])[1], left, right, color)
         draw.text((right + 8, top + 14 * i), name, fill=color, font=font)

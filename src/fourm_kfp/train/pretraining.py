@@ -249,10 +249,11 @@ def _report(trainer: Trainer, marginal: dict[str, float], card: dict, state: Any
 
 def _throughput(writer: MetricWriter) -> dict[str, float]:
     """Mean tokens/s and MFU of the logged intervals after the first (which includes start-up): wall-clock
-    measures, so they go to the manifest and MLflow, never into the report files."""
+    measures, so they go to the manifest and MLflow, never into the report files. Absent when there was no such
+    interval (a run shorter than two log intervals): a NaN would not pass through KFP's output metadata."""
     lines = [h for h in writer.history if "tokens_per_s" in h][1:]
-    return {"tokens_per_s": float(np.mean([h["tokens_per_s"] for h in lines] or [math.nan])),
-            "mfu": float(np.mean([h.get("mfu", math.nan) for h in lines] or [math.nan]))}
+    means = {key: float(np.mean([h[key] for h in lines if key in h] or [math.nan])) for key in ("tokens_per_s", "mfu")}
+    return {key: value for key, value in means.items() if math.isfinite(value)}
 
 
 def _markdown(report: dict[str, Any]) -> str:
