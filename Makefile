@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 DEMO_ROOT ?= runs/demo
 
-.PHONY: setup demo test compile bench ui clean
+.PHONY: setup demo test compile bench device-wheels ui clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,11 @@ compile: setup
 
 bench: setup
 	$(BIN)/python bench/prepare_data.py
+
+# Wheels the GPU device machine's image lacks, for bench/gpu_session.sh (carried there as .whl/).
+device-wheels: setup
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux2014_x86_64 -d .whl webdataset==1.0.2 braceexpand==0.1.7
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
