@@ -22,8 +22,7 @@ from fourm_kfp.data.modality_visuals import visualize
 from fourm_kfp.model.generation import Generated, Generator, SamplingArgs
 from fourm_kfp.tokenizers.bundle import load_tokenizers
 from fourm_kfp.storage import open_store
-from fourm_kfp.train.export import (WEIGHTS, load_model, read_weights, snapshot_key,
-                                    snapshot_steps)
+from fourm_kfp.train.export import load_model, read_weights, snapshot_steps, weights_key
 
 
 class AnyToAny:
@@ -51,8 +50,7 @@ class AnyToAny:
 
     def use_weights(self, snapshot: int | None) -> None:
         """Generate with the weights of the snapshot at step ``snapshot`` from now on (``None``: the final ones)."""
-        key = WEIGHTS if snapshot is None else snapshot_key(snapshot)
-        self.model.load_state_dict(read_weights(self.model_store, key), strict=True)
+        self.model.load_state_dict(read_weights(self.model_store, weights_key(snapshot)), strict=True)
 
     # -- values <-> tokens ---------------------------------------------------------------------------------------
 

@@ -38,6 +38,11 @@ def snapshot_key(step: int) -> str:
     return f"{SNAPSHOTS}/step-{step:08d}.safetensors"
 
 
+def weights_key(snapshot: int | None = None) -> str:
+    """Where the final weights (``None``) or the snapshot at step ``snapshot`` are in a pretrain output."""
+    return WEIGHTS if snapshot is None else snapshot_key(snapshot)
+
+
 def snapshot_steps(output: Store) -> list[int]:
     """The steps of the weight snapshots in a pretrain output, in order."""
     return sorted(int(m.group(1)) for key in output.child(SNAPSHOTS).list() if (m := _SNAPSHOT.match(key)))
@@ -112,7 +117,7 @@ def load_model(uri: str | Store, device: str | torch.device = "cpu",
             raise ValueError(f"{store.uri}: no weight snapshot at step {snapshot}; it has "
                              f"{snapshot_steps(store) or 'none'} (train.snapshot_every)")
         card["step"] = snapshot
-    model.load_state_dict(read_weights(store, WEIGHTS if snapshot is None else snapshot_key(snapshot)), strict=True)
+    model.load_state_dict(read_weights(store, weights_key(snapshot)), strict=True)
     return model.to(device).eval(), card
 
 

@@ -24,11 +24,11 @@ from fourm_kfp.contract import StageContext, StageResult
 from fourm_kfp.data.token_loader import TokenLoader, validation_batches
 from fourm_kfp.model.fourm import FourM, flops_per_token
 from fourm_kfp.model.parallelize import parallelize, unwrap
+from fourm_kfp.storage import Store
 from fourm_kfp.train import curves
 from fourm_kfp.train.build import TrainingInputs, loader_args, masking_args, modality_specs, model_args
 from fourm_kfp.train.checkpoint import CheckpointManager, complete_checkpoints, find_checkpoint
-from fourm_kfp.train.export import (export_model, full_state_dict, put_weights, snapshot_key,
-                                    snapshot_steps)
+from fourm_kfp.train.export import export_model, full_state_dict, put_weights, snapshot_key, snapshot_steps
 from fourm_kfp.train.hardware import peak_flops, resolve_precision, training_device, training_nondeterminism
 from fourm_kfp.train.metrics import ConsoleSink, JsonLinesSink, MetricWriter, TrackerSink
 from fourm_kfp.train.optimizer import Schedule, build_optimizer, peak_learning_rate
@@ -182,7 +182,7 @@ def pretrain(ctx: StageContext) -> StageResult:
                        metrics=metrics, nondeterminism=training_nondeterminism(device))
 
 
-def _snapshot(model: torch.nn.Module, store: Any, step: int) -> None:
+def _snapshot(model: torch.nn.Module, store: Store, step: int) -> None:
     """``train.snapshot_every``: the weights at ``step`` beside the model (gathered on every rank, written by
     rank 0)."""
     state = full_state_dict(model)
@@ -249,8 +249,8 @@ def _report(trainer: Trainer, marginal: dict[str, float], card: dict, state: Any
 
 def _throughput(writer: MetricWriter) -> dict[str, float]:
     """Mean tokens/s and MFU of the logged intervals after the first (which includes start-up): wall-clock
-    measures, so they go to the manifest and MLflow, never into the report files. Absent when there was no such
-    interval (a run shorter than two log intervals): a NaN would not pass through KFP's output metadata."""
+    measures, so they go to the manifest and MLflow, never into the report files; absent when there was no such
+    interval (a run shorter than two log intervals)."""
     lines = [h for h in writer.history if "tokens_per_s" in h][1:]
     means = {key: float(np.mean([h[key] for h in lines if key in h] or [math.nan])) for key in ("tokens_per_s", "mfu")}
     return {key: value for key, value in means.items() if math.isfinite(value)}
