@@ -20,7 +20,7 @@ from fourm_kfp.contract.manifest import MANIFEST_NAME
 from fourm_kfp.contract.runner import part_key
 from fourm_kfp.data.pretokenized import INDEX_FILE, decode_member
 from fourm_kfp.data.shard_stream import iter_split
-from fourm_kfp.data.shard_writer import add_member, keys_key, shard_key
+from fourm_kfp.data.shard_writer import TarSpool, keys_key, shard_key
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers import shard_crops
@@ -91,13 +91,14 @@ def test_decode_workers_write_the_bytes_of_the_reader_thread(upstream, tmp_path,
     assert len(files) > 20 and files == _token_files(pooled.output_uri)
 
 
-def _corrupt_member(store, key: str, member: str) -> None:
+def _corrupt_member(store, key: str, member: str, spool: Path) -> None:
     """Rewrite the tar at ``key`` with ``member``'s bytes replaced by garbage (a well-formed tar, a bad PNG)."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=io.BytesIO(store.get_bytes(key))) as tar, tarfile.open(fileobj=out, mode="w") as new:
+    new = TarSpool(str(spool))
+    with tarfile.open(fileobj=io.BytesIO(store.get_bytes(key))) as tar:
         for info in tar.getmembers():
-            add_member(new, info.name, b"not a png" if info.name == member else tar.extractfile(info).read())
-    store.put_bytes(key, out.getvalue())
+            new.add(info.name, b"not a png" if info.name == member else tar.extractfile(info).read())
+    new.close()
+    store.put_file(key, str(spool))
 
 
 def test_a_corrupt_member_in_a_worker_names_the_shard_and_leaves_no_process(upstream, tmp_path):
@@ -107,7 +108,7 @@ def test_a_corrupt_member_in_a_worker_names_the_shard_and_leaves_no_process(upst
     shutil.copytree(inputs["prepare-data"], data_dir)
     data = open_store(str(data_dir))
     key = data.get_text(keys_key("train", 1)).split()[2]
-    _corrupt_member(data, shard_key("train", "depth", 1), f"{key}.png")
+    _corrupt_member(data, shard_key("train", "depth", 1), f"{key}.png", tmp_path / "spool.tar")
     root = open_store(str(tmp_path / "out"), create=True)
     with pytest.raises(CropError, match=rf"train/depth/shard-000001\.tar: member {key}\.png .*cannot be decoded"):
         run_stage_part(SPEC, config, root, 0, 1, input_uris={**inputs, "prepare-data": str(data_dir)})
