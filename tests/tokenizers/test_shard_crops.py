@@ -1,7 +1,9 @@
 """Decoding and cropping shard chunks: the auto worker count, and chunks cropped in a worker process equal the
-reader thread's, with their crops back through shared memory and in order."""
+reader thread's, with their crops back through shared memory and in order; a worker that dies names the shard."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -9,8 +11,8 @@ import pytest
 from fourm_kfp.data.crops import apply_crop, draw_crops
 from fourm_kfp.data.shard_writer import ShardWriter, encode_sample
 from fourm_kfp.storage import open_store
-from fourm_kfp.tokenizers.shard_crops import (MAX_AUTO_DECODE_WORKERS, CropSettings, ShardJob, crop_chunk,
-                                              crop_executor, cropped, decode_workers, raw_chunks)
+from fourm_kfp.tokenizers.shard_crops import (MAX_AUTO_DECODE_WORKERS, CropSettings, DecodeWorkerError, ShardJob,
+                                              crop_chunk, crop_executor, cropped, decode_workers, raw_chunks)
 
 MODALITIES = ("rgb", "depth", "caption", "det")
 SETTINGS = CropSettings(3, (0.5, 1.0), (0.75, 1.33), 0.5, 7)
@@ -72,3 +74,13 @@ def test_a_worker_crops_as_the_reader_thread_through_shared_memory(shard):
     views = [apply_crop(sample, c, SIZE) for c in draw_crops(key, 7, 3, SIZE, (0.5, 1.0), (0.75, 1.33), 0.5)]
     assert np.array_equal(pooled[1].images["rgb"].crops[3:6].numpy(), np.stack([v["rgb"] for v in views]))
     assert pooled[1].values[1]["det"] == [v["det"] for v in views]
+
+
+def test_a_worker_that_dies_is_named_with_the_shard():
+    pool = crop_executor(1)
+    try:
+        future = pool.submit(os._exit, 1)  # as the OOM killer or a bus error would end it
+        with pytest.raises(DecodeWorkerError, match="decode worker died while cropping s3://b/train/_keys/shard-0000"):
+            cropped(future, "s3://b/train/_keys/shard-000003.txt")
+    finally:
+        pool.shutdown()
