@@ -7,7 +7,9 @@ processes (forkserver, so a parent with CUDA initialised is safe), or, with 0 wo
 aligned crops with :mod:`fourm_kfp.data.crops`, exactly as a single thread would (the output bytes do not depend
 on the worker count), and returns the chunk's crops of each image modality stacked in one tensor
 ``[samples * n_crops, H, W(, C)]``. Tensors returned by a worker travel through shared memory (torch registers its
-reductions with the pickler ``multiprocessing`` uses), not through the result pipe. A sample that cannot be
+reductions with the pickler ``multiprocessing`` uses), not through the result pipe: the chunks in flight (about
+``2 * workers`` of up to ~21 MiB) live in ``/dev/shm``, so a container needs more than Docker's and Kubernetes'
+64 MiB default there (an in-memory ``emptyDir``, as the training job templates mount). A sample that cannot be
 decoded or cropped is a :class:`CropError` naming the shard, the modality's tar and the key; a worker that dies is
 a :class:`DecodeWorkerError` naming the shard.
 """
