@@ -13,7 +13,7 @@ import pytest
 from fourm_kfp.data.shard_stream import (MissingModalityError, ShardMismatchError, ShardReadError, _tar_members,
                                          available_modalities, iter_joined_shard, iter_split, iter_texts,
                                          shard_indices)
-from fourm_kfp.data.shard_writer import ShardWriter, add_member, encode_sample, keys_key, shard_key
+from fourm_kfp.data.shard_writer import ShardWriter, encode_sample, keys_key, shard_key
 from fourm_kfp.storage import open_store
 
 MODALITIES = ("rgb", "semseg", "caption")
@@ -110,12 +110,9 @@ def _tar_bytes(members, fmt=tarfile.USTAR_FORMAT) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=fmt) as tar:
         for name, data in members:
-            if fmt == tarfile.USTAR_FORMAT:
-                add_member(tar, name, data)
-            else:
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
 
 

@@ -8,7 +8,7 @@ import tarfile
 import numpy as np
 
 from fourm_kfp.data.modalities import MODALITIES
-from fourm_kfp.data.shard_writer import ShardWriter, encode_sample
+from fourm_kfp.data.shard_writer import ShardWriter, TarSpool, encode_sample
 from fourm_kfp.storage import open_store
 
 
@@ -67,6 +67,26 @@ def test_same_samples_give_identical_shard_bytes(tmp_path):
         writer.close()
         digests.append(store.get_bytes("train/rgb/shard-000000.tar"))
     assert digests[0] == digests[1]
+
+
+def test_the_tar_spool_writes_the_bytes_tarfile_writes(tmp_path):
+    """Names short, of exactly 100 bytes, longer (tarfile splits them), non-ASCII; sizes around a block; an empty
+    tar; archives ending on either side of a record boundary."""
+    rng = np.random.default_rng(0)
+    names = ["0001.png", "k" * 96 + ".npy", "d" * 60 + "/" + "k" * 60 + ".json", "caf\u00e9.txt"]
+    cases = [[], [(n, rng.bytes(size)) for n in names for size in (0, 1, 511, 512, 513)],
+             [("a.npy", rng.bytes(9 * 512))], [("a.npy", rng.bytes(17 * 512))]]
+    for i, members in enumerate(cases):
+        spool = TarSpool(str(tmp_path / f"{i}.tar"))
+        reference = io.BytesIO()
+        with tarfile.open(fileobj=reference, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for name, data in members:
+                spool.add(name, data)
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode, info.uname, info.gname = len(data), 0, 0o644, "", ""
+                tar.addfile(info, io.BytesIO(data))
+        spool.close()
+        assert (tmp_path / f"{i}.tar").read_bytes() == reference.getvalue()
 
 
 def test_modality_codecs_round_trip():

@@ -111,7 +111,7 @@ def test_an_out_of_step_shard_is_an_error_naming_both_files(pretokenized, tmp_pa
         list(itertools.islice(TokenLoader(args).batches(), 20))
 
 
-@pytest.mark.parametrize("array", [
+NPY_ARRAYS = [
     np.arange(4 * 14 * 14, dtype=np.uint16).reshape(4, 14, 14),  # token grids (the fast path)
     np.zeros((2, 8, 8, 3), np.uint8),  # rgb crops
     np.arange(6, dtype=">i4").reshape(2, 3),  # big-endian
@@ -119,7 +119,17 @@ def test_an_out_of_step_shard_is_an_error_naming_both_files(pretokenized, tmp_pa
     np.zeros((0, 3), np.float32),  # empty
     np.asfortranarray(np.arange(12.0).reshape(3, 4)),  # Fortran order: np.load's path
     np.array(["text"]),  # unicode: np.load's path
-])
+]
+
+
+@pytest.mark.parametrize("array", NPY_ARRAYS)
+def test_npy_members_are_the_bytes_np_save_writes(array):
+    expected = io.BytesIO()
+    np.save(expected, np.ascontiguousarray(array), allow_pickle=False)
+    assert encode_member("tok_rgb", array) == expected.getvalue()
+
+
+@pytest.mark.parametrize("array", NPY_ARRAYS)
 def test_npy_members_decode_as_np_load_does(array):
     data = encode_member("tok_rgb", array)
     decoded = decode_npy(data)

@@ -1,9 +1,14 @@
-"""The pretokenize stage: byte-identical reruns into fresh stores (local and S3), a killed worker redoing only the
-missing shards, fan-out parts equal to one worker, and real data with only rgb and captions."""
+"""The pretokenize stage: byte-identical reruns into fresh stores (local and S3), decode worker processes giving the
+bytes of the reader thread, a corrupt member named in a clear error with no process left behind, a killed worker
+redoing only the missing shards, fan-out parts equal to one worker, and real data with only rgb and captions."""
 
 from __future__ import annotations
 
+import io
 import json
+import multiprocessing
+import shutil
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +20,11 @@ from fourm_kfp.contract.manifest import MANIFEST_NAME
 from fourm_kfp.contract.runner import part_key
 from fourm_kfp.data.pretokenized import INDEX_FILE, decode_member
 from fourm_kfp.data.shard_stream import iter_split
-from fourm_kfp.data.shard_writer import keys_key
+from fourm_kfp.data.shard_writer import TarSpool, keys_key, shard_key
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
+from fourm_kfp.tokenizers import shard_crops
+from fourm_kfp.tokenizers.shard_crops import CropError
 
 SPEC = get_stage("pretokenize")
 OVERRIDES = ["prepare_data.samples_per_shard=6"]  # smoke: 16 train samples -> 3 shards, 8 val -> 2
@@ -64,6 +71,52 @@ def test_reruns_into_fresh_stores_are_byte_identical(upstream, any_store_uri, tm
     assert first.output_uri.rsplit("/", 1)[1] == second.output_uri.rsplit("/", 1)[1]  # same address
     files = _token_files(first.output_uri)
     assert len(files) > 20 and files == _token_files(second.output_uri)
+
+
+def _part_metrics(output_uri: str) -> dict[str, float]:
+    return json.loads(open_store(output_uri).get_bytes(part_key(0, 1)))["metrics"]
+
+
+def test_decode_workers_write_the_bytes_of_the_reader_thread(upstream, tmp_path, monkeypatch):
+    _, inputs = upstream
+    # batches of 5 crops: with 3-sample chunks (6 crops) in the workers, batches straddle chunks
+    config = lambda workers: load_config("smoke", overrides=OVERRIDES + [  # noqa: E731
+        f"pretokenize.decode_workers={workers}", "pretokenize.batch_size=5"])
+    inline = run_stage(SPEC, config(0), open_store(str(tmp_path / "inline"), create=True), input_uris=inputs)
+    monkeypatch.setattr(shard_crops, "CHUNK_PIXELS", 3 * 2 * 64 * 64)
+    pooled = run_stage(SPEC, config(2), open_store(str(tmp_path / "pooled"), create=True), input_uris=inputs)
+    assert _part_metrics(inline.output_uri)["decode_workers"] == 0
+    assert _part_metrics(pooled.output_uri)["decode_workers"] == 2
+    files = _token_files(inline.output_uri)
+    assert len(files) > 20 and files == _token_files(pooled.output_uri)
+
+
+def _corrupt_member(store, key: str, member: str, spool: Path) -> None:
+    """Rewrite the tar at ``key`` with ``member``'s bytes replaced by garbage (a well-formed tar, a bad PNG)."""
+    new = TarSpool(str(spool))
+    with tarfile.open(fileobj=io.BytesIO(store.get_bytes(key))) as tar:
+        for info in tar.getmembers():
+            new.add(info.name, b"not a png" if info.name == member else tar.extractfile(info).read())
+    new.close()
+    store.put_file(key, str(spool))
+
+
+def test_a_corrupt_member_in_a_worker_names_the_shard_and_leaves_no_process(upstream, tmp_path):
+    config, inputs = upstream
+    config = load_config("smoke", overrides=OVERRIDES + ["pretokenize.decode_workers=2"])
+    data_dir = tmp_path / "data"
+    shutil.copytree(inputs["prepare-data"], data_dir)
+    data = open_store(str(data_dir))
+    key = data.get_text(keys_key("train", 1)).split()[2]
+    _corrupt_member(data, shard_key("train", "depth", 1), f"{key}.png", tmp_path / "spool.tar")
+    root = open_store(str(tmp_path / "out"), create=True)
+    with pytest.raises(CropError, match=rf"train/depth/shard-000001\.tar: member {key}\.png .*cannot be decoded"):
+        run_stage_part(SPEC, config, root, 0, 1, input_uris={**inputs, "prepare-data": str(data_dir)})
+    assert multiprocessing.active_children() == []  # the decode pool was shut down
+    out = open_store(root.uri_of(SPEC.name)).list()
+    committed = {k for k in out if "/_keys/" in k}
+    assert any(k.endswith("train/_keys/shard-000000.txt") for k in committed)  # kept for a rerun
+    assert not any(k.endswith("train/_keys/shard-000001.txt") for k in committed)
 
 
 def test_a_killed_worker_redoes_only_the_missing_shard(upstream, tmp_path):

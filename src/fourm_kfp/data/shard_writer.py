@@ -6,12 +6,12 @@ shard. Each shard also has a key index, ``<split>/_keys/shard-000000.txt`` (its 
 written after the shard's tars: it is how readers join the modalities by key (a key a modality lacks is absent
 for that sample, never a dropped sample) and the marker that the shard is complete. Tars are built in a local
 spool file with fixed metadata (so equal content gives equal bytes) and uploaded through the
-:class:`~fourm_kfp.storage.Store` in one atomic put each.
+:class:`~fourm_kfp.storage.Store` in one atomic put each. They are the bytes ``tarfile`` writes (ustar format), built
+from a header template: ``tarfile`` spends ~50 µs a member, which capped the pretokenize writer at ~1,300 samples/s.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import tarfile
 import tempfile
@@ -34,10 +34,48 @@ def keys_key(split: str, index: int) -> str:
     return f"{split}/{KEYS_DIR}/shard-{index:06d}.txt"
 
 
-def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
+    """A member with the fixed metadata of our shards (no time, no owner)."""
     info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode, info.uname, info.gname = len(data), 0, 0o644, "", ""
-    tar.addfile(info, io.BytesIO(data))
+    info.size, info.mtime, info.mode, info.uname, info.gname = size, 0, 0o644, "", ""
+    return info
+
+
+_TEMPLATE = _tarinfo("", 0).tobuf(tarfile.USTAR_FORMAT)
+_NAME, _SIZE, _CHECKSUM = slice(0, 100), slice(124, 136), slice(148, 156)
+
+
+def member_header(name: str, size: int) -> bytes:
+    """The ustar header ``tarfile`` writes for member ``name`` of ``size`` bytes: its header for an empty name and
+    size with those two fields and the checksum filled in (``tarfile`` itself for names over 100 bytes, which it
+    splits)."""
+    encoded = name.encode(tarfile.ENCODING, "surrogateescape")
+    if len(encoded) > _NAME.stop or size >= 8**11:
+        return _tarinfo(name, size).tobuf(tarfile.USTAR_FORMAT)
+    header = b"".join((encoded.ljust(_NAME.stop, b"\0"), _TEMPLATE[_NAME.stop:_SIZE.start], b"%011o\0" % size,
+                       _TEMPLATE[_SIZE.stop:_CHECKSUM.start], b" " * 8, _TEMPLATE[_CHECKSUM.stop:]))
+    return b"".join((header[:_CHECKSUM.start], b"%06o\0 " % sum(header), header[_CHECKSUM.stop:]))
+
+
+class TarSpool:
+    """A ustar tar written to a local file member by member: the bytes ``tarfile`` writes for the same members."""
+
+    def __init__(self, path: str):
+        self._file = open(path, "wb")
+        self._offset = 0
+
+    def add(self, name: str, data: bytes) -> None:
+        padding = -len(data) % tarfile.BLOCKSIZE
+        self._file.write(member_header(name, len(data)))
+        self._file.write(data)
+        self._file.write(b"\0" * padding)
+        self._offset += tarfile.BLOCKSIZE + len(data) + padding
+
+    def close(self) -> None:
+        """The end-of-archive blocks, then zeros to a whole record (as ``tarfile`` does)."""
+        end = 2 * tarfile.BLOCKSIZE
+        self._file.write(b"\0" * (end + -(self._offset + end) % tarfile.RECORDSIZE))
+        self._file.close()
 
 
 class ShardWriter:
@@ -58,7 +96,7 @@ class ShardWriter:
         self.samples = 0
         self.shards = 0
         self._spool = tempfile.TemporaryDirectory(prefix="fourm-shards-")
-        self._open: dict[str, tarfile.TarFile] = {}
+        self._open: dict[str, TarSpool] = {}
         self._seen: set[str] = set()
 
     def write(self, key: str, encoded: Mapping[str, bytes]) -> None:
@@ -68,9 +106,8 @@ class ShardWriter:
             if modality not in self.modalities:
                 continue
             if modality not in self._open:
-                path = os.path.join(self._spool.name, f"{modality}.tar")
-                self._open[modality] = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
-            add_member(self._open[modality], f"{key}.{self.ext(modality)}", data)
+                self._open[modality] = TarSpool(os.path.join(self._spool.name, f"{modality}.tar"))
+            self._open[modality].add(f"{key}.{self.ext(modality)}", data)
             self.counts[modality] += 1
             self._seen.add(modality)
         self._keys.append(key)
@@ -82,8 +119,7 @@ class ShardWriter:
         index = self.first_index + self.shards
         for modality in sorted(self._seen):
             path = os.path.join(self._spool.name, f"{modality}.tar")
-            tar = self._open.pop(modality, None) or tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
-            tar.close()
+            (self._open.pop(modality, None) or TarSpool(path)).close()
             self.store.put_file(shard_key(self.split, modality, index), path)
             os.unlink(path)
         self.store.put_text(keys_key(self.split, index), "".join(f"{k}\n" for k in self._keys))
@@ -101,7 +137,7 @@ class ShardWriter:
         """A modality first seen after shard 0 gets empty tars for the earlier shards, so indices align."""
         existing = set(self.store.list(self.split))
         empty = os.path.join(self._spool.name, "empty.tar")
-        tarfile.open(empty, "w", format=tarfile.USTAR_FORMAT).close()
+        TarSpool(empty).close()
         for modality in sorted(self._seen):
             for index in range(self.first_index, self.first_index + self.shards):
                 key = shard_key(self.split, modality, index)

@@ -31,7 +31,8 @@ def _plan(ctx: StageContext) -> dict[str, Any]:
     """What this dataset pretokenizes: input modalities, tokenizers, output names and shard jobs."""
     from fourm_kfp.data.modalities import IMAGE_MODALITIES, SEQUENCE_MODALITIES
     from fourm_kfp.data.shard_stream import available_modalities, shard_indices
-    from fourm_kfp.tokenizers.pretokenizer import ShardJob, output_names
+    from fourm_kfp.tokenizers.pretokenizer import output_names
+    from fourm_kfp.tokenizers.shard_crops import ShardJob
 
     data = ctx.inputs[DATA].store
     index = json.loads(ctx.inputs[TOKENIZERS].store.get_bytes("tokenizers.json"))
@@ -51,7 +52,8 @@ def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
     from fourm_kfp.data.shard_writer import keys_key
     from fourm_kfp.progress import LineProgress
     from fourm_kfp.tokenizers.bundle import load_tokenizers
-    from fourm_kfp.tokenizers.pretokenizer import CropSettings, Pretokenizer, pretokenize_shards
+    from fourm_kfp.tokenizers.pretokenizer import Pretokenizer, pretokenize_shards
+    from fourm_kfp.tokenizers.shard_crops import CropSettings, decode_workers
 
     cfg = ctx.config.pretokenize
     plan = _plan(ctx)
@@ -64,10 +66,12 @@ def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
     data = ctx.inputs[DATA].store
     total = sum(len(data.get_text(keys_key(j.split, j.index)).split()) for j in jobs)  # small key indexes
     bar = LineProgress(total, f"pretokenize part {part + 1}/{parts}", "samples", interval=10.0)
+    workers = decode_workers(cfg.decode_workers)
+    log.info("pretokenize part %d/%d: %d decode workers", part + 1, parts, workers)
     stats = pretokenize_shards(ctx.inputs[DATA].store, ctx.output, jobs, plan["read"], pretokenizer,
-                               plan["names"], progress=lambda n, total, s: bar.update(n))
+                               plan["names"], workers, progress=lambda n, total, s: bar.update(n))
     bar.close()
-    stats["encoded_images"] = float(pretokenizer.encoded_images)
+    stats["encoded_images"], stats["decode_workers"] = float(pretokenizer.encoded_images), float(workers)
     stats["samples_per_s"] = stats["samples"] / max(stats["seconds"], 1e-9)
     return StageResult(counts={"shards": [[j.split, j.index] for j in jobs]}, metrics=stats)
 

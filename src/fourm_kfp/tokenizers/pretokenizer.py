@@ -2,47 +2,45 @@
 
 Input shard ``i`` of a split becomes output shard ``i`` (the layout of :mod:`fourm_kfp.data.pretokenized`), so
 work splits into independent shards: a fan-out worker takes some of them, and a shard whose key index already
-exists in the output is committed and skipped (the shard writer puts the key index last). Inside a worker a
-reader thread streams and crops the next shard while the main thread encodes batches in inference mode (bf16
-autocast on CUDA) and a writer thread builds and uploads the finished shard, so the encoder is the bottleneck.
+exists in the output is committed and skipped (the shard writer puts the key index last). Inside a worker three
+threads and a pool of processes keep the encoder busy:
+
+* a reader thread streams each shard's stored bytes in chunks and submits them to the decode workers
+  (:mod:`fourm_kfp.tokenizers.shard_crops`: ``pretokenize.decode_workers`` processes decode and crop in parallel
+  and return each image modality's crops stacked in one tensor in shared memory; with 0 workers the reader thread
+  does it), a bounded number of chunks ahead, in order;
+* the main thread only feeds the encoders: each modality's crops go through in the batches the whole shard gives
+  (``batch_size`` images in sample order, whatever the chunking, so the tokens do not depend on it) in inference
+  mode (bf16 autocast on CUDA, batches copied from pinned memory), tokens kept on the device until a chunk is
+  complete;
+* a writer thread serialises each completed chunk's members and streams them into the shard's tars, then commits
+  the shard (its key index last).
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from concurrent.futures import Executor, Future
+from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from fourm_kfp.data.crops import apply_crop, draw_crops
 from fourm_kfp.data.pretokenized import CROP, encode_member, member_ext, token_dtype, token_name
-from fourm_kfp.data.shard_stream import iter_joined_shard
 from fourm_kfp.data.shard_writer import ShardWriter, keys_key
 from fourm_kfp.storage import Store
+from fourm_kfp.tokenizers.shard_crops import (CropSettings, CroppedChunk, ShardJob, chunk_samples, crop_chunk,
+                                              crop_executor, cropped, raw_chunks)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CropSettings:
-    n_crops: int
-    scale: tuple[float, float]
-    ratio: tuple[float, float]
-    flip_probability: float
-    seed: int
-
-
-@dataclass
-class ShardJob:
-    """One input shard to pretokenize."""
-
-    split: str
-    index: int
+#: A chunk with the token grids of its image modalities (``[rows * n_crops, h, w]``, the codebook's dtype).
+Encoded = tuple[CroppedChunk, dict[str, np.ndarray]]
 
 
 def output_names(image_modalities: Sequence[str], text_modalities: Sequence[str], keep_rgb: bool) -> list[str]:
@@ -51,8 +49,27 @@ def output_names(image_modalities: Sequence[str], text_modalities: Sequence[str]
     return names + (["rgb"] if keep_rgb else []) + [CROP]
 
 
+def _take(pieces: list[torch.Tensor], n: int) -> torch.Tensor:
+    """The first ``n`` rows of the concatenated ``pieces``, removed from them (a view when one piece holds them)."""
+    parts = []
+    while n:
+        head = pieces[0]
+        if len(head) <= n:
+            parts.append(pieces.pop(0))
+        else:
+            parts.append(head[:n])
+            pieces[0] = head[n:]
+        n -= len(parts[-1])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _by_sample(rows: Sequence[int], array: Any, n: int) -> dict[int, Any]:
+    """Chunk position → its ``n`` crops in ``array`` (the crops of the samples at ``rows``, in order)."""
+    return {i: array[j * n:(j + 1) * n] for j, i in enumerate(rows)}
+
+
 class Pretokenizer:
-    """Turns the samples of a shard into pretokenized members with a tokenizer bundle."""
+    """Turns cropped chunks of a shard into pretokenized members with a tokenizer bundle."""
 
     def __init__(self, tokenizers: dict[str, Any], image_size: int, crops: CropSettings, batch_size: int,
                  device: torch.device, text_modalities: Sequence[str], keep_rgb: bool):
@@ -62,115 +79,182 @@ class Pretokenizer:
         self.dtypes = {m: token_dtype(t.config.codebook_size) for m, t in tokenizers.items()}
         self.encoded_images = 0
 
-    def crop_sample(self, key: str, sample: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        crops = draw_crops(key, self.crops.seed, self.crops.n_crops, self.image_size, self.crops.scale,
-                           self.crops.ratio, self.crops.flip_probability)
-        return [apply_crop(sample, c, self.image_size) for c in crops], [c.to_dict() for c in crops]
-
     @torch.inference_mode()
-    def encode(self, modality: str, arrays: list[np.ndarray]) -> np.ndarray:
-        """Token grids ``[N, h, w]`` of ``arrays`` in batches (bf16 autocast on CUDA)."""
-        out = []
-        tokenizer = self.tokenizers[modality]
-        for start in range(0, len(arrays), self.batch_size):
-            batch = np.stack(arrays[start:start + self.batch_size])
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-                tokens = tokenizer.encode(batch)
-            out.append(tokens.to("cpu", torch.int64).numpy())
-            self.encoded_images += len(batch)
-        return np.concatenate(out).astype(self.dtypes[modality])
+    def encode(self, modality: str, batch: torch.Tensor) -> torch.Tensor:
+        """Token grids ``[B, h, w]`` (int64, on the device) of one batch of crops (bf16 autocast on CUDA)."""
+        if self.device.type == "cuda":
+            batch = batch.pin_memory().to(self.device, non_blocking=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            tokens = self.tokenizers[modality].encode(batch)
+        self.encoded_images += len(batch)
+        return tokens
 
-    def members(self, cropped: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]]
-                ) -> list[tuple[str, dict[str, bytes]]]:
-        """``(key, {name: bytes})`` for the cropped samples of one shard, in order."""
+    def to_host(self, modality: str, tokens: torch.Tensor) -> np.ndarray:
+        return tokens.to("cpu", torch.int64).numpy().astype(self.dtypes[modality])
+
+    def members(self, chunk: CroppedChunk, tokens: dict[str, np.ndarray]) -> Iterator[tuple[str, dict[str, bytes]]]:
+        """``(key, {name: bytes})`` for the samples of an encoded chunk, in order."""
         n = self.crops.n_crops
-        out: list[tuple[str, dict[str, bytes]]] = [(key, {}) for key, _, _ in cropped]
-        for modality in self.tokenizers:
-            rows = [i for i, (_, views, _) in enumerate(cropped) if modality in views[0]]
-            if not rows:
-                continue
-            grids = self.encode(modality, [view[modality] for i in rows for view in cropped[i][1]])
-            for j, i in enumerate(rows):
-                out[i][1][token_name(modality)] = encode_member(token_name(modality), grids[j * n:(j + 1) * n])
-        for i, (key, views, crop_params) in enumerate(cropped):
-            members = out[i][1]
-            if self.keep_rgb and "rgb" in views[0]:
-                members["rgb"] = encode_member("rgb", np.stack([v["rgb"] for v in views]).astype(np.uint8))
+        grids = {m: _by_sample(chunk.images[m].rows, grid, n) for m, grid in tokens.items()}
+        keep_rgb = self.keep_rgb and "rgb" in chunk.images
+        rgb = _by_sample(chunk.images["rgb"].rows, chunk.images["rgb"].crops.numpy(), n) if keep_rgb else {}
+        for i, key in enumerate(chunk.keys):
+            members = {token_name(m): encode_member(token_name(m), g[i]) for m, g in grids.items() if i in g}
+            if i in rgb:
+                members["rgb"] = encode_member("rgb", rgb[i])
             for modality in self.text_modalities:
-                if modality in views[0]:
-                    value = [v[modality] for v in views] if member_ext(modality) == "json" else views[0][modality]
-                    members[modality] = encode_member(modality, value)
-            members[CROP] = encode_member(CROP, crop_params)
-        return out
+                if modality in chunk.values[i]:
+                    views = chunk.values[i][modality]
+                    members[modality] = encode_member(modality, views if member_ext(modality) == "json" else views[0])
+            members[CROP] = encode_member(CROP, chunk.crops[i])
+            yield key, members
 
 
-def _reader(source: Store, jobs: Sequence[ShardJob], modalities: Sequence[str], pretokenizer: Pretokenizer,
-            out: "queue.Queue[Any]") -> None:
+class ShardTokens:
+    """Encodes one shard chunk by chunk, in the batches the whole shard gives, and hands back each chunk once all
+    its crops are encoded."""
+
+    def __init__(self, pretokenizer: Pretokenizer):
+        self.pretokenizer = pretokenizer
+        self.queued: dict[str, list[torch.Tensor]] = {m: [] for m in pretokenizer.tokenizers}  # crops to encode
+        self.grids: dict[str, list[torch.Tensor]] = {m: [] for m in pretokenizer.tokenizers}  # tokens to hand back
+        self.waiting: deque[tuple[CroppedChunk, dict[str, int]]] = deque()  # chunks and their crops per modality
+
+    def add(self, chunk: CroppedChunk) -> list[Encoded]:
+        counts = {}
+        for modality, queued in self.queued.items():
+            if modality in chunk.images:
+                queued.append(chunk.images[modality].crops)
+                counts[modality] = len(queued[-1])
+        self.waiting.append((chunk, counts))
+        self._encode(self.pretokenizer.batch_size)
+        return self._completed()
+
+    def finish(self) -> list[Encoded]:
+        """The chunks still waiting: the last partial batches encoded."""
+        self._encode(1)
+        return self._completed()
+
+    def _encode(self, at_least: int) -> None:
+        size = self.pretokenizer.batch_size
+        for modality, queued in self.queued.items():
+            while (count := sum(len(t) for t in queued)) >= at_least:
+                self.grids[modality].append(self.pretokenizer.encode(modality, _take(queued, min(size, count))))
+
+    def _completed(self) -> list[Encoded]:
+        done = []
+        while self.waiting and all(sum(len(t) for t in self.grids[m]) >= n for m, n in self.waiting[0][1].items()):
+            chunk, counts = self.waiting.popleft()
+            done.append((chunk, {m: self.pretokenizer.to_host(m, _take(self.grids[m], n)) for m, n in counts.items()}))
+        return done
+
+
+def _reader(source: Store, jobs: Sequence[ShardJob], modalities: Sequence[str], crop: Callable[..., CroppedChunk],
+            size: int, executor: Executor, out: "queue.Queue[Any]", stop: threading.Event) -> None:
+    """``(job, shard URI, future chunk)`` for every chunk, then ``(job, URI, None)`` at the end of each shard."""
     try:
         for job in jobs:
-            cropped = [(key, *pretokenizer.crop_sample(key, sample))
-                       for key, sample in iter_joined_shard(source, job.split, job.index, modalities)]
-            out.put((job, cropped))
+            shard = source.uri_of(keys_key(job.split, job.index))
+            for chunk in raw_chunks(source, job, modalities, size):
+                if stop.is_set():
+                    return
+                out.put((job, shard, executor.submit(crop, chunk)))
+            out.put((job, shard, None))
     except BaseException as exc:  # surfaced in the main thread
         out.put(exc)
     out.put(None)
 
 
-def _writer(target: Store, names: Sequence[str], todo: "queue.Queue[Any]", errors: list[BaseException]) -> None:
+def _writer(target: Store, names: Sequence[str], pretokenizer: Pretokenizer, todo: "queue.Queue[Any]",
+            errors: list[BaseException]) -> None:
+    """Writes ``(job, encoded chunk)`` items into the job's shard, committed by ``(job, None)``."""
+    writer = None
     while (item := todo.get()) is not None:
-        job, members = item
+        job, encoded = item
+        if errors:
+            continue  # the main thread raises the first; drain
         try:
-            writer = ShardWriter(target, job.split, tuple(names), max(len(members), 1), ext=member_ext,
-                                 first_index=job.index)
-            for key, encoded in members:
-                writer.write(key, encoded)
-            if not members:
+            # one output shard per input shard: it never splits (sys.maxsize samples per shard)
+            writer = writer or ShardWriter(target, job.split, tuple(names), sys.maxsize, ext=member_ext,
+                                           first_index=job.index)
+            if encoded is not None:
+                for key, members in pretokenizer.members(*encoded):
+                    writer.write(key, members)
+                continue
+            if not writer.samples:
                 target.put_text(keys_key(job.split, job.index), "")
             writer.close()
+            writer = None
         except BaseException as exc:
             errors.append(exc)
 
 
-def pretokenize_shards(source: Store, target: Store, jobs: Sequence[ShardJob], modalities: Sequence[str],
-                       pretokenizer: Pretokenizer, names: Sequence[str],
-                       progress: Callable[[int, int, float], None] | None = None) -> dict[str, float]:
-    """Pretokenize ``jobs`` (shards already committed in ``target`` are skipped); returns counts and timings."""
+def _skip_committed(target: Store, jobs: Sequence[ShardJob]) -> list[ShardJob]:
+    """The jobs whose shard is not committed in ``target`` (the files of those that are stay in its manifest)."""
     todo = [job for job in jobs if not target.exists(keys_key(job.split, job.index))]
-    skipped = len(jobs) - len(todo)
-    if skipped:
-        log.info("pretokenize: %d of %d shards already committed, %d to do", skipped, len(jobs), len(todo))
+    if len(todo) < len(jobs):
+        log.info("pretokenize: %d of %d shards already committed, %d to do", len(jobs) - len(todo), len(jobs),
+                 len(todo))
         if hasattr(target, "record_existing"):  # their files still belong in the manifest
             done = {(j.split, j.index) for j in jobs} - {(j.split, j.index) for j in todo}
             for key in target.list():
                 parts = key.split("/")
                 if len(parts) == 3 and parts[2][:13].startswith("shard-") and (parts[0], int(parts[2][6:12])) in done:
                     target.record_existing(key)
-    read: "queue.Queue[Any]" = queue.Queue(maxsize=2)
-    write: "queue.Queue[Any]" = queue.Queue(maxsize=2)
+    return todo
+
+
+def pretokenize_shards(source: Store, target: Store, jobs: Sequence[ShardJob], modalities: Sequence[str],
+                       pretokenizer: Pretokenizer, names: Sequence[str], decode_workers: int = 0,
+                       progress: Callable[[int, int, float], None] | None = None) -> dict[str, float]:
+    """Pretokenize ``jobs`` (shards already committed in ``target`` are skipped) with ``decode_workers`` decode
+    processes (0: the reader thread decodes); returns counts and timings."""
+    todo = _skip_committed(target, jobs)
+    executor = crop_executor(decode_workers)
+    read: "queue.Queue[Any]" = queue.Queue(maxsize=max(2, 2 * decode_workers))  # chunks in flight
+    write: "queue.Queue[Any]" = queue.Queue(maxsize=4)
     errors: list[BaseException] = []
-    reader = threading.Thread(target=_reader, args=(source, todo, modalities, pretokenizer, read), daemon=True)
-    writer = threading.Thread(target=_writer, args=(target, names, write, errors), daemon=True)
+    stop = threading.Event()
+    crop = partial(crop_chunk, pretokenizer.crops, pretokenizer.image_size)
+    size = chunk_samples(pretokenizer.crops.n_crops, pretokenizer.image_size)
+    reader = threading.Thread(target=_reader, args=(source, todo, modalities, crop, size, executor, read, stop),
+                              daemon=True)
+    writer = threading.Thread(target=_writer, args=(target, names, pretokenizer, write, errors), daemon=True)
     reader.start()
     writer.start()
     started, samples, encode_seconds = time.monotonic(), 0, 0.0
+    shard = ShardTokens(pretokenizer)
     try:
         while (item := read.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
-            job, cropped = item
+            job, uri, future = item
+            chunk = cropped(future, uri) if future is not None else None
             t0 = time.monotonic()
-            members = pretokenizer.members(cropped)
+            encoded = shard.add(chunk) if chunk is not None else shard.finish()
             encode_seconds += time.monotonic() - t0
-            write.put((job, members))
-            samples += len(cropped)
+            for done in encoded:
+                write.put((job, done))
+            if chunk is None:  # the end of the shard: commit it, start the next
+                write.put((job, None))
+                shard = ShardTokens(pretokenizer)
             if errors:
                 raise errors[0]
-            if progress:
-                progress(len(cropped), samples, time.monotonic() - started)
+            if chunk is not None:
+                samples += len(chunk.keys)
+                if progress:
+                    progress(len(chunk.keys), samples, time.monotonic() - started)
     finally:
+        stop.set()
+        while reader.is_alive():  # unblock the reader's put; it stops before its next chunk
+            try:
+                read.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        executor.shutdown(wait=True, cancel_futures=True)
         write.put(None)
         writer.join()
     if errors:
         raise errors[0]
-    return {"shards_done": float(len(todo)), "shards_skipped": float(skipped), "samples": float(samples),
+    return {"shards_done": float(len(todo)), "shards_skipped": float(len(jobs) - len(todo)), "samples": float(samples),
             "seconds": time.monotonic() - started, "encode_seconds": encode_seconds}

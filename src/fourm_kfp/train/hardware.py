@@ -1,5 +1,6 @@
 """The device a rank trains on, the precision ``auto`` resolves to there, its peak FLOP/s for MFU, and how many
-loader workers it gets.
+loader workers it gets (the CPUs a process may use, and the rule every ``-1`` worker count follows, serve the
+pretokenize stage's decode workers too).
 
 bf16 autocast on CUDA and on CPUs with native bf16 (AVX512-BF16 or AMX); fp32 elsewhere: on AVX2-only CPUs a bf16
 matmul runs ~50x slower than fp32 (DESIGN.md §5). Peak FLOP/s: the vendor's dense bf16/fp32 figure for known
@@ -54,6 +55,13 @@ def available_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     return max(1, min(count, int(quota))) if quota else count
 
 
+def spare_cpu_workers(cpus: int, cap: int) -> int:
+    """Worker processes beside a busy main process on ``cpus`` CPUs: one per CPU less the main one's, at least one,
+    at most ``cap`` (the rule of every ``-1`` worker count: ``train.loader_workers``,
+    ``pretokenize.decode_workers``)."""
+    return max(1, min(cap, cpus - 1))
+
+
 def loader_workers(setting: int, device: torch.device, cpus: int | None = None) -> int:
     """``train.loader_workers``; ``-1``: on a GPU the CPUs of each local rank less one (for the training process), at
     most :data:`MAX_AUTO_LOADER_WORKERS`, so the loader keeps up with the step; on the CPU one (the step itself
@@ -63,7 +71,7 @@ def loader_workers(setting: int, device: torch.device, cpus: int | None = None) 
     if device.type != "cuda":
         return 1
     per_rank = (cpus or available_cpus()) // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
-    return max(1, min(MAX_AUTO_LOADER_WORKERS, per_rank - 1))
+    return spare_cpu_workers(per_rank, MAX_AUTO_LOADER_WORKERS)
 
 
 def cpu_has_native_bf16() -> bool:
