@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    workers = decode_workers(args.decode_workers)
+    workers = decode_workers(args.decode_workers, device)
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(tmp)
         config = load_config("demo", overrides=[

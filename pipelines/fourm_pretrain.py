@@ -36,6 +36,14 @@ def _with_cluster_env(task: dsl.PipelineTask) -> dsl.PipelineTask:
     return task
 
 
+def _with_shared_memory(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """An in-memory ``/dev/shm`` for a step whose worker processes hand tensors back through shared memory (the
+    token loader's workers, pretokenize's decode workers): the container default is 64 MiB. Counted against the
+    step's memory limit."""
+    kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory")
+    return task
+
+
 def _evaluate_on(task: dsl.PipelineTask, accelerator: bool) -> dsl.PipelineTask:
     _with_cluster_env(task).set_display_name("evaluate").set_cpu_limit("8").set_memory_limit("32Gi")
     if accelerator:
@@ -145,10 +153,10 @@ def fourm_pretrain(
         parts = fan_out(width=pretokenize_width, parent_run_id=opener.output, **stage_inputs)
         parts.set_display_name("pretokenize-fan-out")
         with dsl.ParallelFor(parts.output, name="pretokenize-parts") as item:
-            worker = _with_cluster_env(pretokenize_part(
+            worker = _with_shared_memory(_with_cluster_env(pretokenize_part(
                 part=item.part, parts=pretokenize_width, data_uri=item.data_uri, tokenizers_uri=item.tokenizers_uri,
                 parent_run_id=item.parent_run_id, preset=preset, config_overrides=config_overrides,
-                store_uri=store_uri, s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri))
+                store_uri=store_uri, s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri)))
             worker.set_display_name("pretokenize-part")
             worker.set_cpu_limit("8").set_memory_limit("16Gi").set_accelerator_type("nvidia.com/gpu")
             worker.set_accelerator_limit(1)
@@ -163,11 +171,11 @@ def fourm_pretrain(
         # Each branch trains and then evaluates on its kind of node (KFP has no single task after an If/Else).
         with dsl.If(pretrain_launcher == "in-pod", name="pretrain-in-pod"):
             with dsl.If(pretrain_accelerator == "cpu", name="pretrain-on-cpu"):
-                on_cpu = _with_cluster_env(pretrain(launcher="in-pod", **train_args))
+                on_cpu = _with_shared_memory(_with_cluster_env(pretrain(launcher="in-pod", **train_args)))
                 on_cpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
                 _evaluate_on(evaluate(model_uri=on_cpu.outputs["output_uri"], **eval_args), accelerator=False)
             with dsl.Else(name="pretrain-on-accelerator"):
-                on_gpu = _with_cluster_env(pretrain(launcher="in-pod", **train_args))
+                on_gpu = _with_shared_memory(_with_cluster_env(pretrain(launcher="in-pod", **train_args)))
                 on_gpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
                 on_gpu.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
                 _evaluate_on(evaluate(model_uri=on_gpu.outputs["output_uri"], **eval_args), accelerator=True)

@@ -51,3 +51,13 @@ def test_pretrain_launcher_parameters_and_the_light_launcher_pod(tmp_path):
     assert field_envs[launcher] == {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_UID": "metadata.uid",
                                     "FOURM_POD_NAMESPACE": "metadata.namespace"}
     assert sum("accelerator" in r for r in pretrain.values()) == 1  # the in-pod GPU branch
+
+
+def test_steps_with_worker_processes_get_an_in_memory_dev_shm(tmp_path):
+    """pretokenize's decode workers and the in-pod pretrain's loader workers return tensors through /dev/shm,
+    which is 64 MiB in a container unless the pod mounts more; the light steps do not need it."""
+    _, platform = yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text())
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    shm = {"volumeName": "dshm", "mountPath": "/dev/shm", "medium": "Memory"}
+    with_shm = sorted(name for name, e in executors.items() if shm in e.get("emptyDirMounts", []))
+    assert with_shm == ["exec-pretokenize-part", "exec-pretrain", "exec-pretrain-2"], with_shm

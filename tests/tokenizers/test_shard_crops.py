@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from fourm_kfp.data.crops import apply_crop, draw_crops
 from fourm_kfp.data.shard_writer import ShardWriter, encode_sample
@@ -19,17 +20,18 @@ SETTINGS = CropSettings(3, (0.5, 1.0), (0.75, 1.33), 0.5, 7)
 SIZE = 16
 
 
-@pytest.mark.parametrize("setting,cpus,expected", [
-    (-1, 16, MAX_AUTO_DECODE_WORKERS),  # the device machine: 16 cores, one encoding process
-    (-1, 64, MAX_AUTO_DECODE_WORKERS),
-    (-1, 8, 7),  # a pretokenize pod's CPU limit
-    (-1, 2, 1),  # this machine
-    (-1, 1, 1),  # still one worker
-    (0, 64, 0),  # the reader thread
-    (3, 64, 3),
+@pytest.mark.parametrize("setting,device,cpus,expected", [
+    (-1, "cuda", 16, MAX_AUTO_DECODE_WORKERS),  # the device machine: 16 cores, one encoding process
+    (-1, "cuda", 64, MAX_AUTO_DECODE_WORKERS),
+    (-1, "cuda", 8, 7),  # a pretokenize pod's CPU limit
+    (-1, "cuda", 2, 1),
+    (-1, "cuda", 1, 1),  # still one worker
+    (-1, "cpu", 16, 0),  # CPU encoders keep every core busy: the reader thread decodes
+    (0, "cuda", 64, 0),  # the reader thread
+    (3, "cpu", 64, 3),
 ])
-def test_auto_decode_workers_are_the_cpus_less_one(setting, cpus, expected):
-    assert decode_workers(setting, cpus=cpus) == expected
+def test_auto_decode_workers_are_the_cpus_less_one_beside_a_gpu(setting, device, cpus, expected):
+    assert decode_workers(setting, torch.device(device), cpus=cpus) == expected
 
 
 def _samples():

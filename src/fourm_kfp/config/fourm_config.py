@@ -290,8 +290,9 @@ class PretokenizeConfig:
     seed: int = option(0, "crop seed (crops are drawn per sample key)")
     keep_rgb_pixels: bool = option(True, "also store each crop's rgb pixels (pixel-patch input, evaluation)")
     batch_size: int = option(64, "images per encoder forward pass", versioned=False, min=1)
-    decode_workers: int = option(-1, "processes that decode and crop shards beside the encoder (-1: the CPUs less "
-                                 "one, at most 15; 0: the reader thread)", versioned=False, min=-1)
+    decode_workers: int = option(-1, "processes that decode and crop shards beside the encoder (-1: on a GPU the "
+                                 "CPUs less one, at most 15, on the CPU none; 0: the reader thread)",
+                                 versioned=False, min=-1)
     check_samples: int = option(32, "val samples decoded back by the collect step's check", versioned=False, min=0)
     check_tolerance: float = option(0.1, "collect check: allowed relative deviation from the tokenizer report",
                                     versioned=False, min=0.0)

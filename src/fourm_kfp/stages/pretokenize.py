@@ -66,7 +66,7 @@ def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
     data = ctx.inputs[DATA].store
     total = sum(len(data.get_text(keys_key(j.split, j.index)).split()) for j in jobs)  # small key indexes
     bar = LineProgress(total, f"pretokenize part {part + 1}/{parts}", "samples", interval=10.0)
-    workers = decode_workers(cfg.decode_workers)
+    workers = decode_workers(cfg.decode_workers, device)
     log.info("pretokenize part %d/%d: %d decode workers", part + 1, parts, workers)
     stats = pretokenize_shards(ctx.inputs[DATA].store, ctx.output, jobs, plan["read"], pretokenizer,
                                plan["names"], workers, progress=lambda n, total, s: bar.update(n))
