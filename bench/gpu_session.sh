@@ -21,7 +21,7 @@ preset="${PRESET:-gpu-demo}"  # PRESET=smoke rehearses the gpu-demo command on a
 case "${1:?usage: gpu_session.sh benches|gpu-demo}" in
   benches)
     python3 bench/train_step.py --device cuda --shapes 4m-b --compile --output "$out/train_step-4m-b-compile-$gpu-$day.json"
-    python3 bench/pretokenize.py --device cuda --output "$out/pretokenize-$gpu-$day.json"
+    python3 bench/pretokenize.py --device cuda --samples 4096 --output "$out/pretokenize-$gpu-$day.json"
     ;;
   gpu-demo)
     root="runs/$preset"
