@@ -10,10 +10,10 @@ import tarfile
 import numpy as np
 import pytest
 
-from fourm_kfp.data.shard_stream import (MissingModalityError, ShardMismatchError, ShardReadError, _tar_members,
-                                         available_modalities, iter_joined_shard, iter_split, iter_texts,
-                                         shard_indices)
+from fourm_kfp.data.shard_stream import (MissingModalityError, ShardMismatchError, available_modalities,
+                                         iter_joined_shard, iter_split, iter_texts, shard_indices)
 from fourm_kfp.data.shard_writer import ShardWriter, encode_sample, keys_key, shard_key
+from fourm_kfp.data.ustar import ShardReadError, read_members
 from fourm_kfp.storage import open_store
 
 MODALITIES = ("rgb", "semseg", "caption")
@@ -122,8 +122,8 @@ def test_tar_members_read_what_tarfile_reads():
     data = _tar_bytes(members)
     expected = [(m.name, tarfile.open(fileobj=io.BytesIO(data)).extractfile(m).read())
                 for m in tarfile.open(fileobj=io.BytesIO(data)).getmembers()]
-    assert list(_tar_members(io.BytesIO(data), "t.tar")) == expected == members
-    assert list(_tar_members(io.BytesIO(_tar_bytes([])), "empty.tar")) == []
+    assert list(read_members(io.BytesIO(data), "t.tar")) == expected == members
+    assert list(read_members(io.BytesIO(_tar_bytes([])), "empty.tar")) == []
 
 
 @pytest.mark.parametrize("damage,message", [
@@ -135,11 +135,11 @@ def test_tar_members_read_what_tarfile_reads():
 def test_a_damaged_tar_is_an_error_naming_the_shard(damage, message):
     data = damage(_tar_bytes([("k00000.npy", b"y" * 1000)]))
     with pytest.raises(ShardReadError, match=message) as error:
-        list(_tar_members(io.BytesIO(data), "s3://bucket/train/tok_rgb/shard-000000.tar"))
+        list(read_members(io.BytesIO(data), "s3://bucket/train/tok_rgb/shard-000000.tar"))
     assert "shard-000000.tar" in str(error.value)
 
 
 def test_a_pax_tar_is_refused_as_foreign():
     data = _tar_bytes([("é" * 120 + ".npy", b"z")], fmt=tarfile.PAX_FORMAT)
     with pytest.raises(ShardReadError, match="foreign shard"):
-        list(_tar_members(io.BytesIO(data), "x.tar"))
+        list(read_members(io.BytesIO(data), "x.tar"))

@@ -8,7 +8,8 @@ import tarfile
 import numpy as np
 
 from fourm_kfp.data.modalities import MODALITIES
-from fourm_kfp.data.shard_writer import ShardWriter, TarSpool, encode_sample
+from fourm_kfp.data.shard_writer import ShardWriter, encode_sample
+from fourm_kfp.data.ustar import TarSpool
 from fourm_kfp.storage import open_store
 
 

@@ -20,7 +20,8 @@ from fourm_kfp.contract.manifest import MANIFEST_NAME
 from fourm_kfp.contract.runner import part_key
 from fourm_kfp.data.pretokenized import INDEX_FILE, decode_member
 from fourm_kfp.data.shard_stream import iter_split
-from fourm_kfp.data.shard_writer import TarSpool, keys_key, shard_key
+from fourm_kfp.data.shard_writer import keys_key, shard_key
+from fourm_kfp.data.ustar import TarSpool
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers import shard_crops

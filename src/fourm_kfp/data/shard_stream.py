@@ -2,11 +2,11 @@
 
 Shard ``i`` of a split is one tar per modality plus the key index ``<split>/_keys/shard-NNNNNN.txt`` that
 :mod:`fourm_kfp.data.shard_writer` writes. :func:`iter_joined_shard` streams the key index and every modality's
-tar in lockstep (a lean reader of the writer's ustar tars) over ``webdataset``'s ``gopen`` streams (``s3://``
+tar in lockstep (:func:`fourm_kfp.data.ustar.read_members`) over ``webdataset``'s ``gopen`` streams (``s3://``
 through an opener registered with webdataset and backed by :mod:`fourm_kfp.storage`): each key yields one sample
 holding the modalities that have a member for it; a modality lacking the key is absent from that sample. A member
 whose key is not the next expected one (a corrupt or foreign shard) is a :class:`ShardMismatchError` naming both
-shards and the key; a tar that cannot be read is a :class:`ShardReadError` naming it.
+shards and the key; a tar that cannot be read is a :class:`~fourm_kfp.data.ustar.ShardReadError` naming it.
 
 Memory holds one member per modality at a time, or ``shuffle_buffer`` samples with :func:`iter_split`'s bounded
 shuffle.
@@ -20,6 +20,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
 from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.data.shard_writer import KEYS_DIR, keys_key, shard_key
+from fourm_kfp.data.ustar import read_members
 from fourm_kfp.errors import UserError
 from fourm_kfp.storage import Store, is_s3_uri, open_store
 
@@ -33,11 +34,6 @@ class ShardMismatchError(UserError):
 
 class MissingModalityError(UserError, LookupError):
     """A requested modality has no shards in a split."""
-
-
-class ShardReadError(UserError):
-    """A shard tar that cannot be read (a bad header, an archive cut short, a format the shard writer never
-    writes)."""
 
 
 class _StoreStream:
@@ -92,64 +88,13 @@ def _default_decode(modality: str, data: bytes) -> Any:
     return get_modality(modality).decode(data)
 
 
-_BLOCK = 512
-_REGULAR = (b"0", b"\0", b"7")  # regular file (and the contiguous-file type, read the same way)
-_EXTENDED = (b"x", b"g", b"L", b"K")  # pax and GNU headers: names and sizes the shard writer never needs
-
-
-def _read_exact(stream: Any, size: int) -> bytes:
-    chunks, remaining = [], size
-    while remaining:
-        chunk = stream.read(remaining)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
-def _tar_members(stream: Any, where: str) -> Iterator[tuple[str, bytes]]:
-    """``(member name, bytes)`` of the regular files of a ustar tar (what the shard writer writes), streamed.
-
-    A tar is 512-byte header blocks, each followed by its data padded to 512 bytes, ended by a zero block. The
-    loader reads thousands of members a second: one slice and one integer per header here, where ``tarfile``
-    decodes every field of it (it was a third of a loader worker's time). Each header's checksum is verified."""
-    while True:
-        header = _read_exact(stream, _BLOCK)
-        if not header.strip(b"\0"):
-            return  # the end-of-archive zero block (or a tar with no members)
-        if len(header) < _BLOCK:
-            raise ShardReadError(f"{where}: the archive ends inside a member header")
-        try:
-            stored = int(header[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
-            size = int(header[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
-        except ValueError:
-            raise ShardReadError(f"{where}: not a tar (a header with a non-octal size or checksum)") from None
-        if stored != sum(header[:148]) + 8 * 32 + sum(header[156:]):
-            raise ShardReadError(f"{where}: a tar header with a bad checksum (a corrupt shard; re-run the stage "
-                                 "that wrote it)")
-        kind = header[156:157]
-        if kind in _EXTENDED:
-            raise ShardReadError(f"{where}: a pax or GNU extended header, which the shard writer never writes "
-                                 "(a foreign shard)")
-        data = _read_exact(stream, size)
-        if len(data) < size:
-            raise ShardReadError(f"{where}: the archive ends inside a member ({len(data)} of {size} bytes)")
-        _read_exact(stream, -size % _BLOCK)  # the padding
-        if kind in _REGULAR:
-            name = header[:100].split(b"\0", 1)[0]
-            if header[257:262] == b"ustar" and header[345]:
-                name = header[345:500].split(b"\0", 1)[0] + b"/" + name
-            yield name.decode("utf-8"), data
-
-
 def _members(store: Store, key: str) -> Iterator[tuple[str, bytes]]:
     """``(sample key, bytes)`` of one modality tar, streamed; a missing tar has no members."""
     if not store.exists(key):
         return
     stream = _open(store, key)
     try:
-        for name, data in _tar_members(stream, store.uri_of(key)):
+        for name, data in read_members(stream, store.uri_of(key)):
             yield name.rsplit("/", 1)[-1].split(".", 1)[0], data
     finally:
         stream.close()

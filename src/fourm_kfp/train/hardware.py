@@ -40,8 +40,9 @@ def available_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     without pinning cores, so the affinity alone would count every core of the node) and by the pod's CPU request
     where the job says it (``$FOURM_CPU_REQUEST``)."""
     count = len(os.sched_getaffinity(0))
-    if os.environ.get(CPU_REQUEST_ENV, "").isdigit() and int(os.environ[CPU_REQUEST_ENV]) > 0:
-        count = min(count, int(os.environ[CPU_REQUEST_ENV]))
+    request = os.environ.get(CPU_REQUEST_ENV, "")
+    if request.isdigit() and int(request) > 0:
+        count = min(count, int(request))
     quota = None
     try:
         limit, period = (cgroup / "cpu.max").read_text().split()[:2]  # cgroup v2: "max 100000" or "400000 100000"
