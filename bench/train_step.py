@@ -34,7 +34,7 @@ from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_samp
 from fourm_kfp.model.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs, flops_per_token
 from fourm_kfp.model.parallelize import parallelize
-from fourm_kfp.train.hardware import GPU_PEAKS, resolve_precision
+from fourm_kfp.train.hardware import GPU_PEAKS, MAX_AUTO_LOADER_WORKERS, resolve_precision
 from fourm_kfp.train.optimizer import build_optimizer
 from fourm_kfp.train.step import StepSettings, train_step
 
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     if args.loader_workers is None:
-        args.loader_workers = 14 if args.device.startswith("cuda") else 2
+        args.loader_workers = MAX_AUTO_LOADER_WORKERS if args.device.startswith("cuda") else 2
     device = torch.device(args.device)
     dtype = resolve_precision(args.precision, device)
     matmul = matmul_flops(device, dtype or torch.float32)
