@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fourm_kfp.model.batch import IGNORE_INDEX, MaskedBatch, ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs, trunk_parameters
+from fourm_kfp.model.layers import SwiGLU
 
 SPECS = (ModalitySpec("rgb", "image", 32, grid=(4, 4), pixel_input=True, patch_size=2),
          ModalitySpec("depth", "image", 24, grid=(4, 4)),
@@ -133,3 +135,35 @@ def test_4m_b_trunk_has_the_reference_size():
         model = FourM(FourMArgs(specs + (ModalitySpec("caption", "sequence", 30000, max_length=256),),
                                 encoder_layers=12, decoder_layers=12, dim=768, heads=12))
     assert 198e6 <= trunk_parameters(model) <= 200e6
+
+
+def test_swiglu_gives_autograds_values_and_gradients_bit_for_bit():
+    """The fused activation's backward writes both halves into one tensor; the numbers are autograd's own."""
+    torch.manual_seed(0)
+    mlp = SwiGLU(32, 48)
+    x = torch.randn(3, 7, 32, requires_grad=True)
+    grad_out = torch.randn(3, 7, 32)
+
+    def plain(inputs: torch.Tensor) -> torch.Tensor:
+        gate, up = mlp.gate_up(inputs).chunk(2, dim=-1)
+        return mlp.down(F.silu(gate) * up)
+
+    results = []
+    for forward in (mlp, plain):
+        out = forward(x)
+        x.grad, mlp.gate_up.weight.grad, mlp.down.weight.grad = None, None, None
+        out.backward(grad_out)
+        results.append((out.detach(), x.grad, mlp.gate_up.weight.grad, mlp.down.weight.grad))
+    for ours, autograd in zip(*results):
+        assert torch.equal(ours, autograd)
+
+
+def test_swiglu_compiles():
+    torch.manual_seed(0)
+    mlp = SwiGLU(16, 24)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    eager = mlp(x)
+    (eager_grad,) = torch.autograd.grad(eager.sum(), x)
+    compiled = torch.compile(mlp)(x)
+    (compiled_grad,) = torch.autograd.grad(compiled.sum(), x)
+    assert torch.allclose(compiled, eager, atol=1e-6) and torch.allclose(compiled_grad, eager_grad, atol=1e-6)

@@ -15,7 +15,7 @@ from fourm_kfp.storage import open_store
 from fourm_kfp.train.checkpoint import CheckpointManager
 from fourm_kfp.train.metrics import MetricWriter
 from fourm_kfp.train.optimizer import Schedule, build_optimizer, parameter_groups
-from fourm_kfp.train.step import StepSettings
+from fourm_kfp.train.step import StepSettings, train_step
 from fourm_kfp.train.trainer import Loader, LoopSettings, NonFiniteLossError, Trainer
 
 from tests.model.test_fourm import SPECS, random_batch
@@ -94,3 +94,30 @@ def test_weight_decay_only_on_matrices_not_norms_embeddings_or_tokens():
     with_embeddings, _ = parameter_groups(model, 0.05, decay_embeddings=True)
     assert "enc_token_embed.weight" in with_embeddings["names"]
     assert len(decayed["names"]) + len(plain["names"]) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("grad_clip", [0.05, 0.0])
+def test_the_step_clips_like_clip_grad_norm(fused, grad_clip):
+    """The fused AdamW clips through its grad_scale input: three updates are clip_grad_norm_'s then AdamW's, up to
+    rounding, and the reported norm is the norm before clipping."""
+    def build():
+        torch.manual_seed(0)
+        model = FourM(FourMArgs(SPECS, dim=32, heads=4))
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
+
+    model, optimizer = build()
+    reference, reference_optimizer = build()
+    settings = StepSettings(None, grad_clip, tuple(s.name for s in SPECS))
+    for seed in range(3):  # Adam's first update hardly depends on the gradient's scale; later ones do
+        batch = random_batch(seed=seed)
+        out = train_step(model, optimizer, [batch], settings, torch.device("cpu"))
+        reference(batch).loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(list(reference.parameters()), grad_clip or float("inf"))
+        reference_optimizer.step()
+        reference_optimizer.zero_grad()
+        assert grad_clip == 0 or norm > 2 * grad_clip  # the clip took effect
+        assert torch.allclose(out["grad_norm"], norm)
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(ours, theirs, atol=1e-5)  # Adam magnifies rounding on near-zero gradients
+    assert optimizer.grad_scale is None and all(p.grad is None for p in model.parameters())

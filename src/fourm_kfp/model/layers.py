@@ -2,7 +2,8 @@
 
 Every linear and LayerNorm is bias-free (DESIGN.md §1). Attention goes through
 ``torch.nn.functional.scaled_dot_product_attention`` with a boolean mask (``True`` = may attend) that the model
-builds once per batch; the q/k/v projections are one fused matmul, and so are SwiGLU's gate and up projections.
+builds once per batch; the q/k/v projections are one fused matmul, and so are SwiGLU's gate and up projections
+(whose activation writes both halves' gradients into one tensor).
 """
 
 from __future__ import annotations
@@ -23,6 +24,32 @@ def swiglu_hidden(dim: int, mlp_ratio: float = 4.0) -> int:
     return int(2 * mlp_ratio * dim / 3)
 
 
+class _GatedSiLU(torch.autograd.Function):
+    """``silu(gate) * up`` of the fused projection's output ``[..., 2 * hidden]`` (gate half first).
+
+    The same values and gradients, bit for bit, as autograd's ``chunk``, ``silu`` and ``mul``, whose backward
+    computes each half's gradient separately and then concatenates them: one more pass over the widest activation
+    of the block. Here both halves are written into one tensor (1-2% of a CPU train step at ml-4m's tiny and base
+    widths)."""
+
+    @staticmethod
+    def forward(ctx, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        activated = F.silu(gate)
+        ctx.save_for_backward(gate_up, activated)
+        return activated * up
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        gate_up, activated = ctx.saved_tensors
+        gate, up = gate_up.chunk(2, dim=-1)
+        grad_gate_up = torch.empty_like(gate_up)
+        grad_gate, grad_up = grad_gate_up.chunk(2, dim=-1)
+        torch.mul(grad, activated, out=grad_up)
+        torch.ops.aten.silu_backward.grad_input(grad * up, gate, grad_input=grad_gate)
+        return grad_gate_up
+
+
 class SwiGLU(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
@@ -30,8 +57,7 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return self.down(_GatedSiLU.apply(self.gate_up(x)))
 
 
 class SelfAttention(nn.Module):

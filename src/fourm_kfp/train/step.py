@@ -1,7 +1,8 @@
 """The training step: forward and backward over the micro-batches of one optimizer step, clip, update.
 
 A pure function of (model, optimizer, micro-batches, settings) that returns device tensors only: nothing is read
-back to the host here (the trainer reads the accumulated values at log steps). A non-finite loss or gradient norm
+back to the host here (the trainer reads the accumulated values at log steps). Gradients are clipped by the fused
+AdamW itself (its ``grad_scale`` input), not by a pass of their own. A non-finite loss or gradient norm
 skips the update: on CUDA through the fused AdamW's ``found_inf`` input (the kernel leaves parameters, moments and
 step counts untouched, no synchronisation), on the CPU by a plain check (a host read costs nothing there).
 """
@@ -60,13 +61,12 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches
                 modality_sum[j] += value.detach().float()
                 modality_seen[j] += 1
     params = [p for p in model.parameters() if p.grad is not None]
-    max_norm = settings.grad_clip if settings.grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: the norm is a DTensor
         grad_norm = grad_norm.full_tensor()
     loss = loss_sum / count
     finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
-    _guarded_update(optimizer, finite, device)
+    _clipped_update(optimizer, params, grad_norm, settings.grad_clip, finite, device)
     clear_gradients(optimizer)
     values = {"loss": loss, "grad_norm": grad_norm, "finite": finite}
     per_modality = modality_sum / modality_seen  # NaN where a modality had no targets this step
@@ -75,14 +75,31 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches
     return values
 
 
-def _guarded_update(optimizer: torch.optim.Optimizer, finite: torch.Tensor, device: torch.device) -> None:
-    fused = any(group.get("fused") for group in optimizer.param_groups)
-    if device.type == "cuda" and fused:
-        optimizer.found_inf = (~finite).float()  # read by the fused kernel: skips the update on the device
-        optimizer.step()
-        optimizer.found_inf = None
-    elif bool(finite):
-        optimizer.step()
+def _clipped_update(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], grad_norm: torch.Tensor,
+                    grad_clip: float, finite: torch.Tensor, device: torch.device) -> None:
+    """The update with the gradients clipped to norm ``grad_clip`` (``clip_grad_norm_``'s coefficient), skipped
+    when ``finite`` is false.
+
+    A fused AdamW divides the gradients by its ``grad_scale`` input inside its one kernel (the input is there to
+    unscale mixed-precision gradients), so the clip costs no pass of its own over every gradient (~1% of a CPU
+    step at ml-4m's tiny configuration); other optimizers get the gradients divided first.
+    """
+    fused = all(group.get("fused") for group in optimizer.param_groups)
+    scale = None
+    if grad_clip > 0:
+        scale = ((grad_norm + 1e-6) / grad_clip).clamp(min=1.0)  # 1 / clip_grad_norm_'s clip coefficient
+        if not fused:
+            torch._foreach_div_([p.grad for p in params], scale)
+            scale = None
+    optimizer.grad_scale = scale
+    try:
+        if device.type == "cuda" and fused:
+            optimizer.found_inf = (~finite).float()  # read by the fused kernel: skips the update on the device
+            optimizer.step()
+        elif bool(finite):
+            optimizer.step()
+    finally:
+        optimizer.grad_scale = optimizer.found_inf = None
 
 
 def global_norm(tensors: Iterator[torch.Tensor]) -> torch.Tensor:
