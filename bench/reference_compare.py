@@ -324,6 +324,10 @@ DIFFERENCES = [
     "Gradients: ours, as the pretrain stage builds it for one process on the CPU (parallelize), writes the token "
     "tables' gradients in place (model/table_gradients.py, since pretrain code_version 4); the reference leaves "
     "them to autograd (a fresh table-sized gradient per table and step).",
+    "Clipping: ours inside the fused AdamW (its grad_scale input divides the gradients in its kernel, since pretrain "
+    "code_version 5); the reference's clip_grad_norm_ multiplies every gradient in a pass of its own.",
+    "SwiGLU: ours one fused gate/up projection whose activation writes both halves' gradients into one tensor "
+    "(layers._GatedSiLU); the reference two linears (fc1, fc3) and autograd's silu and product.",
 ]
 
 
