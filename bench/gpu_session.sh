@@ -8,6 +8,8 @@
 # when run elsewhere).
 #
 #   bash bench/gpu_session.sh benches    # 4m-b step MFU and the loader ratio in one run; pretokenize vs its encoder
+#   bash bench/gpu_session.sh mfu        # 4m-b step MFU at batch 128, 256, 512 (to the first out of memory), with
+#                                        # where the best batch's step spends its time (the kernels to work on next)
 #   bash bench/gpu_session.sh gpu-demo   # the gpu-demo preset's stages, each timed; resumable: a call that hits the
 #                                        # device's 10-minute limit continues where it stopped when run again
 set -euo pipefail
@@ -18,10 +20,14 @@ mkdir -p "$out"
 gpu=$(python3 -c 'import torch; print(torch.cuda.get_device_name().split()[-1].lower() if torch.cuda.is_available() else "cpu")')
 day=$(date +%F)
 preset="${PRESET:-gpu-demo}"  # PRESET=smoke rehearses the gpu-demo command on a CPU
-case "${1:?usage: gpu_session.sh benches|gpu-demo}" in
+case "${1:?usage: gpu_session.sh benches|mfu|gpu-demo}" in
   benches)
     python3 bench/train_step.py --device cuda --shapes 4m-b --compile --output "$out/train_step-4m-b-compile-$gpu-$day.json"
     python3 bench/pretokenize.py --device cuda --samples 4096 --output "$out/pretokenize-$gpu-$day.json"
+    ;;
+  mfu)
+    python3 bench/train_step.py --device cuda --shapes 4m-b --compile --batches "${BATCHES:-128,256,512}" --profile \
+      --loader-workers -1 --output "$out/train_step-4m-b-mfu-$gpu-$day.json"
     ;;
   gpu-demo)
     root="runs/$preset"
@@ -43,5 +49,5 @@ PY
       cp "$evaluation/reports/scores_vs_steps.png" "$out/$preset-scores_vs_steps-$gpu-$day.png"
     fi
     ;;
-  *) echo "unknown command $1: benches or gpu-demo" >&2; exit 2 ;;
+  *) echo "unknown command $1: benches, mfu or gpu-demo" >&2; exit 2 ;;
 esac

@@ -11,9 +11,14 @@ In one run, on one device:
   attention (softmax(QK^T/sqrt(d)) V in plain ops), and their ratio;
 * ``loader``: samples/s of the token loader (14 worker processes on CUDA, 2 on the CPU) on synthetic pretokenized
   shards at the ``--loader-shape`` shapes (4m-b: 14x14 grids, 128/128 budgets) against what that shape's step
-  consumes in this run, at the same batch (target >= 2x with at most 14 workers).
+  consumes in this run, at the same batch (target >= 2x with at most 14 workers);
+* with ``--batches``, each shape's step at each of these batch sizes, the largest first that fits stopping the
+  sweep at the first that runs out of memory (``batch_sweep``; the shape's main entry is the best model FLOP/s);
+* with ``--profile``, where each shape's step spends its time (``profile``): the operators and kernels with the
+  most self time on the device (the CPU's on a CPU) over a few profiled steps, per step and as a share.
 
     python bench/train_step.py [--device cpu|cuda] [--precision auto|fp32|bf16] [--steps 10] [--output f.json]
+                               [--batches 128,256,512] [--profile]
 """
 
 from __future__ import annotations
@@ -115,9 +120,9 @@ def eager_attention():
 
 
 def time_steps(name: str, device: torch.device, dtype: torch.dtype | None, steps: int,
-               compile: bool = False) -> dict:
+               compile: bool = False, batch_size: int | None = None, profile: bool = False) -> dict:
     enc_l, dec_l, dim, heads, grid, vocab, text_vocab, enc, dec, batches = SHAPES[name]
-    batch_size = batches[1] if device.type == "cuda" else batches[0]
+    batch_size = batch_size or (batches[1] if device.type == "cuda" else batches[0])
     specs = _specs(grid, vocab, text_vocab)
     args = FourMArgs(specs, enc_l, dec_l, dim, heads)
     torch.manual_seed(0)
@@ -136,10 +141,57 @@ def time_steps(name: str, device: torch.device, dtype: torch.dtype | None, steps
     _sync(device)
     seconds = (time.perf_counter() - start) / steps
     tokens = batch_size * (enc + dec)
-    return {"batch": batch_size, "step_s": seconds, "tokens_per_s": tokens / seconds,
-            "samples_per_s": batch_size / seconds,
-            "model_flops_per_s": flops_per_token(args, enc, dec) * tokens / seconds,
-            "parameters": sum(p.numel() for p in model.parameters())}
+    result = {"batch": batch_size, "step_s": seconds, "tokens_per_s": tokens / seconds,
+              "samples_per_s": batch_size / seconds,
+              "model_flops_per_s": flops_per_token(args, enc, dec) * tokens / seconds,
+              "parameters": sum(p.numel() for p in model.parameters())}
+    if profile:
+        result["profile"] = profile_steps(lambda: train_step(model, optimizer, [batch], settings, device), device)
+    return result
+
+
+def profile_steps(step, device: torch.device, steps: int = 3, top: int = 30) -> dict:
+    """Where ``steps`` calls of ``step`` spend their time: the ``top`` operators and kernels by self time on the
+    device (on a CPU, the CPU's), per step and as a share of the total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    attribute = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [(e.key, getattr(e, attribute), e.count) for e in prof.key_averages()]
+    total = sum(t for _, t, _ in events) or 1.0
+    events.sort(key=lambda e: -e[1])
+    return {"basis": "device self time" if cuda else "CPU self time", "steps": steps,
+            "total_ms_per_step": total / steps / 1e3,
+            "top": [{"name": name, "ms_per_step": t / steps / 1e3, "calls_per_step": count / steps,
+                     "share": t / total} for name, t, count in events[:top]]}
+
+
+def sweep_batches(name: str, device: torch.device, dtype: torch.dtype | None, steps: int, compile: bool,
+                  batches: list[int], profile: bool) -> dict:
+    """The step at each batch size in ``batches`` (ascending) until one runs out of memory; the entry with the most
+    model FLOP/s gains ``batch_sweep`` (batch -> step_s, model FLOP/s, or "out of memory")."""
+    sweep, best = {}, None
+    for size in sorted(batches):
+        try:
+            timing = time_steps(name, device, dtype, steps, compile, size, profile)
+        except torch.OutOfMemoryError:
+            sweep[str(size)] = "out of memory"
+            break
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        sweep[str(size)] = {"step_s": timing["step_s"], "model_flops_per_s": timing["model_flops_per_s"]}
+        if best is None or timing["model_flops_per_s"] > best["model_flops_per_s"]:
+            best = timing
+    if best is None:
+        raise RuntimeError(f"{name}: the smallest batch of --batches ({min(batches)}) ran out of memory")
+    best["batch_sweep"] = sweep
+    return best
 
 
 def loader_samples_per_s(shape: str, batch_size: int, workers: int) -> float:
@@ -188,6 +240,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--loader-shape", default="4m-b", choices=sorted(SHAPES),
                         help="the loader's shapes and the step whose consumption it is compared with")
     parser.add_argument("--compile", action="store_true", help="torch.compile each block (train.compile)")
+    parser.add_argument("--batches", help="batch sizes to sweep per shape (comma-separated; default: the shape's "
+                                          "one batch for the device)")
+    parser.add_argument("--profile", action="store_true", help="profile each shape's step (top operators)")
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     if args.loader_workers is None:
@@ -202,8 +257,12 @@ def main(argv: list[str] | None = None) -> dict:
               "matmul_flops_per_s_by_size": matmul["by_size"],
               "shapes": {}}
     peak = next((bf16 for k, (bf16, _) in GPU_PEAKS.items() if k in result["device"]), None)
+    batches = [int(b) for b in args.batches.split(",")] if args.batches else None
     for name in args.shapes.split(","):
-        timing = time_steps(name, device, dtype, args.steps, args.compile)
+        if batches:
+            timing = sweep_batches(name, device, dtype, args.steps, args.compile, batches, args.profile)
+        else:
+            timing = time_steps(name, device, dtype, args.steps, args.compile, profile=args.profile)
         timing["fraction_of_matmul"] = timing["model_flops_per_s"] / peak_matmul
         if peak and dtype == torch.bfloat16:
             timing["mfu_vs_bf16_peak"] = timing["model_flops_per_s"] / peak
