@@ -1,5 +1,5 @@
 """The training loop's guards and schedule: non-finite steps skipped (parameters untouched) or failing with the
-step range, warmup-then-cosine, and weight decay only on matrices."""
+step range, warmup-then-cosine, weight decay only on matrices, and the step's gradient clipping."""
 
 from __future__ import annotations
 
