@@ -8,8 +8,9 @@
 # when run elsewhere).
 #
 #   bash bench/gpu_session.sh benches    # 4m-b step MFU and the loader ratio in one run; pretokenize vs its encoder
-#   bash bench/gpu_session.sh mfu        # 4m-b step MFU at batch 128, 256, 512 (to the first out of memory), with
-#                                        # where the best batch's step spends its time (the kernels to work on next)
+#   bash bench/gpu_session.sh mfu        # 4m-b step MFU at batch 128, 256, 512 (to the first out of memory; other
+#                                        # sizes: BATCHES=256,512,1024), with where the best batch's step spends its
+#                                        # time (the kernels to work on next)
 #   bash bench/gpu_session.sh gpu-demo   # the gpu-demo preset's stages, each timed; resumable: a call that hits the
 #                                        # device's 10-minute limit continues where it stopped when run again
 set -euo pipefail

@@ -12,8 +12,8 @@ In one run, on one device:
 * ``loader``: samples/s of the token loader (14 worker processes on CUDA, 2 on the CPU) on synthetic pretokenized
   shards at the ``--loader-shape`` shapes (4m-b: 14x14 grids, 128/128 budgets) against what that shape's step
   consumes in this run, at the same batch (target >= 2x with at most 14 workers);
-* with ``--batches``, each shape's step at each of these batch sizes, the largest first that fits stopping the
-  sweep at the first that runs out of memory (``batch_sweep``; the shape's main entry is the best model FLOP/s);
+* with ``--batches``, each shape's step at each of these batch sizes from the smallest up, stopping at the first
+  that runs out of memory (``batch_sweep``; the shape's main entry is the batch with the most model FLOP/s);
 * with ``--profile``, where each shape's step spends its time (``profile``): the operators and kernels with the
   most self time on the device (the CPU's on a CPU) over a few profiled steps, per step and as a share.
 
