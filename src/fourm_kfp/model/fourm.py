@@ -5,7 +5,10 @@ the token id of slot ``s`` of modality ``m`` is looked up at ``offset[m] + id``,
 ``position_offset[m] + position`` in a fixed sin-cos table (2-D for grids, 1-D for sequences), and a learned
 modality embedding (shared by encoder and decoder) is added. ``rgb`` may instead enter as a linear projection of
 its pixel patches. Decoder queries of image modalities are a learned mask token; sequence modalities are decoded
-with teacher forcing from ``dec_tokens``. Attention masks are built once per batch from the slot tensors: the
+with teacher forcing from ``dec_tokens``. The decoder's context is the normalised encoder output, projected, with
+each input's position and modality embedding added again (the reference's ``decoder_proj_context``): a target
+query finds the inputs at its own position by the same sin-cos code it carries, without the encoder having to
+keep that code intact through its layers. Attention masks are built once per batch from the slot tensors: the
 encoder attends over valid inputs; decoder self-attention stays within one modality (bidirectional for images,
 causal by position for sequences); cross-attention sees every valid encoder token.
 
@@ -101,6 +104,7 @@ class FourM(nn.Module):
         self.encoder = nn.ModuleList(EncoderBlock(dim, args.heads, args.norm_eps) for _ in range(args.encoder_layers))
         self.decoder = nn.ModuleList(DecoderBlock(dim, args.heads, args.norm_eps) for _ in range(args.decoder_layers))
         self.encoder_norm = layer_norm(dim, args.norm_eps)
+        self.context_proj = nn.Linear(dim, dim, bias=False)
         self.decoder_norm = layer_norm(dim, args.norm_eps)
         self.head = None if args.tie_embeddings else nn.Linear(dim, sum(vocab), bias=False)
         #: token tables and head write their gradients in place (model/table_gradients.py); set by parallelize()
@@ -119,7 +123,9 @@ class FourM(nn.Module):
     def _lookup(self, table: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
         return gather_rows(table.weight, ids) if self._in_place_grads() else table(ids)
 
-    def embed_encoder(self, batch: MaskedBatch) -> torch.Tensor:
+    def embed_encoder(self, batch: MaskedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens, context)`` ``[B, E, dim]`` each: the inputs' token (or pixel patch) embeddings and their
+        position plus modality embeddings; the encoder reads their sum."""
         tokens = self._lookup(self.enc_token_embed, batch.enc_tokens + self.token_offset[batch.enc_modality])
         if self.patch_embed is not None and batch.pixels is not None:
             p = self.patch_size
@@ -129,7 +135,7 @@ class FourM(nn.Module):
             index = batch.enc_position.clamp(max=patches.shape[1] - 1)
             gathered = patches.gather(1, index.unsqueeze(-1).expand(-1, -1, patches.shape[-1]))
             tokens = torch.where((batch.enc_modality == self.pixel_index).unsqueeze(-1), gathered, tokens)
-        return tokens + self._context(batch.enc_modality, batch.enc_position)
+        return tokens, self._context(batch.enc_modality, batch.enc_position)
 
     def embed_decoder(self, batch: MaskedBatch) -> torch.Tensor:
         return self.decoder_queries(batch.dec_tokens, batch.dec_modality, batch.dec_position)
@@ -168,15 +174,18 @@ class FourM(nn.Module):
     # -- trunk ---------------------------------------------------------------------------------------------------
 
     def encode(self, batch: MaskedBatch) -> torch.Tensor:
-        """Encoder output ``[B, E, dim]``."""
-        x = self.embed_encoder(batch)
+        """The decoder's context ``[B, E, dim]``: the normalised encoder output, projected, plus each input's
+        position and modality embedding (see the module docstring)."""
+        tokens, context = self.embed_encoder(batch)
+        x = tokens + context
         mask = self.encoder_mask(batch.enc_valid)
         for block in self.encoder:
             x = block(x, mask)
-        return self.encoder_norm(x)
+        return self.context_proj(self.encoder_norm(x)) + context
 
     def decode(self, memory: torch.Tensor, batch: MaskedBatch) -> torch.Tensor:
-        """Decoder output ``[B, D, dim]`` for the decoder slots of ``batch`` given the encoder ``memory``."""
+        """Decoder output ``[B, D, dim]`` for the decoder slots of ``batch`` given the context ``memory``
+        (:meth:`encode`)."""
         x = self.embed_decoder(batch)
         self_mask, cross_mask = self.decoder_masks(batch)
         for block in self.decoder:
@@ -298,10 +307,12 @@ def flops_per_token(args: FourMArgs, enc_len: int, dec_len: int) -> float:
     enc_block = 4 * d * d + 3 * d * h
     dec_block_q = 4 * d * d + 2 * d * d + 3 * d * h  # self-attn, cross q + proj, MLP
     cross_kv = 2 * d * d  # applied to encoder tokens, once per decoder layer
+    context = d * d  # the context projection, once per encoder token
     vocab = sum(m.vocab_size for m in args.modalities) / len(args.modalities)
     forward = (2 * enc_block * enc_len * args.encoder_layers
                + 2 * dec_block_q * dec_len * args.decoder_layers
                + 2 * cross_kv * enc_len * args.decoder_layers
+               + 2 * context * enc_len
                + 4 * d * enc_len * enc_len * args.encoder_layers
                + 4 * d * (dec_len * dec_len + dec_len * enc_len) * args.decoder_layers
                + 2 * d * vocab * dec_len)

@@ -2,8 +2,16 @@
 
 Two architectures share one interface:
 
-* ``"conv"`` — a small convolutional encoder/decoder (strided convs, residual blocks at token resolution),
-  for the smoke and demo presets on CPU. ``patch_size`` must be a power of two (>= 2).
+* ``"conv"`` — small and convolutional, for the smoke and demo presets on CPU. The encoder is **patch-local**:
+  one convolution with kernel and stride ``patch_size``, then per-position (1x1) layers with a per-position channel
+  norm, so a token is a function of its own patch and nothing else. The decoder (3x3 convs and residual blocks at
+  token resolution, transposed convs up; ``patch_size`` a power of two >= 2) sees each token's neighbours, for
+  smooth reconstructions. Why local: a model that predicts tokens can only learn what the tokens say about the
+  scene. Measured on the demo's semseg (64 px, 512 codes): with 3x3 convs and GroupNorm (image-wide statistics) in
+  the encoder, the entropy of the code given its exact 4x4 label patch was 4.4 nats (the one all-ground patch had
+  392 different codes), so the 4M model's semseg loss sat at that floor and the position of objects hardly moved
+  it; patch-local, that entropy is 0 by construction, perplexity fell from 264 to 5 and reconstruction was as good
+  (mIoU 0.97).
 * ``"vit"`` — a ViT encoder/decoder (patch embedding, pre-norm blocks with ``F.scaled_dot_product_attention``,
   learned positions, a linear pixel head), e.g. ViT-B-like with ``patch_size=16`` at 224 px for 4m-b.
 
@@ -53,9 +61,8 @@ class VQVAEConfig:
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
         power_of_two = self.patch_size >= 2 and not self.patch_size & (self.patch_size - 1)
-        if self.architecture == "conv" and not (power_of_two and self.hidden_dim % 8 == 0):
-            raise ValueError("the conv architecture needs a power-of-two patch_size >= 2 and a hidden_dim divisible "
-                             f"by 8 (group norm), got {self.patch_size} and {self.hidden_dim}")
+        if self.architecture == "conv" and not power_of_two:
+            raise ValueError(f"the conv architecture needs a power-of-two patch_size >= 2, got {self.patch_size}")
         if self.architecture == "vit" and self.hidden_dim % self.heads:
             raise ValueError(f"vit: hidden_dim {self.hidden_dim} is not divisible by heads {self.heads}")
 
@@ -77,12 +84,26 @@ class VQVAEConfig:
         return cls(**data)
 
 
-class ResBlock(nn.Module):
+class ChannelNorm(nn.Module):
+    """LayerNorm over the channels at each position of ``[B, C, H, W]``: unlike GroupNorm, whose statistics span
+    the whole image, it makes no position depend on any other."""
+
     def __init__(self, channels: int) -> None:
         super().__init__()
+        self.norm = nn.LayerNorm(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ResBlock(nn.Module):
+    """Two normalised, activated convolutions of ``kernel`` size and a skip connection."""
+
+    def __init__(self, channels: int, kernel: int = 3) -> None:
+        super().__init__()
         self.body = nn.Sequential(
-            nn.GroupNorm(8, channels), nn.SiLU(), nn.Conv2d(channels, channels, 3, padding=1),
-            nn.GroupNorm(8, channels), nn.SiLU(), nn.Conv2d(channels, channels, 3, padding=1),
+            ChannelNorm(channels), nn.SiLU(), nn.Conv2d(channels, channels, kernel, padding=kernel // 2),
+            ChannelNorm(channels), nn.SiLU(), nn.Conv2d(channels, channels, kernel, padding=kernel // 2),
         )  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,27 +111,26 @@ class ResBlock(nn.Module):
 
 
 def _conv_widths(cfg: VQVAEConfig) -> list[int]:
-    """Channels after each 2x downsampling, finest first: ..., hidden/2, hidden."""
+    """Decoder channels before each 2x upsampling, coarsest first: hidden, hidden/2, ... (at least 16)."""
     levels = int(math.log2(cfg.patch_size))
-    return [max(cfg.hidden_dim >> (levels - 1 - i), 16) for i in range(levels)]
+    return [max(cfg.hidden_dim >> i, 16) for i in range(levels)]
 
 
 def conv_networks(cfg: VQVAEConfig) -> tuple[nn.Module, nn.Module]:
-    widths = _conv_widths(cfg)
-    encoder: list[nn.Module] = []
-    for c_in, c_out in zip([cfg.in_channels, *widths], widths):
-        encoder += [nn.Conv2d(c_in, c_out, 4, stride=2, padding=1), nn.SiLU()]
-    encoder += [nn.Conv2d(widths[-1], cfg.hidden_dim, 3, padding=1)]
-    encoder += [ResBlock(cfg.hidden_dim) for _ in range(cfg.depth)]
-    encoder += [nn.GroupNorm(8, cfg.hidden_dim), nn.SiLU()]
-    decoder: list[nn.Module] = [nn.Conv2d(cfg.hidden_dim, cfg.hidden_dim, 3, padding=1)]
-    decoder += [ResBlock(cfg.hidden_dim) for _ in range(cfg.depth)]
-    decoder += [nn.GroupNorm(8, cfg.hidden_dim), nn.SiLU()]
-    ups = widths[::-1]
+    """The patch-local encoder and the convolutional decoder of the ``conv`` architecture (module docstring)."""
+    h = cfg.hidden_dim
+    encoder = nn.Sequential(
+        nn.Conv2d(cfg.in_channels, h, cfg.patch_size, stride=cfg.patch_size), nn.SiLU(), nn.Conv2d(h, h, 1),
+        *(ResBlock(h, kernel=1) for _ in range(cfg.depth)), ChannelNorm(h), nn.SiLU(),
+    )  # fmt: skip
+    decoder: list[nn.Module] = [nn.Conv2d(h, h, 3, padding=1)]
+    decoder += [ResBlock(h) for _ in range(cfg.depth)]
+    decoder += [ChannelNorm(h), nn.SiLU()]
+    ups = _conv_widths(cfg)
     for c_in, c_out in zip(ups, [*ups[1:], ups[-1] // 2]):
         decoder += [nn.ConvTranspose2d(c_in, c_out, 4, stride=2, padding=1), nn.SiLU()]
     decoder += [nn.Conv2d(ups[-1] // 2, cfg.out_channels, 3, padding=1)]
-    return nn.Sequential(*encoder), nn.Sequential(*decoder)
+    return encoder, nn.Sequential(*decoder)
 
 
 class Block(nn.Module):
