@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from fourm_kfp.config.fourm_config import TrainTokenizersConfig
-from fourm_kfp.data.modalities import IMAGE_MODALITIES, MODALITIES, SEQUENCE_MODALITIES
+from fourm_kfp.data.modalities import (
+    COORD_BINS,
+    IMAGE_MODALITIES,
+    MODALITIES,
+    SEQUENCE_MODALITIES,
+    format_det,
+    parse_det,
+)
 from fourm_kfp.data.modality_visuals import VISUALIZERS, visualize
 from fourm_kfp.data.pretokenized import member_ext, source_modality, token_name
 from fourm_kfp.data.synthetic_scenes import synthetic_sample
@@ -40,3 +47,16 @@ def test_every_modality_is_fully_described(name):
         assert source_modality(token_name(name)) == name and member_ext(token_name(name)) == "npy"
     else:
         assert modality.channels == 0 and isinstance(value, str)
+
+
+def test_det_text_round_trips_and_malformed_generated_boxes_are_skipped():
+    boxes, names = [(0.0, 8.0, 16.0, 31.0), (16.0, 0.0, 32.0, 16.0)], ["cube", "sphere"]
+    text = format_det(boxes, names, 32, 32)
+    parsed = parse_det(text)
+    assert [name for _, name in parsed] == names
+    assert parsed[0][0] == (0, COORD_BINS // 4, COORD_BINS // 2, COORD_BINS * 31 // 32)
+    # What an undertrained model generates: a coordinate glued to word pieces, a box cut short, a coordinate
+    # out of range, coordinates out of order. Only the well-formed box survives, wherever it sits.
+    generated = f"v0=3 v1=4 v2=67iu v3=9 cube v0=1 v1=2 sphere v0=1 v1=2 v2=3 v3={COORD_BINS} cone v1=1 v0=2 v2=3 v3=4 cube {text}"
+    assert parse_det(generated) == parsed
+    assert parse_det("v0=1 v1=2 v2=3 v3=4") == [] and parse_det("") == []

@@ -1,5 +1,6 @@
 """Generation: the unmasking schedule, sampling filters, MaskGIT with one greedy step = one argmax pass, ROAR,
-determinism for a seed, KV-cached text decoding = full teacher-forced decoding, guidance, and chains."""
+determinism for a seed, KV-cached text decoding = full teacher-forced decoding, guidance, chains, and the same
+rgb input path as training."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from fourm_kfp.masking.dirichlet_masking import MixtureComponent
+from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
 from fourm_kfp.model.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.generation import Generator, SamplingArgs, sample_logits, unmasking_schedule
@@ -148,3 +151,26 @@ def test_cross_mask_keeps_an_empty_sample_finite():
     valid = torch.tensor([[False, False], [True, False]])
     mask = FourM.cross_mask(valid)
     assert mask[:, 0, 0].tolist() == [[True, False], [True, False]]
+
+
+def test_generation_reads_an_image_as_training_does():
+    """The rgb input path of generation (``pixels`` + the rgb grid) and of training (the loader's masking and
+    collation) give the same logits for every target position: same pixel normalisation, patch order and
+    positions. A mismatch here is a model that learns one image and is shown another."""
+    specs = (ModalitySpec("rgb", "image", 32, grid=(4, 4), pixel_input=True, patch_size=4),
+             ModalitySpec("depth", "image", 24, grid=(4, 4)))
+    torch.manual_seed(0)
+    model = FourM(FourMArgs(specs, encoder_layers=2, decoder_layers=2, dim=32, heads=4)).eval()
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    rgb_tokens, depth_tokens = rng.integers(0, 32, (4, 4)), rng.integers(0, 24, (4, 4))
+    masking = MaskingArgs(specs, input_budget=16, target_budget=16,
+                          mixture=(MixtureComponent(1.0, (1.0, 0.0), (0.0, 1.0)),), sentinels=())
+    batch = collate([mask_sample(rng, masking, {"rgb": rgb_tokens, "depth": depth_tokens}, image)], masking)
+    with torch.no_grad():
+        trained = model.logits(model.decode(model.encode(batch), batch), "depth")[0].log_softmax(-1)
+    trained = trained[batch.dec_position[0].argsort()]  # the loader's slots are in random order
+    [generated] = Generator(model).generate([{"rgb": rgb_tokens.reshape(-1), "pixels": image}], "depth",
+                                           SamplingArgs(steps=1, temperature=0.0))
+    assert np.array_equal(generated.tokens.reshape(-1), trained.argmax(-1).numpy())
+    np.testing.assert_allclose(generated.logprobs.reshape(-1), trained.max(-1).values.numpy(), atol=1e-5)

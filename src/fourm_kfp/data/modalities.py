@@ -30,6 +30,7 @@ follow it, and a test checks that every modality is fully described. Everything 
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -177,10 +178,33 @@ def format_det(boxes: list[tuple[float, float, float, float]], names: list[str],
 
 
 def parse_det(text: str) -> list[tuple[tuple[int, int, int, int], str]]:
-    """Inverse of :func:`format_det` (coordinates stay in bins)."""
+    """Inverse of :func:`format_det` (coordinates stay in bins).
+
+    Generated det text need not be well formed, so this reads it the way a scorer must: a box is four
+    consecutive tokens ``v0=<bin> v1=<bin> v2=<bin> v3=<bin>`` with bins in ``[0, COORD_BINS)`` followed by a
+    name that is not itself a coordinate; anything else (a token like ``v2=67iu``, a missing name, a box cut
+    short) is skipped and reading resumes at the next token.
+    """
     tokens = text.split()
     boxes = []
-    for i in range(0, len(tokens) - 4, 5):
-        coords = tuple(int(t.split("=", 1)[1]) for t in tokens[i : i + 4])
-        boxes.append((coords, tokens[i + 4]))
+    i = 0
+    while i + 4 < len(tokens):
+        coords = [_coordinate_bin(tokens[i + k], k) for k in range(4)]
+        name = tokens[i + 4]
+        if None in coords or _DET_COORD.fullmatch(name):
+            i += 1
+            continue
+        boxes.append((tuple(coords), name))
+        i += 5
     return boxes
+
+
+_DET_COORD = re.compile(r"v([0-3])=(\d+)")
+
+
+def _coordinate_bin(token: str, position: int) -> int | None:
+    """The bin of a ``v<position>=<bin>`` token, or None when the token is not one."""
+    match = _DET_COORD.fullmatch(token)
+    if match is None or int(match.group(1)) != position or int(match.group(2)) >= COORD_BINS:
+        return None
+    return int(match.group(2))

@@ -1,0 +1,181 @@
+"""Learning tests: the 4M model learns where things are, through the pipeline's own parts.
+
+Scenes come from the synthetic renderer, tokens from conv VQ-VAEs trained here, batches from the loader's masking
+(:func:`mask_sample`/:func:`collate`), updates from the trainer's :func:`train_step` with its optimizer and schedule,
+maps from the :class:`Generator` with the evaluation's sampling (MaskGIT, 8 steps, temperature 0), decoded by the
+tokenizers and scored with the evaluation's metrics against the **tokenizer ceiling** (the ground truth's own tokens
+decoded: what a perfect token predictor scores). Each test runs with rgb entering the encoder as pixel patches and
+as rgb tokens.
+
+* **overfit**: on 24 scenes, rgb -> semseg and rgb -> normal reach 0.9 of the ceiling;
+* **the map follows the scene**: trained on 8 scenes, the same scenes shifted by whole patches and mirrored, the
+  map generated for a shifted (mirrored) scene is the shifted (mirrored) map, not the map of the scene as it was.
+
+These are memorisation tests (a few scenes): they prove the parts carry where things are from the image to the
+map (pixel normalisation, patch order, positions, tokenizer alignment, masking, the decoder's context, MaskGIT
+decoding), not that a model generalises; the evaluation stage measures that. The first demo model failed the
+second: its maps were one blob in the middle whatever the input, and a mirrored image gave the same logits
+(``shared/docs/evidence``); the README's status section says what was found and changed. Minute-long: marked
+``learning`` (``make test`` runs them; ``-m "not learning"`` leaves them out).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fourm_kfp.config.fourm_config import OptimizerConfig
+from fourm_kfp.data.synthetic_scenes import synthetic_sample
+from fourm_kfp.evaluation.task_metrics import normal_stats, semseg_stats
+from fourm_kfp.masking.dirichlet_masking import MixtureComponent
+from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
+from fourm_kfp.model.batch import ModalitySpec
+from fourm_kfp.model.fourm import FourM, FourMArgs
+from fourm_kfp.model.generation import Generator, SamplingArgs
+from fourm_kfp.model.parallelize import parallelize
+from fourm_kfp.tokenizers import VQVAE, VQVAEConfig, fit_normalisation
+from fourm_kfp.tokenizers.training import train_vqvae
+from fourm_kfp.train.optimizer import Schedule, build_optimizer, set_learning_rate
+from fourm_kfp.train.step import StepSettings, train_step
+
+pytestmark = pytest.mark.learning
+
+SIZE, PATCH = 32, 4
+GRID = SIZE // PATCH
+MODALITIES = ("rgb", "semseg", "normal")
+#: the evaluation's sampling (configs/demo/evaluate.yaml)
+SAMPLING = SamplingArgs(steps=8, order="maskgit", schedule="cosine", temperature=0.0)
+#: (metric, higher is better) compared with the ceiling: the fraction of the ceiling's score the model reaches
+SCORES = {"semseg": "miou", "normal": "within_11_25"}
+
+
+def render(seed: int, count: int) -> list[dict]:
+    return [synthetic_sample(seed, i, SIZE) for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def tokenizers() -> dict[str, VQVAE]:
+    """rgb, semseg and normal conv VQ-VAEs (256 codes, 8x8 tokens at 32 px) trained on 512 scenes."""
+    scenes = render(seed=100, count=512)
+    out = {}
+    for modality in MODALITIES:
+        arrays = np.stack([s[modality] for s in scenes])
+        config = VQVAEConfig.for_modality(modality, image_size=SIZE, patch_size=PATCH, hidden_dim=64, depth=1,
+                                          codebook_size=256, code_dim=32, ema_decay=0.9,
+                                          norm_stats=fit_normalisation(modality, arrays))
+        rng = np.random.default_rng(0)
+        out[modality], _ = train_vqvae(config, lambda step: {modality: arrays[rng.integers(0, len(arrays), 8)]},
+                                       steps=600, lr=4e-3, log_every=10**9)
+    return out
+
+
+def tokenize(tokenizers: dict[str, VQVAE], scenes: list[dict]) -> list[dict]:
+    """Each scene with its ``tokens`` per modality (flat grids)."""
+    grids = {m: tokenizers[m].encode(np.stack([s[m] for s in scenes])).reshape(len(scenes), -1).numpy()
+             for m in MODALITIES}
+    return [{**s, "tokens": {m: grids[m][i] for m in MODALITIES}} for i, s in enumerate(scenes)]
+
+
+def specs(pixels: bool) -> tuple[ModalitySpec, ...]:
+    rgb = ModalitySpec("rgb", "image", 256, grid=(GRID, GRID), pixel_input=pixels, patch_size=PATCH if pixels else 0)
+    return (rgb, *(ModalitySpec(m, "image", 256, grid=(GRID, GRID)) for m in ("semseg", "normal")))
+
+
+def train(scenes: list[dict], pixels: bool, steps: int, batch: int = 16, seed: int = 0) -> FourM:
+    """A 2+2-layer model of width 128 trained rgb -> {semseg, normal}: every rgb token in, the target budget (one
+    grid) split between the two targets by the Dirichlet draw, as the loader masks."""
+    torch.manual_seed(seed)
+    model_specs = specs(pixels)
+    model = FourM(FourMArgs(model_specs, encoder_layers=2, decoder_layers=2, dim=128, heads=4))
+    trunk = parallelize(model)
+    masking = MaskingArgs(model_specs, input_budget=GRID * GRID, target_budget=GRID * GRID,
+                          mixture=(MixtureComponent(1.0, (1.0, 0.0, 0.0), (0.0, 1.0, 1.0)),), sentinels=())
+    optimizer = build_optimizer(model, OptimizerConfig(), peak_lr=2e-3)
+    schedule = Schedule(2e-3, warmup_steps=20, total_steps=steps, min_lr_ratio=0.1)
+    settings = StepSettings(None, 1.0, model.args.names)
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        set_learning_rate(optimizer, schedule.lr(step))
+        samples = [mask_sample(rng, masking, {m: scenes[i]["tokens"][m].reshape(GRID, GRID) for m in MODALITIES},
+                               scenes[i]["rgb"]) for i in rng.integers(0, len(scenes), batch)]
+        train_step(trunk, optimizer, [collate(samples, masking)], settings, torch.device("cpu"))
+    return model.eval()
+
+
+def generate(model: FourM, tokenizers: dict[str, VQVAE], scenes: list[dict], target: str) -> np.ndarray:
+    """Decoded maps of ``target`` generated from each scene's rgb (pixels or tokens, as the model reads it)."""
+    pixels = model.args.modalities[0].pixel_input
+    inputs = [{"rgb": s["tokens"]["rgb"], **({"pixels": s["rgb"]} if pixels else {})} for s in scenes]
+    generated = Generator(model).generate(inputs, target, SAMPLING)
+    return tokenizers[target].decode(torch.as_tensor(np.stack([g.tokens for g in generated])))
+
+
+def score(target: str, predicted: np.ndarray, truth: np.ndarray, region: np.ndarray | None = None) -> float:
+    if region is not None:  # score the pixels of the region only (a whole-image mask of the same shape)
+        predicted, truth = predicted[:, region][:, None], truth[:, region][:, None]
+    stats = semseg_stats(predicted, truth) if target == "semseg" else normal_stats(predicted, truth)
+    return stats.whole()[SCORES[target]]
+
+
+def ceiling(tokenizers: dict[str, VQVAE], scenes: list[dict], target: str) -> np.ndarray:
+    grids = np.stack([s["tokens"][target].reshape(GRID, GRID) for s in scenes])
+    return tokenizers[target].decode(torch.as_tensor(grids))
+
+
+def shift(array: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """Rolled by whole patches down and right (``[N, H, W, ...]``)."""
+    return np.roll(array, (rows * PATCH, cols * PATCH), axis=(1, 2))
+
+
+def mirror(modality: str, array: np.ndarray) -> np.ndarray:
+    """Mirrored left-right (``[N, H, W, ...]``); a normal's x component changes sign (camera frame, x right)."""
+    out = array[:, :, ::-1].copy()
+    if modality == "normal":
+        out[..., 0] *= -1
+    return out
+
+
+#: training steps with rgb as pixel patches / as tokens (tokens learn more slowly: each of 256 codes is a row of
+#: its own to learn, where the patch projection generalises across colours)
+STEPS = {True: 800, False: 1500}
+#: the fraction of the ceiling a moved scene's map reaches (test_the_generated_map_follows_the_scene). Measured on
+#: this 2-core CPU: pixels 0.92-0.99; tokens 0.82-0.99 at 1500 steps, and no better at 2000 (semseg of the
+#: mirrored scenes 0.73, then 0.59): rgb tokens learn where things are, but less reliably in this budget.
+FOLLOW_BAR = {True: 0.9, False: 0.6}
+
+
+@pytest.mark.parametrize("pixels", [True, False], ids=["rgb-pixels", "rgb-tokens"])
+def test_overfits_rgb_to_semseg_and_normal_to_the_tokenizer_ceiling(tokenizers, pixels):
+    scenes = tokenize(tokenizers, render(seed=1, count=24))
+    model = train(scenes, pixels, steps=STEPS[pixels])
+    for target in ("semseg", "normal"):
+        truth = np.stack([s[target] for s in scenes])
+        reached = score(target, generate(model, tokenizers, scenes, target), truth)
+        best = score(target, ceiling(tokenizers, scenes, target), truth)
+        assert reached >= 0.9 * best, f"rgb -> {target}: {SCORES[target]} {reached:.3f}, ceiling {best:.3f}"
+
+
+@pytest.mark.parametrize("pixels", [True, False], ids=["rgb-pixels", "rgb-tokens"])
+def test_the_generated_map_follows_the_scene(tokenizers, pixels):
+    """Trained on 8 scenes, their mirror images and the same scenes shifted by whole patches, the map generated
+    for the mirrored (shifted) scene is the mirrored (shifted) map. A scene and its mirror image hold the same
+    colours in the same amounts: a model that reads what is in the image but not where (the first demo model gave
+    them the same logits) cannot tell the two maps apart."""
+    scenes = render(seed=2, count=8)
+    moves = {"shifted": lambda m, a: shift(a, 2, 3), "mirrored": mirror}
+    variants = {name: [{m: move(m, s[m][None])[0] for m in MODALITIES} for s in scenes] for name, move in moves.items()}
+    model = train(tokenize(tokenizers, scenes + variants["shifted"] + variants["mirrored"]), pixels,
+                  steps=STEPS[pixels])
+    failures = []
+    for target in ("semseg", "normal"):
+        truth = np.stack([s[target] for s in scenes])
+        for name, move in moves.items():
+            moved = tokenize(tokenizers, variants[name])
+            generated = generate(model, tokenizers, moved, target)
+            follows, stays = score(target, generated, move(target, truth)), score(target, generated, truth)
+            best = score(target, ceiling(tokenizers, moved, target), move(target, truth))
+            if not (follows >= FOLLOW_BAR[pixels] * best and follows > stays):
+                failures.append(f"rgb -> {target}, {name} scene: {SCORES[target]} {follows:.3f} against the moved "
+                                f"truth (ceiling {best:.3f}), {stays:.3f} against the scene as it was")
+    assert not failures, "; ".join(failures)
