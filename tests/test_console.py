@@ -59,3 +59,11 @@ def test_closing_summary_names_every_stage_and_where_things_are():
     text = closing_summary(summary)
     assert "prepare-data  skipped" in text and "/r/p/1" in text and "/r/l.log" in text
     assert "make ui DEMO_ROOT=/r " in text  # the full mlflow serves the UI; mlflow-skinny has none
+
+
+def test_closing_summary_prints_the_run_time_beside_the_machines_matmul_rate():
+    summary = {"mlflow": {"tracking_uri": "sqlite:////r/mlflow.db", "parent_run_id": "abc"}, "seconds": 321.04,
+               "machine": {"fp32_matmul_gflops": 231.4, "threads": 2},
+               "stages": [{"name": "pretrain", "status": "ran", "seconds": 300.0, "output_uri": "/r/t/1"}]}
+    total = next(line for line in closing_summary(summary).splitlines() if line.startswith("total"))
+    assert "321.0" in total and "231 GFLOP/s" in total and "2 threads" in total

@@ -1,13 +1,14 @@
 """Learning tests: the 4M model learns where things are, through the pipeline's own parts.
 
 Scenes come from the synthetic renderer, tokens from conv VQ-VAEs trained here, batches from the loader's masking
-(:func:`mask_sample`/:func:`collate`), updates from the trainer's :func:`train_step` with its optimizer and schedule,
-maps from the :class:`Generator` with the evaluation's sampling (MaskGIT, 8 steps, temperature 0), decoded by the
-tokenizers and scored with the evaluation's metrics against the **tokenizer ceiling** (the ground truth's own tokens
+(:func:`mask_sample`/:func:`collate`, 4M's two kinds of draw: rgb alone in, and every modality in part), updates
+from the trainer's :func:`train_step` with its optimizer and schedule, maps from the :class:`Generator` with the
+evaluation's sampling of a map (one argmax pass, ``evaluate.map_steps``) and with 8-step MaskGIT (which feeds the
+tokens it keeps back to the encoder), decoded by the tokenizers and scored with the evaluation's metrics against the **tokenizer ceiling** (the ground truth's own tokens
 decoded: what a perfect token predictor scores). Each test runs with rgb entering the encoder as pixel patches and
 as rgb tokens.
 
-* **overfit**: on 24 scenes, rgb -> semseg and rgb -> normal reach 0.9 of the ceiling;
+* **overfit**: on 24 scenes, rgb -> semseg and rgb -> normal reach 0.9 of the ceiling in one pass, 0.7 with MaskGIT;
 * **the map follows the scene**: trained on 8 scenes, the same scenes shifted by whole patches and mirrored, the
   map generated for a shifted (mirrored) scene is the shifted (mirrored) map, not the map of the scene as it was.
 
@@ -21,11 +22,14 @@ second: its maps were one blob in the middle whatever the input, and a mirrored 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
-from fourm_kfp.config.fourm_config import OptimizerConfig
+from fourm_kfp.config.fourm_config import EvaluateConfig, OptimizerConfig
+from fourm_kfp.config.schema import to_dict
 from fourm_kfp.data.synthetic_scenes import synthetic_sample
 from fourm_kfp.evaluation.task_metrics import normal_stats, semseg_stats
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
@@ -44,10 +48,22 @@ pytestmark = pytest.mark.learning
 SIZE, PATCH = 32, 4
 GRID = SIZE // PATCH
 MODALITIES = ("rgb", "semseg", "normal")
-#: the evaluation's sampling (configs/demo/evaluate.yaml)
-SAMPLING = SamplingArgs(steps=8, order="maskgit", schedule="cosine", temperature=0.0)
+#: the evaluation's sampling of a map read off an image (``evaluate.sampling`` with ``evaluate.map_steps``: one
+#: argmax pass over the grid), and the 8-step MaskGIT it used before (kept tokens go back into the encoder)
+_EVALUATION = EvaluateConfig()
+SAMPLING = replace(SamplingArgs(**to_dict(_EVALUATION.sampling)), steps=_EVALUATION.map_steps)
+MASKGIT = SamplingArgs(steps=8, order="maskgit", schedule="cosine", temperature=0.0)
+#: the fraction of the ceiling MaskGIT must keep: measured 0.78-0.85 (semseg, pixels, 800 steps) and 0.97-0.98 (semseg,
+#: tokens)
+#: at seeds 0-2 where one pass reached 0.99-1.0, normal 0.98-1.0 (a model trained on rgb inputs alone kept 0.71 of
+#: semseg: fed back, its own tokens were inputs it had never seen; hence MIXTURE)
+MASKGIT_BAR = 0.7
 #: (metric, higher is better) compared with the ceiling: the fraction of the ceiling's score the model reaches
 SCORES = {"semseg": "miou", "normal": "within_11_25"}
+#: 4M's two kinds of draw, over (rgb, semseg, normal): rgb alone in, and every modality in part. MaskGIT feeds the
+#: tokens it has fixed back to the encoder, so the model must have learnt to read semseg and normal as inputs:
+#: trained on rgb inputs alone, a model whose single argmax pass scored the ceiling lost 30% of it in 8 steps.
+MIXTURE = (MixtureComponent(1.0, (1.0, 0.0, 0.0), (0.0, 1.0, 1.0)), MixtureComponent(1.0, (1.0, 1.0, 1.0), (0.0, 1.0, 1.0)))
 
 
 def render(seed: int, count: int) -> list[dict]:
@@ -90,7 +106,7 @@ def train(scenes: list[dict], pixels: bool, steps: int, batch: int = 16, seed: i
     model = FourM(FourMArgs(model_specs, encoder_layers=2, decoder_layers=2, dim=128, heads=4))
     trunk = parallelize(model)
     masking = MaskingArgs(model_specs, input_budget=GRID * GRID, target_budget=GRID * GRID,
-                          mixture=(MixtureComponent(1.0, (1.0, 0.0, 0.0), (0.0, 1.0, 1.0)),), sentinels=())
+                          mixture=MIXTURE, sentinels=())
     optimizer = build_optimizer(model, OptimizerConfig(), peak_lr=2e-3)
     schedule = Schedule(2e-3, warmup_steps=20, total_steps=steps, min_lr_ratio=0.1)
     settings = StepSettings(None, 1.0, model.args.names)
@@ -103,11 +119,12 @@ def train(scenes: list[dict], pixels: bool, steps: int, batch: int = 16, seed: i
     return model.eval()
 
 
-def generate(model: FourM, tokenizers: dict[str, VQVAE], scenes: list[dict], target: str) -> np.ndarray:
+def generate(model: FourM, tokenizers: dict[str, VQVAE], scenes: list[dict], target: str,
+             sampling: SamplingArgs = SAMPLING) -> np.ndarray:
     """Decoded maps of ``target`` generated from each scene's rgb (pixels or tokens, as the model reads it)."""
     pixels = model.args.modalities[0].pixel_input
     inputs = [{"rgb": s["tokens"]["rgb"], **({"pixels": s["rgb"]} if pixels else {})} for s in scenes]
-    generated = Generator(model).generate(inputs, target, SAMPLING)
+    generated = Generator(model).generate(inputs, target, sampling)
     return tokenizers[target].decode(torch.as_tensor(np.stack([g.tokens for g in generated])))
 
 
@@ -136,24 +153,28 @@ def mirror(modality: str, array: np.ndarray) -> np.ndarray:
     return out
 
 
-#: training steps with rgb as pixel patches / as tokens (tokens learn more slowly: each of 256 codes is a row of
-#: its own to learn, where the patch projection generalises across colours)
-STEPS = {True: 800, False: 1500}
-#: the fraction of the ceiling a moved scene's map reaches (test_the_generated_map_follows_the_scene). Measured on
-#: this 2-core CPU: pixels 0.92-0.99; tokens 0.82-0.99 at 1500 steps, and no better at 2000 (semseg of the
-#: mirrored scenes 0.73, then 0.59): rgb tokens learn where things are, but less reliably in this budget.
-FOLLOW_BAR = {True: 0.9, False: 0.6}
+#: training steps, rgb as pixel patches or as tokens. With MIXTURE, half the draws hide part of rgb: at 800 steps
+#: the pixel model's one pass scored 0.63-0.75 of the ceiling on the mirrored scenes' semseg, at 1500 1.00.
+STEPS = 1500
+#: the fraction of the ceiling a moved scene's map must reach in one pass (test_the_generated_map_follows_the_scene);
+#: measured at 1500 steps, seeds 0-1: 1.00 for every map, pixels and tokens, where the map of the scene as it was
+#: scores 0.20 (shifted semseg), 0.43 (mirrored semseg), 0.70 and 0.92 (normal: mostly ground, which does not move)
+FOLLOW_BAR = 0.9
 
 
 @pytest.mark.parametrize("pixels", [True, False], ids=["rgb-pixels", "rgb-tokens"])
 def test_overfits_rgb_to_semseg_and_normal_to_the_tokenizer_ceiling(tokenizers, pixels):
     scenes = tokenize(tokenizers, render(seed=1, count=24))
-    model = train(scenes, pixels, steps=STEPS[pixels])
+    model = train(scenes, pixels, steps=STEPS)
+    failures = []
     for target in ("semseg", "normal"):
         truth = np.stack([s[target] for s in scenes])
-        reached = score(target, generate(model, tokenizers, scenes, target), truth)
         best = score(target, ceiling(tokenizers, scenes, target), truth)
-        assert reached >= 0.9 * best, f"rgb -> {target}: {SCORES[target]} {reached:.3f}, ceiling {best:.3f}"
+        for name, sampling, bar in (("one pass", SAMPLING, 0.9), ("MaskGIT, 8 steps", MASKGIT, MASKGIT_BAR)):
+            reached = score(target, generate(model, tokenizers, scenes, target, sampling), truth)
+            if reached < bar * best:
+                failures.append(f"rgb -> {target} ({name}): {SCORES[target]} {reached:.3f}, ceiling {best:.3f}")
+    assert not failures, "; ".join(failures)
 
 
 @pytest.mark.parametrize("pixels", [True, False], ids=["rgb-pixels", "rgb-tokens"])
@@ -166,7 +187,7 @@ def test_the_generated_map_follows_the_scene(tokenizers, pixels):
     moves = {"shifted": lambda m, a: shift(a, 2, 3), "mirrored": mirror}
     variants = {name: [{m: move(m, s[m][None])[0] for m in MODALITIES} for s in scenes] for name, move in moves.items()}
     model = train(tokenize(tokenizers, scenes + variants["shifted"] + variants["mirrored"]), pixels,
-                  steps=STEPS[pixels])
+                  steps=STEPS)
     failures = []
     for target in ("semseg", "normal"):
         truth = np.stack([s[target] for s in scenes])
@@ -175,7 +196,7 @@ def test_the_generated_map_follows_the_scene(tokenizers, pixels):
             generated = generate(model, tokenizers, moved, target)
             follows, stays = score(target, generated, move(target, truth)), score(target, generated, truth)
             best = score(target, ceiling(tokenizers, moved, target), move(target, truth))
-            if not (follows >= FOLLOW_BAR[pixels] * best and follows > stays):
+            if not (follows >= FOLLOW_BAR * best and follows > stays):
                 failures.append(f"rgb -> {target}, {name} scene: {SCORES[target]} {follows:.3f} against the moved "
                                 f"truth (ceiling {best:.3f}), {stays:.3f} against the scene as it was")
     assert not failures, "; ".join(failures)

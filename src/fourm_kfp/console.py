@@ -124,6 +124,11 @@ def closing_summary(summary: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{r[0]:{widths[0]}}  {r[1]:{widths[1]}}  {r[2]:>{widths[2]}}  {r[3]}" for r in rows]
     lines.insert(1, "-" * len(lines[0]))
+    machine = summary.get("machine")
+    if "seconds" in summary:
+        lines.append(f"{'total':{widths[0]}}  {'':{widths[1]}}  {summary['seconds']:>{widths[2]}.1f}"
+                     + (f"  on a CPU doing {machine['fp32_matmul_gflops']:.0f} GFLOP/s of fp32 matmul on "
+                        f"{machine['threads']} threads (measured after the run)" if machine else ""))
     tracking = summary["mlflow"]["tracking_uri"]
     lines += [
         "",

@@ -3,7 +3,9 @@
 The identical pipeline definition that runs in the cluster runs here with ``SubprocessRunner(use_venv=False)``
 (components execute in this Python environment), KFP caching on, and the KFP pipeline root inside the run folder.
 The MLflow store defaults to ``<root>/mlflow.db``. Afterwards a summary JSON is assembled from the MLflow runs:
-``{"run_id", "mlflow": {"tracking_uri", "parent_run_id"}, "stages": [{"name", "status", "output_uri", "seconds"}]}``.
+``{"run_id", "mlflow": {"tracking_uri", "parent_run_id"}, "stages": [{"name", "status", "output_uri", "seconds"}],
+"seconds", "machine": {"fp32_matmul_gflops", "threads"}}``: the run's wall time and, measured after it, the CPU's
+fp32 matmul rate, so a time taken on one machine can be read against another's.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
     if tracking is None:
         raise ConfigError("fourm-kfp run needs MLflow lineage: MLFLOW_TRACKING_URI=none is not supported here")
     apply_s3_endpoint(s3_endpoint)  # the component subprocesses inherit it
+    started = time.perf_counter()
     label = f"local-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     store_uri = resolve_store_uri(root, store, s3_endpoint)
     # Opening the parent run here (not in a pipeline step) saves every step a second MLflow start-up.
@@ -81,7 +84,10 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
         except RuntimeError as exc:
             error = exc
     lineage.finish_run(tracking, parent_run_id, "FAILED" if error else "FINISHED")
-    summary = {**build_summary(label, tracking, parent_run_id), "kfp_log": str(kfp_log)}
+    from fourm_kfp.train.hardware import cpu_matmul_rate
+
+    summary = {**build_summary(label, tracking, parent_run_id), "kfp_log": str(kfp_log),
+               "seconds": round(time.perf_counter() - started, 1), "machine": cpu_matmul_rate()}
     if summary_path:
         Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
         Path(summary_path).write_text(json.dumps(summary, indent=2) + "\n")

@@ -20,7 +20,11 @@ from PIL import Image
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract import lineage, run_stage
 from fourm_kfp.data.shard_stream import iter_split
+from fourm_kfp.evaluation.any_to_any import AnyToAny
+from fourm_kfp.evaluation.evaluate import load_scenes, train_ground_truth
 from fourm_kfp.evaluation.model_gate import SCENE_SCORES
+from fourm_kfp.evaluation.tasks import Baselines, run_task
+from fourm_kfp.model.generation import SamplingArgs
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store, resolve_uri
 
@@ -138,6 +142,35 @@ def test_the_curve_scores_each_snapshot_and_ends_with_the_final_model(smoke):
         assert values["primary"] == primary and len(values["model"]) == 2
         assert values["model"][-1] == pytest.approx(tasks[task]["model"][primary], abs=1e-9), task
         assert values["baseline"] == pytest.approx(tasks[task]["baseline"][primary], abs=1e-9), task
+
+
+def test_maps_read_off_an_image_take_map_steps_and_the_rest_take_sampling_steps(smoke):
+    """rgb-to-depth/normal/semseg and caption-to-rgb's reading of its own image are generated with
+    ``evaluate.map_steps``; caption-to-rgb's image with ``evaluate.sampling.steps`` (text is autoregressive)."""
+    root, store, _, uris = smoke
+    engine = AnyToAny(uris["pretrain"], "cpu", tokenizers_uri=uris["train-tokenizers"])
+    prepared = open_store(uris["prepare-data"])
+    scenes = load_scenes(engine, prepared, open_store(uris["pretokenize"]), 2)
+    baselines = Baselines.fit(train_ground_truth(prepared, ["depth", "normal", "semseg", "det", "caption"], 8))
+    calls, generate = [], engine.generator.generate
+
+    def recording(samples, target, args, seed=0):
+        calls.append((target, args.steps))
+        return generate(samples, target, args, seed)
+
+    engine.generator.generate = recording
+    for task in TASKS:
+        run_task(engine, scenes, task, baselines, SamplingArgs(steps=8, temperature=0.0), 0, 2, 0,
+                 SamplingArgs(steps=1, temperature=0.0))
+    assert calls == [("depth", 1), ("normal", 1), ("semseg", 1), ("det", 8), ("caption", 8), ("rgb", 8),
+                     ("semseg", 1)]
+
+    config = load_config("smoke", overrides=["train.steps=4", "train.snapshot_every=2", "evaluate.map_steps=2"])
+    output = open_store(_evaluate(root, store, config)[0].output_uri)
+    report = json.loads(output.get_bytes("evaluation.json"))
+    assert report["map_steps"] == 2 and report["sampling"]["steps"] == config.evaluate.sampling.steps
+    assert "maps read off an image (rgb-to-depth/normal/semseg) in 2 step(s)" in output.get_text(
+        "reports/evaluation_report.md")
 
 
 def test_the_payload_is_byte_identical_in_another_run_folder(smoke, tmp_path):

@@ -12,8 +12,6 @@ from safetensors.torch import load_file
 
 from fourm_kfp.tokenizers import VQVAEConfig, save_image_tokenizer, train_vqvae
 
-torch.set_num_threads(1)
-
 CONFIG = VQVAEConfig.for_modality(
     "semseg", image_size=16, patch_size=4, hidden_dim=16, depth=1, codebook_size=16, code_dim=8, ema_decay=0.9
 )

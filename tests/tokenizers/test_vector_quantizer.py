@@ -7,8 +7,6 @@ import torch.nn.functional as F
 
 from fourm_kfp.tokenizers.vector_quantizer import VectorQuantizer
 
-torch.set_num_threads(1)
-
 
 def identity_quantizer(codebook: torch.Tensor, decay: float = 0.5, dead_threshold: float = 0.0) -> VectorQuantizer:
     """A quantizer whose projections are the identity, with the given codebook."""

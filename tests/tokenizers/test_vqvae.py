@@ -19,8 +19,6 @@ from fourm_kfp.tokenizers import (
     save_image_tokenizer,
 )
 
-torch.set_num_threads(1)
-
 
 def make_arrays(modality: str, n: int = 4, size: int = 16, seed: int = 0) -> np.ndarray:
     """Random in-memory arrays of ``modality`` with some invalid pixels where the modality has them."""

@@ -45,6 +45,9 @@ class ModelConfig:
     tie_embeddings: bool = option(True, "tie each decoder output head to its decoder token embedding")
     max_text_length: int = option(64, "longest caption/det token sequence (input or target); longer is cut",
                                   min=8)
+    position_temperature: float = option(10000.0, "longest wavelength of the fixed sin-cos positions (ml-4m: "
+                                                  "10000); at a small width most of 10000's frequencies do not vary "
+                                                  "over a 16-cell grid", min=2.0)
 
     def __post_init__(self) -> None:
         if self.dim % self.heads:
@@ -351,6 +354,10 @@ class EvaluateConfig:
     curve_samples: int = option(0, "val scenes on which every weight snapshot of the model (train.snapshot_every) "
                                    "and the final model are scored: the scores-against-steps figure (0: none)", min=0)
     sampling: SamplingConfig = option(SamplingConfig(), "generation settings")
+    map_steps: int = option(1, "MaskGIT steps for the maps read off an image (rgb-to-depth, -normal, -semseg, and "
+                               "caption-to-rgb's reading of its own image; the rest of `sampling` applies): 1 is a "
+                               "single pass over the whole grid, which ml-4m's generation guide finds enough for "
+                               "RGB->normal, where caption->RGB needs several", min=1)
     gate: GateConfig = option(GateConfig(), "the model gate")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -141,10 +141,11 @@ def evaluate(ctx: StageContext) -> StageResult:
     baselines = Baselines.fit(train_ground_truth(ctx.inputs[PREPARED].store, ["depth", "normal", "semseg", "det",
                                                                                "caption"], cfg.baseline_samples))
     sampling = SamplingArgs(**to_dict(cfg.sampling))
+    map_sampling = replace(sampling, steps=cfg.map_steps)
     results: list[TaskResult] = []
     for task in progress(tasks, total=len(tasks), desc="evaluate tasks", unit="task", interval=0):
         results.append(run_task(engine, scenes, task, baselines, sampling, cfg.seed, cfg.batch_size,
-                                cfg.grid_samples))
+                                cfg.grid_samples, map_sampling))
         r = results[-1]
         log.info("evaluate %s: %s %.4f (ceiling %.4f, baseline %.4f; difference %+.4f, 95%% interval "
                  "[%+.4f, %+.4f])%s", task, r.primary, r.metrics[r.primary], r.ceiling[r.primary],
@@ -154,7 +155,7 @@ def evaluate(ctx: StageContext) -> StageResult:
     curve = None
     if cfg.curve_samples and results:
         curve = score_curve(engine, scenes.head(cfg.curve_samples), tasks, baselines, sampling, cfg.seed,
-                            cfg.batch_size, results)
+                            cfg.batch_size, results, map_sampling)
 
     metrics = {f"val.loss.{m}" if m != "all" else "val.loss": v["loss"] for m, v in masked.items()}
     metrics |= {f"val.accuracy.{m}" if m != "all" else "val.accuracy": v["accuracy"] for m, v in masked.items()}
@@ -165,7 +166,8 @@ def evaluate(ctx: StageContext) -> StageResult:
     metrics["tasks_beating_baseline"] = float(sum(r.beats_baseline for r in results))
     report: dict[str, Any] = {
         "model_uri": output_ref(model_uri), "step": engine.card.get("step"),
-        "num_samples": len(scenes), "sampling": asdict(sampling), "masked": masked,
+        "num_samples": len(scenes), "sampling": asdict(sampling), "map_steps": cfg.map_steps,
+        "masked": masked,
         "tasks": [r.to_dict() for r in results], "tasks_skipped": skipped,
         "tasks_beating_baseline": int(metrics["tasks_beating_baseline"]), "metrics": metrics,
         **({"curve": curve} if curve else {}),

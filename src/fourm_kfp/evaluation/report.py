@@ -113,7 +113,9 @@ def _markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[
 def report_markdown(report: Mapping[str, Any]) -> str:
     lines = ["# Evaluation", "",
              f"Model `{report['model_uri']}` (step {report['step']}), {report['num_samples']} val scenes, "
-             f"sampling {report['sampling']}.", "",
+             f"sampling {report['sampling']}"
+             + (f"; maps read off an image (rgb-to-depth/normal/semseg) in {report['map_steps']} step(s)"
+                if "map_steps" in report else "") + ".", "",
              "## Masked modeling (val split, training budgets and seed)", "",
              "| modality | loss | token accuracy |", "|---|---|---|"]
     for name, values in report["masked"].items():

@@ -159,13 +159,18 @@ class Baselines:
 
 
 def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, sampling: SamplingArgs,
-             seed: int, batch_size: int, shown: int) -> TaskResult:
+             seed: int, batch_size: int, shown: int, map_sampling: SamplingArgs | None = None) -> TaskResult:
+    """Score ``task`` on ``scenes``. ``map_sampling`` (default ``sampling``) generates the dense maps read off an
+    image: an image target from an image source, and caption-to-rgb's semseg of its own image."""
     source, target = split_task(task)
     inputs = engine.token_inputs(source, scenes.tokens[source], scenes.truth.get(source))
     primary, direction = tm.TASK_PRIMARY[task]
+    map_sampling = map_sampling or sampling
     if task == "caption-to-rgb":
-        return _caption_to_rgb(engine, scenes, inputs, baselines, sampling, seed, batch_size, shown, primary)
-    generated = engine.generate_tokens(inputs, target, sampling, seed, batch_size)
+        return _caption_to_rgb(engine, scenes, inputs, baselines, sampling, map_sampling, seed, batch_size, shown,
+                               primary)
+    reads_a_map = engine.specs[source].kind == "image" and engine.specs[target].kind == "image"
+    generated = engine.generate_tokens(inputs, target, map_sampling if reads_a_map else sampling, seed, batch_size)
     predicted = engine.detokenize(target, [g.tokens for g in generated])
     ceiling_values = engine.detokenize(target, scenes.tokens[target]) if target in scenes.tokens else None
     truth = scenes.truth[target]
@@ -195,13 +200,14 @@ def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, 
 
 
 def _caption_to_rgb(engine: AnyToAny, scenes: Scenes, inputs: list[dict[str, np.ndarray]], baselines: Baselines,
-                    sampling: SamplingArgs, seed: int, batch_size: int, shown: int, primary: str) -> TaskResult:
+                    sampling: SamplingArgs, map_sampling: SamplingArgs, seed: int, batch_size: int, shown: int,
+                    primary: str) -> TaskResult:
     captions = scenes.truth["caption"]
     rgb = engine.generate_tokens(inputs, "rgb", sampling, seed, batch_size)
     images = engine.detokenize("rgb", [g.tokens for g in rgb])
     # The model reads its own image: semseg predicted from the generated rgb alone.
     semseg = engine.generate_tokens(engine.token_inputs("rgb", [g.tokens.reshape(-1) for g in rgb], images),
-                                    "semseg", sampling, seed + 1, batch_size)
+                                    "semseg", map_sampling, seed + 1, batch_size)
     predicted = engine.detokenize("semseg", [g.tokens for g in semseg])
     metrics = tm.shape_presence_stats(predicted, captions)
     ceiling = tm.shape_presence_stats(engine.detokenize("semseg", scenes.tokens["semseg"]), captions)

@@ -49,6 +49,7 @@ class FourMArgs:
     loss_weighting: Literal["modality", "token"] = "modality"
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    position_temperature: float = 10000.0  # the sin-cos tables' longest wavelength (ml-4m: 10000)
 
     def __post_init__(self) -> None:
         if self.dim % self.heads or (self.dim // self.heads) % 2:
@@ -85,7 +86,8 @@ class FourM(nn.Module):
         self.register_buffer("token_offset", _offsets(vocab), persistent=False)
         self.register_buffer("position_offset", _offsets([m.num_positions for m in args.modalities]),
                              persistent=False)
-        tables = [sincos_2d(*m.grid, dim) if m.kind == "image" else sincos_1d(m.max_length, dim)
+        t = args.position_temperature
+        tables = [sincos_2d(*m.grid, dim, t) if m.kind == "image" else sincos_1d(m.max_length, dim, t)
                   for m in args.modalities]
         self.register_buffer("positions", torch.cat(tables), persistent=False)
         self.register_buffer("is_sequence", torch.tensor([m.kind == "sequence" for m in args.modalities]),

@@ -80,7 +80,8 @@ def model_args(config: Any, specs: tuple[ModalitySpec, ...]) -> FourMArgs:
     train = config.train
     return FourMArgs(specs, encoder_layers=train.model.encoder_layers, decoder_layers=train.model.decoder_layers,
                      dim=train.model.dim, heads=train.model.heads, tie_embeddings=train.model.tie_embeddings,
-                     label_smoothing=train.label_smoothing, loss_weighting=train.loss_weighting)
+                     label_smoothing=train.label_smoothing, loss_weighting=train.loss_weighting,
+                     position_temperature=train.model.position_temperature)
 
 
 def masking_args(config: Any, specs: tuple[ModalitySpec, ...], inputs: TrainingInputs) -> MaskingArgs:

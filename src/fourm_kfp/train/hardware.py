@@ -109,6 +109,13 @@ def measured_matmul_flops(device_type: str, dtype: torch.dtype = torch.float32, 
     return 2 * size**3 * reps / (time.perf_counter() - start)
 
 
+def cpu_matmul_rate(size: int = 2048, trials: int = 3) -> dict[str, float]:
+    """This machine's fp32 matmul rate on the CPU (best of ``trials`` square matmuls of side ``size``) and the
+    threads torch uses: the yardstick printed beside a run's times, since 2-core machines differ up to 2x."""
+    best = max(measured_matmul_flops.__wrapped__("cpu", torch.float32, size) for _ in range(trials))
+    return {"fp32_matmul_gflops": round(best / 1e9, 1), "threads": torch.get_num_threads()}
+
+
 def peak_flops(device: torch.device, dtype: torch.dtype | None) -> float:
     """Peak FLOP/s for MFU: the known GPU's dense figure, else this device's measured matmul."""
     if device.type == "cuda":
