@@ -30,7 +30,8 @@ takes ``modality_info`` as an argument) gets an empty dict, and ``fm.py``'s ``ra
 ``TypeError`` since Python 3.11) gets 3.10's behaviour. The model code timed is the reference's, unchanged.
 
 Timing: warm-up steps for both, then ``--rounds`` rounds alternating ours and the reference's (``--steps`` steps
-each); best and median seconds per step and tokens/s (tokens = (input + target) x batch), and ours/reference.
+each); best and median seconds per step and tokens/s (tokens = (input + target) x batch), and ours/reference; the
+machine's fp32 matmul rate before and after (``machine_before``/``machine_after``), since 2-core machines differ.
 
     python bench/reference_compare.py [--configs tiny,base] [--rounds 5] [--steps 3] [--reference PATH]
                                       [--output f.json]
@@ -61,6 +62,7 @@ from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_samp
 from fourm_kfp.model.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.parallelize import parallelize
+from fourm_kfp.train.hardware import cpu_matmul_rate
 from fourm_kfp.train.optimizer import build_optimizer
 from fourm_kfp.train.step import StepSettings, train_step
 
@@ -311,12 +313,13 @@ DIFFERENCES = [
     "tokens exist but pixel input never reads them) with the output head tied to the decoder table; the reference "
     "has per-domain tables, each decoder embedding sharing its table with its output head (share_embedding=True), "
     "and no encoder table for tok_rgb@224.",
-    "Reference only: decoder_proj_context (a dim x dim linear on the encoder output before cross-attention) and "
-    "learned modality embeddings per embedding module (shared between encoder and decoder); ours adds one learned "
-    "modality embedding table and a learned mask token.",
+    "Decoder context: both project the normalised encoder output (dim x dim) and add each input's position and "
+    "modality embedding again (reference: decoder_proj_context, with bias; ours: context_proj, bias-free, since "
+    "pretrain code_version 6). Modality embeddings: the reference learns one per embedding module (shared between "
+    "encoder and decoder); ours one learned modality embedding table, plus a learned mask token.",
     "Parameters: the trunks (encoder, decoder blocks) have identical counts; ours has 16384 x dim more (its shared "
     "encoder table keeps rows for rgb tokens that pixel input never reads; they get no gradient), the reference "
-    "dim x (dim + 1) more (decoder_proj_context, with bias).",
+    "dim more (decoder_proj_context's bias).",
     "Optimizer implementation: ours build_optimizer's AdamW (fused on the CPU since commit b059a3c, foreach "
     "before); the reference torch's default (for-loop on CPU), as its create_optimizer builds it.",
     "Loss: both average per-modality mean cross-entropies ('mod'); the reference masks by boolean indexing of the "
@@ -352,6 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
                              "caption": f"WordPiece ids of 30000, at most 256; {CAPTION_LENGTH[0]}-"
                                         f"{CAPTION_LENGTH[1] - 1} per sample here, in and out"},
               "differences": DIFFERENCES}
+    result["machine_before"] = cpu_matmul_rate()  # the yardstick: 2-core machines differ up to 2x
     if Path("/proc/loadavg").exists():
         result["loadavg_before"] = Path("/proc/loadavg").read_text().split()[:3]
     ref = None
@@ -374,6 +378,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name}: done", file=sys.stderr)
     if Path("/proc/loadavg").exists():
         result["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
+    result["machine_after"] = cpu_matmul_rate()
     emit(result, args.output)
     return result
 

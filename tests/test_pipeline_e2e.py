@@ -84,11 +84,16 @@ def test_smoke_pipeline_local_then_skipped(tmp_path):
     assert (tmp_path / "mlflow.db").exists()
     _check_output(first["stages"][0]["output_uri"])
     _check_mlflow(first, "ran")
+    # The stage times add up to no more than the run's wall time, pretokenize's counting its fanned-out parts.
+    pretokenize = first["stages"][2]
+    assert 0 < pretokenize["parts_seconds"] < pretokenize["seconds"]
+    assert sum(s["seconds"] for s in first["stages"]) <= first["seconds"]
     # The evaluated model is registered and, being the first, promoted to champion.
     assert first["model_gate"]["promoted"] and first["model_gate"]["model_name"] == "fourm-smoke"
 
     second, _ = _run(tmp_path)
     assert [s["status"] for s in second["stages"]] == ["skipped"] * len(STAGES)
+    assert "parts_seconds" not in second["stages"][2]  # reused: no parts ran
     assert [s["output_uri"] for s in second["stages"]] == [s["output_uri"] for s in first["stages"]]
     assert second["mlflow"]["parent_run_id"] != first["mlflow"]["parent_run_id"]
     _check_mlflow(second, "skipped")  # every stage reused: nothing recomputed (how fast is bench/'s business)
@@ -130,6 +135,7 @@ def test_smoke_pipeline_on_s3(tmp_path, s3_env):
 
     second, _ = _run(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide)
     assert [s["status"] for s in second["stages"]] == ["skipped"] * len(STAGES)
+    assert "parts_seconds" not in second["stages"][2]  # reused: no parts ran
 
 
 

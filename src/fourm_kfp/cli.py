@@ -18,7 +18,10 @@ import yaml
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="smoke", help="named config preset (smoke, demo, 4m-b); default smoke")
+    from fourm_kfp.config.loader import available_presets
+
+    p.add_argument("--preset", default="smoke",
+                   help=f"named config preset ({', '.join(available_presets())}); default smoke")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config value (repeatable), e.g. --set data.image_size=96")
 

@@ -4,8 +4,9 @@ The identical pipeline definition that runs in the cluster runs here with ``Subp
 (components execute in this Python environment), KFP caching on, and the KFP pipeline root inside the run folder.
 The MLflow store defaults to ``<root>/mlflow.db``. Afterwards a summary JSON is assembled from the MLflow runs:
 ``{"run_id", "mlflow": {"tracking_uri", "parent_run_id"}, "stages": [{"name", "status", "output_uri", "seconds"}],
-"seconds", "machine": {"fp32_matmul_gflops", "threads"}}``: the run's wall time and, measured after it, the CPU's
-fp32 matmul rate, so a time taken on one machine can be read against another's.
+"seconds", "machine": {"fp32_matmul_gflops", "threads"}}``: each stage's seconds (a fanned-out stage's include its
+parts', also given as ``parts_seconds``), the run's wall time and, measured after it, the CPU's fp32 matmul rate, so
+a time taken on one machine can be read against another's.
 """
 
 from __future__ import annotations
@@ -102,14 +103,19 @@ def build_summary(run_label: str, tracking_uri: str, parent_run_id: str) -> dict
     """The run summary, read back from the stage runs under the MLflow parent run."""
     stages = []
     for run in lineage.child_runs(tracking_uri, parent_run_id):
-        tags = run.data.tags
-        stages.append({
+        tags, metrics = run.data.tags, run.data.metrics
+        # a fanned-out stage (pretokenize) did its work in parts before its own step: its seconds count them
+        parts = metrics.get("parts_seconds") if tags.get(lineage.TAG_STATUS) == "ran" else None
+        stage = {
             "name": tags.get(lineage.TAG_STAGE),
             "status": tags.get(lineage.TAG_STATUS, "failed"),
             "output_uri": tags.get(lineage.TAG_OUTPUT_URI),
-            "seconds": round(run.data.metrics.get("seconds", 0.0), 3),
+            "seconds": round(metrics.get("seconds", 0.0) + (parts or 0.0), 3),
             "mlflow_run_id": run.info.run_id,
-        })
+        }
+        if parts is not None:
+            stage["parts_seconds"] = round(parts, 3)
+        stages.append(stage)
     summary = {
         "run_id": run_label,
         "mlflow": {"tracking_uri": tracking_uri, "parent_run_id": parent_run_id},

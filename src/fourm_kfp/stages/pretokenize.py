@@ -174,7 +174,7 @@ def run(ctx: StageContext) -> StageResult:
     flat = {f"{m}.codebook_usage": v for m, v in stats["usage"].items()}
     # How the work was split and how fast it went: the manifest's and MLflow's, not the report's (the payload).
     flat.update(metrics, samples_per_s=encoded / max(seconds, 1e-9), parts=float(len(records)),
-                samples=float(sum(samples.values())))
+                parts_seconds=seconds, samples=float(sum(samples.values())))
     return StageResult(counts={"splits": samples, "crops": cfg.n_crops, "modalities": plan["names"]}, metrics=flat)
 
 
