@@ -309,21 +309,27 @@ DIFFERENCES = [
     "'rgb' modality's output head; reference: a separate domain tok_rgb@224). In the reference, rgb@224 input and "
     "tok_rgb@224 target are two domains masked independently (a cell may be both input and target); ours keeps "
     "them disjoint (the batch here has disjoint cells for both).",
-    "Embeddings: ours has one encoder and one decoder token table over all modalities (rows for rgb's encoder "
-    "tokens exist but pixel input never reads them) with the output head tied to the decoder table; the reference "
+    "Embeddings: ours has one encoder and one decoder token table over all modalities (the encoder's with one "
+    "placeholder row for rgb, which enters as pixels) with the output head tied to the decoder table; the reference "
     "has per-domain tables, each decoder embedding sharing its table with its output head (share_embedding=True), "
     "and no encoder table for tok_rgb@224.",
     "Decoder context: both project the normalised encoder output (dim x dim) and add each input's position and "
     "modality embedding again (reference: decoder_proj_context, with bias; ours: context_proj, bias-free, since "
     "pretrain code_version 6). Modality embeddings: the reference learns one per embedding module (shared between "
     "encoder and decoder); ours one learned modality embedding table, plus a learned mask token.",
-    "Parameters: the trunks (encoder, decoder blocks) have identical counts; ours has 16384 x dim more (its shared "
-    "encoder table keeps rows for rgb tokens that pixel input never reads; they get no gradient), the reference "
-    "dim more (decoder_proj_context's bias).",
+    "Parameters: the trunks (encoder, decoder blocks) have identical counts; in all the reference has dim more "
+    "(decoder_proj_context's bias). Ours keeps one placeholder row for rgb in its shared encoder table (pixel input "
+    "never reads rgb tokens; since pretrain code_version 7, before which the table kept all 16384 rgb rows).",
     "Optimizer implementation: ours build_optimizer's AdamW (fused on the CPU since commit b059a3c, foreach "
     "before); the reference torch's default (for-loop on CPU), as its create_optimizer builds it.",
     "Loss: both average per-modality mean cross-entropies ('mod'); the reference masks by boolean indexing of the "
-    "decoder output, ours by the loader's host-side target order.",
+    "decoder output, ours by the loader's host-side target order. Ours computes each modality's head and "
+    "cross-entropy in one function whose backward turns the saved softmax into the logits' gradient in place "
+    "(table_gradients._SliceCrossEntropy, since pretrain code_version 7); the reference autograd's log_softmax "
+    "and nll_loss.",
+    "Attention masks: ours attends over the encoder without a mask when the loader flags every encoder slot "
+    "valid (MaskedBatch.enc_all_valid, as in this batch; since pretrain code_version 7); the reference always "
+    "passes its masks.",
     "Gradients: ours, as the pretrain stage builds it for one process on the CPU (parallelize), writes the token "
     "tables' gradients in place (model/table_gradients.py, since pretrain code_version 4); the reference leaves "
     "them to autograd (a fresh table-sized gradient per table and step).",

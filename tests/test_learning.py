@@ -156,6 +156,11 @@ def mirror(modality: str, array: np.ndarray) -> np.ndarray:
 #: training steps, rgb as pixel patches or as tokens. With MIXTURE, half the draws hide part of rgb: at 800 steps
 #: the pixel model's one pass scored 0.63-0.75 of the ceiling on the mirrored scenes' semseg, at 1500 1.00.
 STEPS = 1500
+#: training steps of test_the_generated_map_follows_the_scene (24 scenes: 8, shifted, mirrored). At 1500 steps,
+#: seeds 0-1, every map reached 1.00 of the ceiling; then a change of the loss's rounding alone (the head and its
+#: cross-entropy in one function: the same losses to 1e-7 over 300 steps on random tokens) left seed 0's pixel model at 0.73 on the
+#: mirrored scenes' semseg (seeds 1-2 passed): 1500 steps were at the edge. At 2000, seed 0 passes again.
+FOLLOW_STEPS = 2000
 #: the fraction of the ceiling a moved scene's map must reach in one pass (test_the_generated_map_follows_the_scene);
 #: measured at 1500 steps, seeds 0-1: 1.00 for every map, pixels and tokens, where the map of the scene as it was
 #: scores 0.20 (shifted semseg), 0.43 (mirrored semseg), 0.70 and 0.92 (normal: mostly ground, which does not move)
@@ -187,7 +192,7 @@ def test_the_generated_map_follows_the_scene(tokenizers, pixels):
     moves = {"shifted": lambda m, a: shift(a, 2, 3), "mirrored": mirror}
     variants = {name: [{m: move(m, s[m][None])[0] for m in MODALITIES} for s in scenes] for name, move in moves.items()}
     model = train(tokenize(tokenizers, scenes + variants["shifted"] + variants["mirrored"]), pixels,
-                  steps=STEPS)
+                  steps=FOLLOW_STEPS)
     failures = []
     for target in ("semseg", "normal"):
         truth = np.stack([s[target] for s in scenes])

@@ -98,6 +98,10 @@ def test_collated_batch_feeds_the_model():
     flat = batch.dec_modality.reshape(-1)[batch.target_order]
     assert (flat.diff() >= 0).all()  # grouped by modality
     assert (batch.dec_targets[~batch.dec_valid] == IGNORE_INDEX).all()
+    assert batch.enc_all_valid and batch.enc_valid.all()  # the input budget filled: attention needs no mask
+    short = mask_sample(np.random.default_rng(9), ARGS, {"caption": [30, 31, 32]}, None)  # 2 inputs at most
+    padded = collate([samples[0], short], ARGS)
+    assert not padded.enc_all_valid and not padded.enc_valid[1].all()
     model = FourM(FourMArgs(SPECS, dim=32, heads=4))
     out = model(batch)
     assert torch.isfinite(out.loss)

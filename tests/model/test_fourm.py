@@ -106,6 +106,21 @@ def test_padding_slots_change_nothing(model):
         assert torch.allclose(model(base).loss, model(noisy).loss, atol=1e-6)
 
 
+def test_a_batch_flagged_all_valid_gives_the_masked_loss_and_gradients(model):
+    """Attention without a mask when the loader says every encoder slot is valid: the numbers of the masked path."""
+    plain, flagged = random_batch(), random_batch()
+    flagged.enc_all_valid = True
+    grads = []
+    for batch in (plain, flagged):
+        model.zero_grad()
+        loss = model(batch).loss
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert torch.allclose(model(plain).loss, model(flagged).loss, atol=1e-6)
+    assert len(grads[0]) == len(grads[1]) and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+    model.zero_grad()
+
+
 def test_pixel_input_replaces_rgb_tokens(model):
     base = random_batch()
     other = random_batch()

@@ -1,6 +1,6 @@
-"""In-place token-table gradients (single process on the CPU): the same gradients as autograd's, in fp32 and under
-bf16 autocast, accumulated over micro-batches, for tied and untied heads; buffers kept and zeroed between steps;
-only a single CPU process turns them on."""
+"""In-place token-table gradients (single process on the CPU): the same losses and gradients as autograd's, in fp32
+and under bf16 autocast, accumulated over micro-batches, for tied and untied heads, with label smoothing and ignored
+targets; buffers kept and zeroed between steps; only a single CPU process turns them on."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fourm_kfp.config.fourm_config import OptimizerConfig
+from fourm_kfp.model.batch import IGNORE_INDEX
 from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.parallelize import parallelize
 from fourm_kfp.train.optimizer import build_optimizer
@@ -25,19 +26,26 @@ def twin_models(args: FourMArgs) -> tuple[FourM, FourM]:
     return plain, in_place
 
 
-def accumulate(model: FourM, dtype: torch.dtype | None) -> None:
+def accumulate(model: FourM, dtype: torch.dtype | None) -> list[float]:
+    losses = []
     for seed in (0, 1):  # two micro-batches into the same gradients
+        batch = random_batch(seed=seed, pad_from=8)
+        batch.dec_targets[0, 1] = IGNORE_INDEX  # a target slot without a target: no loss, no gradient
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-            model(random_batch(seed=seed, pad_from=8)).loss.backward()
+            loss = model(batch).loss
+        loss.backward()
+        losses.append(loss.item())
+    return losses
 
 
-@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("tie,smoothing", [(True, 0.0), (False, 0.0), (True, 0.1)])
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
-def test_the_same_gradients_as_autograd(tie, dtype):
-    plain, in_place = twin_models(FourMArgs(SPECS, 2, 2, 32, 4, tie_embeddings=tie))
-    accumulate(plain, dtype)
-    accumulate(in_place, dtype)
+def test_the_same_gradients_as_autograd(tie, smoothing, dtype):
+    """The head's logits and cross-entropy in one function (training in place) against autograd's chain."""
+    plain, in_place = twin_models(FourMArgs(SPECS, 2, 2, 32, 4, tie_embeddings=tie, label_smoothing=smoothing))
+    expected_losses, losses = accumulate(plain, dtype), accumulate(in_place, dtype)
     tolerance = 1e-5 if dtype is None else 2e-2
+    assert losses == pytest.approx(expected_losses, rel=tolerance)
     for (name, expected), actual in zip(plain.named_parameters(), in_place.parameters()):
         if expected.grad is None:  # encoder rows of the pixel-input modality are never read: zero in place
             assert actual.grad is None or not actual.grad.any(), name

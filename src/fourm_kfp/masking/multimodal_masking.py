@@ -140,4 +140,4 @@ def collate(samples: Sequence[MaskedSample], args: MaskingArgs) -> MaskedBatch:
                                             for s in samples]))
     t = torch.from_numpy
     return MaskedBatch(t(enc[0]), t(enc[1]), t(enc[2]), t(enc_valid), t(dec[0]), t(dec[1]), t(dec[2]), t(dec[3]),
-                       t(dec_valid), t(order), counts, pixels, [s.key for s in samples])
+                       t(dec_valid), t(order), counts, pixels, [s.key for s in samples], bool(enc_valid.all()))

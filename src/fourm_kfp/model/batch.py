@@ -74,7 +74,9 @@ class MaskedBatch:
       ``target_order`` long [n] indices into the flattened ``B * D`` decoder slots, valid slots only, grouped by
       modality in ``ModalitySpec`` order (moved to the device like the other tensors: a host-to-device copy needs
       no synchronisation); ``target_counts`` list[int], plain Python ints that stay on the host, how many of
-      ``target_order`` belong to each modality (sums to n), so the heads split segments without a device sync.
+      ``target_order`` belong to each modality (sums to n), so the heads split segments without a device sync;
+      ``enc_all_valid`` bool, a host flag: every encoder slot of every sample is valid (no padding), so attention
+      over the encoder needs no mask (False when unknown: the masks are then built from ``enc_valid``).
     """
 
     enc_tokens: torch.Tensor
@@ -90,6 +92,7 @@ class MaskedBatch:
     target_counts: list[int]
     pixels: torch.Tensor | None = None
     keys: list[str] = field(default_factory=list)  # sample keys, for debugging and evaluation
+    enc_all_valid: bool = False
 
     @property
     def batch_size(self) -> int:

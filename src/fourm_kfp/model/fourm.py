@@ -4,13 +4,17 @@ Embeddings are single tables with per-modality offsets, so one gather embeds eve
 the token id of slot ``s`` of modality ``m`` is looked up at ``offset[m] + id``, its position at
 ``position_offset[m] + position`` in a fixed sin-cos table (2-D for grids, 1-D for sequences), and a learned
 modality embedding (shared by encoder and decoder) is added. ``rgb`` may instead enter as a linear projection of
-its pixel patches. Decoder queries of image modalities are a learned mask token; sequence modalities are decoded
-with teacher forcing from ``dec_tokens``. The decoder's context is the normalised encoder output, projected, with
+its pixel patches; the encoder table then has one placeholder row for it instead of its vocabulary (rows that no
+step would read, that the optimizer and the gradient norm would still pass over every step). Decoder queries of
+image modalities are a learned mask token; sequence modalities are decoded with teacher forcing from
+``dec_tokens``. The decoder's context is the normalised encoder output, projected, with
 each input's position and modality embedding added again (the reference's ``decoder_proj_context``): a target
 query finds the inputs at its own position by the same sin-cos code it carries, without the encoder having to
 keep that code intact through its layers. Attention masks are built once per batch from the slot tensors: the
 encoder attends over valid inputs; decoder self-attention stays within one modality (bidirectional for images,
-causal by position for sequences); cross-attention sees every valid encoder token.
+causal by position for sequences); cross-attention sees every valid encoder token. A batch whose encoder slots are
+all valid (the loader's host flag ``enc_all_valid``: budgets filled, the usual case in training) attends over the
+encoder without a mask, which the CPU's fused attention kernel runs faster.
 
 The output heads share one weight (tied to the decoder token table unless configured otherwise); the loss gathers
 the decoder slots by modality with the loader's host-side ``target_order``/``target_counts`` and applies each
@@ -28,7 +32,7 @@ from torch import nn
 
 from fourm_kfp.model.batch import IGNORE_INDEX, MaskedBatch, ModalitySpec
 from fourm_kfp.model.layers import DecoderBlock, EncoderBlock, init_weights, layer_norm, sincos_1d, sincos_2d
-from fourm_kfp.model.table_gradients import gather_rows, slice_logits
+from fourm_kfp.model.table_gradients import gather_rows, slice_cross_entropy, slice_logits
 
 #: Reference sizes (encoder layers, decoder layers, width, heads), DESIGN.md §1.
 SIZES = {"tiny": (6, 6, 384, 6), "small": (8, 8, 512, 8), "base": (12, 12, 768, 12), "large": (24, 24, 1024, 16),
@@ -83,7 +87,10 @@ class FourM(nn.Module):
         self.args = args
         dim = args.dim
         vocab = [m.vocab_size for m in args.modalities]
+        # a modality read as pixel patches never looks up its encoder tokens: one placeholder row, not a vocabulary
+        enc_vocab = [1 if m.pixel_input else m.vocab_size for m in args.modalities]
         self.register_buffer("token_offset", _offsets(vocab), persistent=False)
+        self.register_buffer("enc_token_offset", _offsets(enc_vocab), persistent=False)
         self.register_buffer("position_offset", _offsets([m.num_positions for m in args.modalities]),
                              persistent=False)
         t = args.position_temperature
@@ -95,7 +102,7 @@ class FourM(nn.Module):
         self.vocab_sizes = vocab
 
         self.modality_embed = nn.Embedding(len(vocab), dim)
-        self.enc_token_embed = nn.Embedding(sum(vocab), dim)
+        self.enc_token_embed = nn.Embedding(sum(enc_vocab), dim)
         self.dec_token_embed = nn.Embedding(sum(vocab), dim)
         self.mask_token = nn.Parameter(torch.zeros(dim))
         pixel = [m for m in args.modalities if m.pixel_input]
@@ -128,7 +135,10 @@ class FourM(nn.Module):
     def embed_encoder(self, batch: MaskedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(tokens, context)`` ``[B, E, dim]`` each: the inputs' token (or pixel patch) embeddings and their
         position plus modality embeddings; the encoder reads their sum."""
-        tokens = self._lookup(self.enc_token_embed, batch.enc_tokens + self.token_offset[batch.enc_modality])
+        ids = batch.enc_tokens
+        if self.patch_embed is not None:  # pixel slots read the placeholder row, whatever id they carry
+            ids = ids.masked_fill(batch.enc_modality == self.pixel_index, 0)
+        tokens = self._lookup(self.enc_token_embed, ids + self.enc_token_offset[batch.enc_modality])
         if self.patch_embed is not None and batch.pixels is not None:
             p = self.patch_size
             b, c, h, w = batch.pixels.shape
@@ -156,14 +166,15 @@ class FourM(nn.Module):
         eye = torch.eye(valid.shape[1], dtype=torch.bool, device=valid.device)
         return (valid[:, None, :] | eye).unsqueeze(1)
 
-    def decoder_masks(self, batch: MaskedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Self-attention ``[B, 1, D, D]`` within one modality (causal for sequences), cross ``[B, 1, 1, E]``."""
+    def decoder_masks(self, batch: MaskedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Self-attention ``[B, 1, D, D]`` within one modality (causal for sequences), cross ``[B, 1, 1, E]``
+        (``None`` when every encoder slot is valid)."""
         mod, pos, valid = batch.dec_modality, batch.dec_position, batch.dec_valid
         same = mod[:, :, None] == mod[:, None, :]
         causal = ~self.is_sequence[mod][:, :, None] | (pos[:, None, :] <= pos[:, :, None])
         eye = torch.eye(mod.shape[1], dtype=torch.bool, device=mod.device)
         self_mask = (same & causal & valid[:, None, :]) | eye
-        return self_mask.unsqueeze(1), self.cross_mask(batch.enc_valid)
+        return self_mask.unsqueeze(1), None if batch.enc_all_valid else self.cross_mask(batch.enc_valid)
 
     @staticmethod
     def cross_mask(enc_valid: torch.Tensor) -> torch.Tensor:
@@ -180,7 +191,7 @@ class FourM(nn.Module):
         position and modality embedding (see the module docstring)."""
         tokens, context = self.embed_encoder(batch)
         x = tokens + context
-        mask = self.encoder_mask(batch.enc_valid)
+        mask = None if batch.enc_all_valid else self.encoder_mask(batch.enc_valid)
         for block in self.encoder:
             x = block(x, mask)
         return self.context_proj(self.encoder_norm(x)) + context
@@ -255,17 +266,21 @@ class FourM(nn.Module):
             count = batch.target_counts[index]
             if count == 0:
                 continue
-            logits = (self._logits_in_place(hid, index) if in_place else hid @ heads[index].t()).float()
-            if per_sample:
-                samples[name] = self._sample_sums(logits, tgt, slots, batch.dec_targets.shape)
-                summed = samples[name][:, 0].sum()
+            if in_place and not (per_sample or with_accuracy):  # training: the head and its loss in one function
+                summed = slice_cross_entropy(hid, self._head_table(), *self._head_rows(index), tgt, IGNORE_INDEX,
+                                             self.args.label_smoothing)
             else:
-                summed = F.cross_entropy(logits, tgt, ignore_index=IGNORE_INDEX, reduction="sum",
-                                         label_smoothing=self.args.label_smoothing)
+                logits = (self._logits_in_place(hid, index) if in_place else hid @ heads[index].t()).float()
+                if per_sample:
+                    samples[name] = self._sample_sums(logits, tgt, slots, batch.dec_targets.shape)
+                    summed = samples[name][:, 0].sum()
+                else:
+                    summed = F.cross_entropy(logits, tgt, ignore_index=IGNORE_INDEX, reduction="sum",
+                                             label_smoothing=self.args.label_smoothing)
+                if with_accuracy:
+                    accuracy[name] = (logits.argmax(-1) == tgt).float().mean()
             losses[name], counts[name] = summed / count, count
             total = summed if total is None else total + summed
-            if with_accuracy:
-                accuracy[name] = (logits.argmax(-1) == tgt).float().mean()
         if not losses:
             raise ValueError("a batch without any target token")
         if self.args.loss_weighting == "token":

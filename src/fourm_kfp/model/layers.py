@@ -72,7 +72,7 @@ class SelfAttention(nn.Module):
         b, n, d = x.shape
         return self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         b, n, d = x.shape
         q, k, v = self._heads(x)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -106,7 +106,7 @@ class CrossAttention(nn.Module):
         k, v = self.kv(context).view(b, m, 2, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
         return k, v
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, mask: torch.Tensor,
+    def forward(self, x: torch.Tensor, context: torch.Tensor, mask: torch.Tensor | None,
                 kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         b, n, d = x.shape
         q = self.q(x).view(b, n, self.heads, d // self.heads).transpose(1, 2)
@@ -121,7 +121,7 @@ class EncoderBlock(nn.Module):
         self.norm1, self.attn = layer_norm(dim, eps), SelfAttention(dim, heads)
         self.norm2, self.mlp = layer_norm(dim, eps), SwiGLU(dim, swiglu_hidden(dim))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), mask)
         return x + self.mlp(self.norm2(x))
 
@@ -137,7 +137,7 @@ class DecoderBlock(nn.Module):
         self.norm2, self.mlp = layer_norm(dim, eps), SwiGLU(dim, swiglu_hidden(dim))
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, self_mask: torch.Tensor,
-                cross_mask: torch.Tensor) -> torch.Tensor:
+                cross_mask: torch.Tensor | None) -> torch.Tensor:
         x = x + self.self_attn(self.norm1(x), self_mask)
         x = x + self.cross_attn(self.query_norm(x), self.context_norm(context), cross_mask)
         return x + self.mlp(self.norm2(x))

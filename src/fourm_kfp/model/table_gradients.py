@@ -71,12 +71,69 @@ class _SliceLogits(torch.autograd.Function):
         return (grad @ weight.to(grad.dtype)).to(hidden.dtype), None, None, None
 
 
+class _SliceCrossEntropy(torch.autograd.Function):
+    """The summed cross-entropy of ``hidden @ table[start:stop].t()`` against ``targets`` (``ignore_index`` and
+    ``label_smoothing`` as :func:`torch.nn.functional.cross_entropy`'s, ``reduction="sum"``), in one function.
+
+    Autograd's chain (logits, ``log_softmax``, ``nll_loss``) gives backward a fresh zero-filled gradient of the
+    logits, then a fresh softmax gradient that computes the exponentials a second time: at a 30000-word vocabulary
+    these passes over the logits cost about what the head's matmuls do. Here forward keeps the softmax itself
+    (whose row maximum, at least ``1 / vocab``, gives each row's log-sum-exp exactly: ``lse = x_j - log p_j``), and
+    backward turns it into the logits' gradient in place (minus the targets' one-hot), applying the upstream
+    gradient, zero for ignored rows, to the small ``[N, dim]`` operands of the two matmuls instead of the logits.
+    The weight gradient goes into rows ``start:stop`` of ``table.grad`` as :class:`_SliceLogits`' does. Autocast:
+    the logits' matmul runs in autocast's dtype and the softmax in fp32 (as ``.float()`` and ``cross_entropy``
+    would); backward's matmuls in the logits' dtype."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, table: torch.Tensor, start: int, stop: int, targets: torch.Tensor,
+                ignore_index: int, label_smoothing: float) -> torch.Tensor:
+        logits = hidden @ table[start:stop].t()
+        x = logits.float()
+        probs = torch.softmax(x, dim=-1)
+        top, at = x.max(dim=-1, keepdim=True)
+        lse = top - probs.gather(1, at).log()  # [N, 1]
+        valid = targets != ignore_index
+        safe = targets.clamp_min(0).unsqueeze(1)
+        token_loss = (lse - x.gather(1, safe)).squeeze(1)
+        if label_smoothing > 0:
+            token_loss = (1 - label_smoothing) * token_loss + label_smoothing * (lse.squeeze(1) - x.mean(-1))
+        ctx.table, ctx.rows, ctx.dtype, ctx.smoothing = table, (start, stop), logits.dtype, label_smoothing
+        ctx.save_for_backward(hidden, probs, safe, valid)
+        return torch.where(valid, token_loss, 0.0).sum()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden, probs, safe, valid = ctx.saved_tensors
+        start, stop = ctx.rows
+        smoothing, dtype = ctx.smoothing, ctx.dtype
+        # the saved softmax becomes d(loss)/d(logits) / scale in place (backward runs once)
+        if smoothing > 0:
+            probs.sub_(smoothing / probs.shape[1])
+        probs.scatter_add_(1, safe, torch.full(safe.shape, smoothing - 1.0, dtype=probs.dtype, device=probs.device))
+        scale = (grad * valid).to(probs.dtype).unsqueeze(1)
+        probs = probs.to(dtype)
+        weight = ctx.table.detach()[start:stop].to(dtype)
+        rows = _buffer(ctx.table)[start:stop]
+        operand = (hidden.to(scale.dtype) * scale).to(dtype)
+        if dtype == rows.dtype:
+            rows.addmm_(probs.t(), operand)
+        else:  # autocast: the product in its dtype, accumulated in the buffer's
+            rows.add_(probs.t() @ operand)
+        return ((probs @ weight) * scale).to(hidden.dtype), None, None, None, None, None, None
+
+
 def gather_rows(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return _GatherRows.apply(table, ids)
 
 
 def slice_logits(hidden: torch.Tensor, table: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return _SliceLogits.apply(hidden, table, start, stop)
+
+
+def slice_cross_entropy(hidden: torch.Tensor, table: torch.Tensor, start: int, stop: int, targets: torch.Tensor,
+                        ignore_index: int, label_smoothing: float = 0.0) -> torch.Tensor:
+    return _SliceCrossEntropy.apply(hidden, table, start, stop, targets, ignore_index, label_smoothing)
 
 
 def clear_gradients(optimizer: torch.optim.Optimizer) -> None:
