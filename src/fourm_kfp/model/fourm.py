@@ -32,7 +32,7 @@ from torch import nn
 
 from fourm_kfp.model.batch import IGNORE_INDEX, MaskedBatch, ModalitySpec
 from fourm_kfp.model.layers import DecoderBlock, EncoderBlock, init_weights, layer_norm, sincos_1d, sincos_2d
-from fourm_kfp.model.table_gradients import gather_rows, slice_cross_entropy, slice_logits
+from fourm_kfp.model.table_gradients import gather_rows, slice_cross_entropy
 
 #: Reference sizes (encoder layers, decoder layers, width, heads), DESIGN.md §1.
 SIZES = {"tiny": (6, 6, 384, 6), "small": (8, 8, 512, 8), "base": (12, 12, 768, 12), "large": (24, 24, 1024, 16),
@@ -240,10 +240,6 @@ class FourM(nn.Module):
         values, bit for bit, at one table-sized write instead of one per modality)."""
         return self._head_table().split(list(self.vocab_sizes))
 
-    def _logits_in_place(self, hidden: torch.Tensor, modality: int) -> torch.Tensor:
-        """:meth:`logits` for training in one CPU process: the head's gradient goes into the table's buffer."""
-        return slice_logits(hidden, self._head_table(), *self._head_rows(modality))
-
     def logits(self, hidden: torch.Tensor, modality: str | int) -> torch.Tensor:
         """``[..., vocab of modality]`` logits of decoder states ``hidden``."""
         index = self.args.names.index(modality) if isinstance(modality, str) else modality
@@ -258,19 +254,20 @@ class FourM(nn.Module):
         flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_order)
         targets = batch.dec_targets.reshape(-1).index_select(0, batch.target_order)
         losses, accuracy, counts, total, samples = {}, {}, {}, None, {}
-        in_place = self._in_place_grads()
-        heads = None if in_place else self.head_weights()
+        # training in one CPU process: each modality's head and loss in one function writing the table's buffer
+        fused = self._in_place_grads() and not (per_sample or with_accuracy)
+        heads = None if fused else self.head_weights()
         for index, (name, hid, tgt, slots) in enumerate(zip(self.args.names, flat.split(batch.target_counts),
                                                             targets.split(batch.target_counts),
                                                             batch.target_order.split(batch.target_counts))):
             count = batch.target_counts[index]
             if count == 0:
                 continue
-            if in_place and not (per_sample or with_accuracy):  # training: the head and its loss in one function
+            if fused:
                 summed = slice_cross_entropy(hid, self._head_table(), *self._head_rows(index), tgt, IGNORE_INDEX,
                                              self.args.label_smoothing)
             else:
-                logits = (self._logits_in_place(hid, index) if in_place else hid @ heads[index].t()).float()
+                logits = (hid @ heads[index].t()).float()
                 if per_sample:
                     samples[name] = self._sample_sums(logits, tgt, slots, batch.dec_targets.shape)
                     summed = samples[name][:, 0].sum()

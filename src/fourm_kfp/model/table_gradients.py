@@ -5,8 +5,9 @@ Autograd gives a table used by a lookup a fresh, table-sized, zero-filled gradie
 modality (one slice of the table each) a fresh gradient per slice plus their concatenation. On the CPU each fresh
 table-sized tensor is new memory, paid for in page faults: at ml-4m's tiny configuration (two 54576 x 384 tables)
 that was ~0.2 s of a ~1.1 s step. Here the lookup's backward ``index_add_``s its rows into the table's ``.grad`` and
-the head's backward ``addmm_``s each modality's weight gradient into its rows of the same buffer; the buffer is
-zeroed in place between steps (:func:`clear_gradients`), and micro-batches accumulate into it as autograd would.
+the head's backward (:class:`_SliceCrossEntropy`, the head and its loss in one function) ``addmm_``s each
+modality's weight gradient into its rows of the same buffer; the buffer is zeroed in place between steps
+(:func:`clear_gradients`), and micro-batches accumulate into it as autograd would.
 
 The values are autograd's, summed in another order (so not the same bits). Only for one process: DDP and FSDP2
 reduce gradients from autograd's accumulation hooks, which a gradient written here never reaches, and on CUDA
@@ -47,30 +48,6 @@ class _GatherRows(torch.autograd.Function):
         return None, None
 
 
-class _SliceLogits(torch.autograd.Function):
-    """``hidden @ table[start:stop].t()`` (in autocast's dtype where autocast is on); backward returns the hidden
-    states' gradient and adds the weight gradient into rows ``start:stop`` of ``table.grad``."""
-
-    @staticmethod
-    def forward(ctx, hidden: torch.Tensor, table: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        ctx.table, ctx.rows = table, (start, stop)
-        ctx.save_for_backward(hidden)
-        return hidden @ table[start:stop].t()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        (hidden,) = ctx.saved_tensors
-        start, stop = ctx.rows
-        weight = ctx.table.detach()[start:stop]
-        rows = _buffer(ctx.table)[start:stop]
-        operand = hidden.to(grad.dtype)
-        if grad.dtype == rows.dtype:
-            rows.addmm_(grad.t(), operand)
-        else:  # autocast: the product in its dtype, accumulated in the buffer's (as autograd's cast would)
-            rows.add_(grad.t() @ operand)
-        return (grad @ weight.to(grad.dtype)).to(hidden.dtype), None, None, None
-
-
 class _SliceCrossEntropy(torch.autograd.Function):
     """The summed cross-entropy of ``hidden @ table[start:stop].t()`` against ``targets`` (``ignore_index`` and
     ``label_smoothing`` as :func:`torch.nn.functional.cross_entropy`'s, ``reduction="sum"``), in one function.
@@ -78,13 +55,13 @@ class _SliceCrossEntropy(torch.autograd.Function):
     Autograd's chain (logits, ``log_softmax``, ``nll_loss``) gives backward a fresh zero-filled gradient of the
     logits, then a fresh softmax gradient that computes the exponentials a second time (at ml-4m's tiny shapes the
     head's forward and backward took 137 ms with that chain, 127 ms with this function). Here forward keeps the
-    softmax itself
-    (whose row maximum, at least ``1 / vocab``, gives each row's log-sum-exp exactly: ``lse = x_j - log p_j``), and
-    backward turns it into the logits' gradient in place (minus the targets' one-hot), applying the upstream
-    gradient, zero for ignored rows, to the small ``[N, dim]`` operands of the two matmuls instead of the logits.
-    The weight gradient goes into rows ``start:stop`` of ``table.grad`` as :class:`_SliceLogits`' does. Autocast:
-    the logits' matmul runs in autocast's dtype and the softmax in fp32 (as ``.float()`` and ``cross_entropy``
-    would); backward's matmuls in the logits' dtype."""
+    softmax itself (whose row maximum, at least ``1 / vocab``, gives each row's log-sum-exp exactly:
+    ``lse = x_j - log p_j``), and backward turns it into the logits' gradient in place (minus the targets'
+    one-hot), applying the upstream gradient, zero for ignored rows, to the small ``[N, dim]`` operands of the two
+    matmuls instead of the logits. The weight gradient is added into rows ``start:stop`` of ``table.grad``.
+    Autocast: the logits' matmul runs in autocast's dtype and the softmax in fp32 (as ``.float()`` and
+    ``cross_entropy`` would); backward's matmuls in the logits' dtype, accumulated in the buffer's (as autograd's
+    cast would)."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, table: torch.Tensor, start: int, stop: int, targets: torch.Tensor,
@@ -126,10 +103,6 @@ class _SliceCrossEntropy(torch.autograd.Function):
 
 def gather_rows(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return _GatherRows.apply(table, ids)
-
-
-def slice_logits(hidden: torch.Tensor, table: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    return _SliceLogits.apply(hidden, table, start, stop)
 
 
 def slice_cross_entropy(hidden: torch.Tensor, table: torch.Tensor, start: int, stop: int, targets: torch.Tensor,
