@@ -129,7 +129,7 @@ def test_a_forked_child_gets_s3_connections_of_its_own(s3_uri):
     assert store.client._http is pool and store.get_bytes("k") == b"payload"  # the parent keeps its own
 
 
-def test_write_survives_an_endpoint_that_comes_up_late(tmp_path, monkeypatch):
+def test_write_survives_an_endpoint_that_comes_up_late(tmp_path, monkeypatch, caplog):
     """A real outage: the S3 server is down when the write starts and up a moment later."""
     import threading
     import time
@@ -154,7 +154,11 @@ def test_write_survives_an_endpoint_that_comes_up_late(tmp_path, monkeypatch):
         start = time.monotonic()
         store.ensure_bucket()
         store.put_bytes("obj", b"made it")
-        assert ready.is_set() and time.monotonic() - start >= 1.0
+        # The server process starts 1.5 s in; `ready` is set only once serve_s3 has seen the port open, which can
+        # be a poll interval after the client got through, so the outage is shown by the time and the retries.
+        assert time.monotonic() - start >= 1.0
+        assert any("retrying" in r.getMessage() for r in caplog.records), "the write never met the outage"
+        assert ready.wait(15)
         assert (tmp_path / "late" / "x" / "obj").read_bytes() == b"made it"
     finally:
         stop.set()
