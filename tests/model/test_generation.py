@@ -4,6 +4,8 @@ rgb input path as training."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -174,3 +176,31 @@ def test_generation_reads_an_image_as_training_does():
                                            SamplingArgs(steps=1, temperature=0.0))
     assert np.array_equal(generated.tokens.reshape(-1), trained.argmax(-1).numpy())
     np.testing.assert_allclose(generated.logprobs.reshape(-1), trained.max(-1).values.numpy(), atol=1e-5)
+
+
+def test_a_generated_image_the_model_reads_as_pixels_is_read_back_between_steps():
+    """caption → rgb with rgb read as pixel patches: each step's kept tokens join the inputs as the pixels of the
+    decoded grid (the tokenizer's decoder), so what the decoder draws changes the later steps."""
+    specs = (ModalitySpec("rgb", "image", 32, grid=(4, 4), pixel_input=True, patch_size=4),
+             ModalitySpec("caption", "sequence", 50, max_length=12))
+    torch.manual_seed(0)
+    model = FourM(FourMArgs(specs, encoder_layers=2, decoder_layers=2, dim=32, heads=4)).eval()
+    samples = [{"caption": np.array([11, 12, 13])}, {"caption": np.array([20, 21])}]
+    greedy = SamplingArgs(steps=4, temperature=0.0)
+    calls = []
+
+    def drawing(value: int):
+        def decode(grids: torch.Tensor) -> np.ndarray:
+            calls.append(grids.clone())
+            return np.full((len(grids), 16, 16, 3), value, np.uint8)
+        return decode
+
+    dark = Generator(model, pixel_decoders={"rgb": drawing(0)}).generate(samples, "rgb", greedy)
+    assert len(calls) == 3 and all(c.shape == (2, 4, 4) and c.dtype == torch.long for c in calls)
+    # Each decoded grid holds every token kept so far: the final tokens where the grids of later steps agree.
+    assert all((calls[i] == calls[-1]).sum() >= (calls[i - 1] == calls[-1]).sum() for i in range(1, 3))
+    light = Generator(model, pixel_decoders={"rgb": drawing(255)}).generate(samples, "rgb", greedy)
+    assert any(not np.array_equal(d.tokens, l.tokens) for d, l in zip(dark, light))
+    assert len(calls) == 6
+    one_step = Generator(model, pixel_decoders={"rgb": drawing(0)}).generate(samples, "rgb", replace(greedy, steps=1))
+    assert len(calls) == 6 and all(o.tokens.shape == (4, 4) for o in one_step)  # nothing kept before the last step

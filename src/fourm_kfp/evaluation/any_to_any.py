@@ -35,7 +35,9 @@ class AnyToAny:
         self.tokenizers = load_tokenizers(tokenizers_uri or self.card["tokenizers_uri"], device=str(self.device))
         specials = self.card.get("text_special_ids") or {}
         sentinels = tuple(specials[s] for s in ("[S_0]", "[S_1]") if s in specials)
-        self.generator = Generator(self.model, sentinels)
+        pixel_decoders = {s.name: self.tokenizers.image[s.name].decode for s in self.model.args.modalities
+                          if s.pixel_input and s.name in self.tokenizers.image}
+        self.generator = Generator(self.model, sentinels, pixel_decoders)
         self.specs = self.generator.specs
         image = [n for n, s in self.specs.items() if s.kind == "image"]
         self.image_size = self.tokenizers.image[image[0]].config.image_size if image else 0

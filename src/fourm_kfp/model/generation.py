@@ -8,9 +8,10 @@ whose ``rgb`` enters as pixel patches. Every modality present is an encoder inpu
   each, and keeps the ``k`` most confident (``order="maskgit"``, confidence = the model's log-probability of the
   sampled token) or ``k`` random ones (``order="roar"``); kept tokens join the encoder inputs for the next step, as
   in 4M. ``k`` follows a cosine or linear schedule over ``steps``. With one step and temperature 0 this is a single
-  argmax pass. A modality the model reads as pixel patches cannot take its generated tokens back: every step
-  then sees the inputs only (decode the tokens to pixels to chain it, as :class:`~fourm_kfp.evaluation.any_to_any.
-  AnyToAny` does).
+  argmax pass. A modality the model reads as pixel patches (rgb) takes its kept tokens back as pixels: each step's
+  grid (kept tokens, the rest filled with this step's predictions) is decoded by the modality's tokenizer
+  (``pixel_decoders``) and the kept positions' patches of that image join the inputs. Without a decoder every step
+  sees the inputs only: all positions are guessed from the inputs alone, whatever the schedule.
 * **Sequence targets** are decoded autoregressively from the first sentinel until the second (the format the model
   was trained on, :func:`~fourm_kfp.masking.span_masking.whole_target`), with a KV cache: each new token runs the
   decoder on that token only.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -35,6 +36,7 @@ from fourm_kfp.masking.multimodal_masking import PIXEL_MEAN, PIXEL_STD
 from fourm_kfp.model.batch import IGNORE_INDEX, MaskedBatch
 
 Sample = dict[str, np.ndarray]
+PixelDecoder = Callable[[torch.Tensor], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,14 @@ def sample_logits(logits: torch.Tensor, args: SamplingArgs,
 
 
 class Generator:
-    """Generation with one model. ``sentinels``: the text tokenizer's ``[S_0]`` and ``[S_1]`` ids."""
+    """Generation with one model. ``sentinels``: the text tokenizer's ``[S_0]`` and ``[S_1]`` ids;
+    ``pixel_decoders``: for a modality the model reads as pixels, its tokenizer's decoder (token grids ``[B, h, w]``
+    to ``uint8 [B, H, W, 3]`` images), so that a generated image's kept tokens can be read back between steps."""
 
-    def __init__(self, model: torch.nn.Module, sentinels: Sequence[int] = ()):
+    def __init__(self, model: torch.nn.Module, sentinels: Sequence[int] = (),
+                 pixel_decoders: Mapping[str, PixelDecoder] | None = None):
         self.model = model.eval()
+        self.pixel_decoders = dict(pixel_decoders or {})
         self.specs = {s.name: s for s in model.args.modalities}
         self.index = {name: i for i, name in enumerate(model.args.names)}
         self.sentinels = tuple(sentinels)
@@ -163,12 +169,16 @@ class Generator:
         pixels = None
         if any(s.pixel_input for s in self.specs.values()) and any("pixels" in s for s in samples):
             size = next(s["pixels"].shape for s in samples if "pixels" in s)
-            arrays = [s["pixels"] if "pixels" in s else np.full(size, PIXEL_MEAN) for s in samples]
-            pixels = torch.from_numpy(((np.stack(arrays).astype(np.float32) - PIXEL_MEAN) / PIXEL_STD)
-                                      .transpose(0, 3, 1, 2).copy()).to(self.device)
+            pixels = self._normalised(np.stack([s["pixels"] if "pixels" in s else np.full(size, PIXEL_MEAN)
+                                                for s in samples]))
         t = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
         return {"tokens": t(out[0]), "modality": t(out[1]), "position": t(out[2]), "valid": t(valid),
                 "pixels": pixels}
+
+    def _normalised(self, images: np.ndarray) -> torch.Tensor:
+        """``[B, H, W, 3]`` pixel values as the model's normalised ``[B, 3, H, W]`` input."""
+        return torch.from_numpy(((np.asarray(images, np.float32) - PIXEL_MEAN) / PIXEL_STD)
+                                .transpose(0, 3, 1, 2).copy()).to(self.device)
 
     def _batch(self, enc: dict[str, torch.Tensor | None], dec_tokens: torch.Tensor, dec_modality: int,
                dec_position: torch.Tensor) -> MaskedBatch:
@@ -207,9 +217,10 @@ class Generator:
     def _generate_image(self, conditioning, target: str, args: SamplingArgs,
                         generator: torch.Generator) -> list[Generated]:
         spec, m = self.specs[target], self.index[target]
-        # A modality that enters the encoder as pixels cannot take its own tokens back between steps: each step
-        # then sees only the inputs (the schedule still decides which predictions are kept when).
-        feed_back = not spec.pixel_input
+        # A modality that enters the encoder as pixels takes its kept tokens back as the pixels of their decoded
+        # grid; without its decoder each step sees only the inputs (the schedule still decides what is kept when).
+        as_pixels = spec.pixel_input and target in self.pixel_decoders
+        feed_back = as_pixels or not spec.pixel_input
         b, n = len(conditioning), spec.num_positions
         cond = self._conditioning(conditioning)
         known = torch.zeros(b, n, dtype=torch.bool, device=self.device)
@@ -236,6 +247,9 @@ class Generator:
                 confidence = torch.rand(sampled.shape, generator=generator, device=self.device)
             chosen = confidence.topk(count, dim=1).indices
             where = masked_pos.gather(1, chosen)
+            if as_pixels and remaining > count:  # the next step reads this step's image where tokens are kept
+                filled = tokens.scatter(1, masked_pos, sampled).reshape(b, *spec.grid)
+                cond = {**cond, "pixels": self._normalised(self.pixel_decoders[target](filled))}
             tokens.scatter_(1, where, sampled.gather(1, chosen))
             logprobs.scatter_(1, where, sampled_logprob.gather(1, chosen))
             known.scatter_(1, where, True)
