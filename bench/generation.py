@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from bench_output import emit
-from fourm_kfp.model.batch import ModalitySpec
+from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.generation import Generator, SamplingArgs
 

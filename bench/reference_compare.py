@@ -56,13 +56,13 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.config.fourm_config import OptimizerConfig
+from fourm_kfp.hardware import cpu_matmul_rate
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
-from fourm_kfp.model.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.parallelize import parallelize
-from fourm_kfp.train.hardware import cpu_matmul_rate
 from fourm_kfp.train.optimizer import build_optimizer
 from fourm_kfp.train.step import StepSettings, train_step
 

@@ -33,13 +33,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.config.fourm_config import OptimizerConfig
+from fourm_kfp.hardware import GPU_PEAKS, MAX_AUTO_LOADER_WORKERS, resolve_precision
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
-from fourm_kfp.model.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs, flops_per_token
 from fourm_kfp.model.parallelize import parallelize
-from fourm_kfp.train.hardware import GPU_PEAKS, MAX_AUTO_LOADER_WORKERS, resolve_precision
 from fourm_kfp.train.optimizer import build_optimizer
 from fourm_kfp.train.step import StepSettings, train_step
 
@@ -199,7 +199,7 @@ def loader_samples_per_s(shape: str, batch_size: int, workers: int) -> float:
     crops per sample, five image modalities, caption and det), with ``workers`` worker processes."""
     from fourm_kfp.data.pretokenized import CROP, encode_member, member_ext
     from fourm_kfp.data.shard_writer import ShardWriter
-    from fourm_kfp.data.token_loader import DatasetRef, LoaderArgs, measure_loader_throughput
+    from fourm_kfp.masking.token_loader import DatasetRef, LoaderArgs, measure_loader_throughput
     from fourm_kfp.storage import open_store
     from fourm_kfp.tokenizers.text_tokenizer import train_text_tokenizer
 

@@ -28,13 +28,13 @@ import numpy as np
 import pytest
 import torch
 
+from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.config.fourm_config import EvaluateConfig, OptimizerConfig
 from fourm_kfp.config.schema import to_dict
 from fourm_kfp.data.synthetic_scenes import synthetic_sample
 from fourm_kfp.evaluation.task_metrics import normal_stats, semseg_stats
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
-from fourm_kfp.model.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.generation import Generator, SamplingArgs
 from fourm_kfp.model.parallelize import parallelize

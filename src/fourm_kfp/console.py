@@ -132,7 +132,7 @@ def closing_summary(summary: dict[str, Any]) -> str:
     tracking = summary["mlflow"]["tracking_uri"]
     lines += [
         "",
-        f"reports:    <output>/reports/ of each stage (also attached to the stage's MLflow run)",
+        "reports:    <output>/reports/ of each stage (also attached to the stage's MLflow run)",
         f"MLflow:     {tracking} (parent run {summary['mlflow']['parent_run_id']})",
         f"KFP log:    {summary.get('kfp_log') or '-'}",
     ]

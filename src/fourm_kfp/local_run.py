@@ -85,7 +85,7 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
         except RuntimeError as exc:
             error = exc
     lineage.finish_run(tracking, parent_run_id, "FAILED" if error else "FINISHED")
-    from fourm_kfp.train.hardware import cpu_matmul_rate
+    from fourm_kfp.hardware import cpu_matmul_rate
 
     summary = {**build_summary(label, tracking, parent_run_id), "kfp_log": str(kfp_log),
                "seconds": round(time.perf_counter() - started, 1), "machine": cpu_matmul_rate()}

@@ -50,10 +50,10 @@ from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, POD_ROOT, JobRequest, pret
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract.addressing import stage_address
 from fourm_kfp.contract.manifest import payload_differences, read_manifest
+from fourm_kfp.model.saved_model import load_model
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
 from fourm_kfp.train.checkpoint import MARKER, step_dir
-from fourm_kfp.train.export import load_model
 from tests.train.pretrain_helpers import input_args, losses, smoke_upstream
 
 pytestmark = pytest.mark.slow

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from fourm_kfp.batch import IGNORE_INDEX, ModalitySpec
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent, split_budget
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
 from fourm_kfp.masking.span_masking import span_mask, unmask, whole_target
-from fourm_kfp.model.batch import IGNORE_INDEX, ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs
 
 SENTINELS = tuple(range(4, 24))

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fourm_kfp.model.batch import IGNORE_INDEX, MaskedBatch, ModalitySpec
+from fourm_kfp.batch import IGNORE_INDEX, MaskedBatch, ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs, trunk_parameters
 from fourm_kfp.model.layers import SwiGLU
 

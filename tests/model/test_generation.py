@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
-from fourm_kfp.model.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.generation import Generator, SamplingArgs, sample_logits, unmasking_schedule
 

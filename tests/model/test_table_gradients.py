@@ -9,8 +9,8 @@ import copy
 import pytest
 import torch
 
+from fourm_kfp.batch import IGNORE_INDEX
 from fourm_kfp.config.fourm_config import OptimizerConfig
-from fourm_kfp.model.batch import IGNORE_INDEX
 from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.parallelize import parallelize
 from fourm_kfp.train.optimizer import build_optimizer

@@ -16,8 +16,8 @@ import pytest
 
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract import run_stage, run_stage_part
+from fourm_kfp.contract.context import part_key
 from fourm_kfp.contract.manifest import MANIFEST_NAME
-from fourm_kfp.contract.runner import part_key
 from fourm_kfp.data.pretokenized import INDEX_FILE, decode_member
 from fourm_kfp.data.shard_stream import iter_split
 from fourm_kfp.data.shard_writer import keys_key, shard_key

@@ -18,9 +18,9 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from fourm_kfp.contract.manifest import MANIFEST_NAME
+from fourm_kfp.model.saved_model import load_model, snapshot_steps
 from fourm_kfp.storage import open_store
 from fourm_kfp.train.checkpoint import complete_checkpoints, load_checkpoint
-from fourm_kfp.train.export import load_model, snapshot_steps
 from tests.train.pretrain_helpers import input_args, losses, smoke_upstream
 
 BIN = Path(sys.executable).parent

@@ -30,57 +30,14 @@ from fourm_kfp.config.fourm_config import FourMConfig
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract import lineage
 from fourm_kfp.contract.addressing import config_view, stage_address
-from fourm_kfp.contract.guarded_config import GuardedConfig, guard
+from fourm_kfp.contract.context import StageContext, StageInput, part_key
+from fourm_kfp.contract.guarded_config import guard
 from fourm_kfp.contract.manifest import (MANIFEST_NAME, FileRecord, RecordingStore, code_version, commit_manifest,
                                          manifest_bytes, payload_digest, read_manifest, require_manifest)
-from fourm_kfp.contract.spec import StageResult, StageSpec
+from fourm_kfp.contract.spec import StageSpec
 from fourm_kfp.storage import Store, open_store
 
 log = logging.getLogger(__name__)
-PARTS_DIR = "_parts"
-
-
-def part_key(part: int, parts: int) -> str:
-    return f"{PARTS_DIR}/part-{part:04d}-of-{parts:04d}.json"
-
-
-@dataclass(frozen=True)
-class StageInput:
-    """A committed upstream output: where it is, its manifest and the manifest's digest."""
-
-    name: str
-    uri: str
-    store: Store
-    manifest: dict[str, Any]
-    digest: str
-
-
-@dataclass
-class StageContext:
-    """What a stage function gets: its (guarded) config, inputs, where to write, and where lineage goes."""
-
-    stage: str
-    config: GuardedConfig
-    output: RecordingStore
-    inputs: dict[str, StageInput]
-    tracker: lineage.Tracker
-    parts: int = 1
-
-    @property
-    def is_primary(self) -> bool:
-        """Whether this process writes the shared output (rank 0, or the only process)."""
-        return distributed.is_primary()
-
-    def write_report(self, name: str, data: bytes) -> None:
-        """Store a report file with the output (``reports/<name>``) and attach it to the stage's MLflow run."""
-        self.output.put_bytes(f"reports/{name}", data)
-        self.tracker.log_artifact(f"reports/{name}", data)
-
-    def part_records(self) -> list[dict[str, Any]]:
-        """The records the fan-out workers left (``part``, ``parts``, ``files``, ``counts``, ``metrics``)."""
-        return [json.loads(self.output.get_bytes(part_key(i, self.parts))) for i in range(self.parts)]
-
-
 @dataclass
 class StageOutcome:
     """How one stage went in this run: ``status`` is ``ran`` or ``skipped`` (output reused)."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from fourm_kfp.config.fourm_config import FourMConfig
-    from fourm_kfp.contract.runner import StageContext
+    from fourm_kfp.contract.context import StageContext
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from PIL import Image
 from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.data.modality_visuals import visualize
 from fourm_kfp.model.generation import Generated, Generator, SamplingArgs
-from fourm_kfp.tokenizers.bundle import load_tokenizers
+from fourm_kfp.model.saved_model import load_model, read_weights, snapshot_steps, weights_key
 from fourm_kfp.storage import open_store
-from fourm_kfp.train.export import load_model, read_weights, snapshot_steps, weights_key
+from fourm_kfp.tokenizers.bundle import load_tokenizers
 
 
 class AnyToAny:

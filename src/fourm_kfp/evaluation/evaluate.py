@@ -90,7 +90,7 @@ def runnable_tasks(requested: tuple[str, ...], scenes: Scenes, modalities: list[
 def masked_modeling(ctx: StageContext, engine: AnyToAny) -> tuple[list[str], tm.SceneStats]:
     """Loss and token accuracy per modality on the val split, with train's budgets and seed (the batches pretrain
     validates on): the val sample keys and their per-sample statistics (:func:`task_metrics.masked_stats`)."""
-    from fourm_kfp.data.token_loader import validation_batches
+    from fourm_kfp.masking.token_loader import validation_batches
     from fourm_kfp.train.build import TrainingInputs, loader_args, masking_args
     from fourm_kfp.train.step import autocast
 

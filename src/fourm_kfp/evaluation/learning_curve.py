@@ -1,7 +1,7 @@
 """Scores against training steps: each cross-modal task's primary metric for every weight snapshot of the model.
 
-The pretrain stage exports the weights every ``train.snapshot_every`` steps (:mod:`fourm_kfp.train.export`). The
-evaluate stage scores each snapshot and the final model on the first ``evaluate.curve_samples`` val scenes, with
+The pretrain stage exports the weights every ``train.snapshot_every`` steps (:mod:`fourm_kfp.model.saved_model`).
+The evaluate stage scores each snapshot and the final model on the first ``evaluate.curve_samples`` val scenes, with
 the tasks, sampling and seed of its main evaluation (so the last point of the curve is the main evaluation's score
 when both use the same scenes), and draws one panel per task: the model's score against the step, the trivial
 baseline dashed. A curve answers what one number cannot: whether the model is still learning, and how fast.

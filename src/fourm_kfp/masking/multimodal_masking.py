@@ -24,12 +24,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from fourm_kfp.batch import IGNORE_INDEX, MaskedBatch, ModalitySpec, normalised_pixels
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent, pick_component, split_budget
 from fourm_kfp.masking.span_masking import span_mask, whole_target
-from fourm_kfp.model.batch import IGNORE_INDEX, MaskedBatch, ModalitySpec
-
-#: Pixel normalisation of the rgb patch input (to about [-1, 1]).
-PIXEL_MEAN, PIXEL_STD = 127.5, 127.5
 
 
 @dataclass(frozen=True)
@@ -110,7 +107,7 @@ def mask_sample(rng: np.random.Generator, args: MaskingArgs, tokens: dict[str, A
             sample.enc += [(t, i, p) for p, t in enumerate(inputs)]
             sample.dec += [(target[p], target[p + 1], i, p) for p in range(len(target) - 1)]
     if pixels is not None and any(s.pixel_input for s in specs):
-        sample.pixels = ((pixels.astype(np.float32) - PIXEL_MEAN) / PIXEL_STD).transpose(2, 0, 1)
+        sample.pixels = normalised_pixels(pixels)
     return sample
 
 

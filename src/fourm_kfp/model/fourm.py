@@ -1,4 +1,4 @@
-"""FourM: the 4M encoder-decoder over a :class:`~fourm_kfp.model.batch.MaskedBatch` (single-device code).
+"""FourM: the 4M encoder-decoder over a :class:`~fourm_kfp.batch.MaskedBatch` (single-device code).
 
 Embeddings are single tables with per-modality offsets, so one gather embeds every slot of every modality at once:
 the token id of slot ``s`` of modality ``m`` is looked up at ``offset[m] + id``, its position at
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fourm_kfp.model.batch import IGNORE_INDEX, MaskedBatch, ModalitySpec
+from fourm_kfp.batch import IGNORE_INDEX, MaskedBatch, ModalitySpec
 from fourm_kfp.model.layers import DecoderBlock, EncoderBlock, init_weights, layer_norm, sincos_1d, sincos_2d
 from fourm_kfp.model.table_gradients import gather_rows, slice_cross_entropy
 

@@ -30,10 +30,8 @@ from typing import Callable, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from fourm_kfp.masking.multimodal_masking import PIXEL_MEAN, PIXEL_STD
-from fourm_kfp.model.batch import IGNORE_INDEX, MaskedBatch
+from fourm_kfp.batch import IGNORE_INDEX, PIXEL_MEAN, MaskedBatch, normalised_pixels
 
 Sample = dict[str, np.ndarray]
 PixelDecoder = Callable[[torch.Tensor], np.ndarray]
@@ -177,8 +175,7 @@ class Generator:
 
     def _normalised(self, images: np.ndarray) -> torch.Tensor:
         """``[B, H, W, 3]`` pixel values as the model's normalised ``[B, 3, H, W]`` input."""
-        return torch.from_numpy(((np.asarray(images, np.float32) - PIXEL_MEAN) / PIXEL_STD)
-                                .transpose(0, 3, 1, 2).copy()).to(self.device)
+        return torch.from_numpy(np.ascontiguousarray(normalised_pixels(images))).to(self.device)
 
     def _batch(self, enc: dict[str, torch.Tensor | None], dec_tokens: torch.Tensor, dec_modality: int,
                dec_position: torch.Tensor) -> MaskedBatch:

@@ -62,3 +62,11 @@ def parallelize(model: nn.Module, *, mode: Literal["none", "ddp", "fsdp"] = "non
 def unwrap(model: nn.Module) -> nn.Module:
     """The FourM inside a DDP wrapper (FSDP2 shards in place and needs no unwrapping)."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unwrapped model's full state dict on the CPU (gathers FSDP2 shards; call on every rank)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.contiguous() for k, v in state.items()}

@@ -31,10 +31,10 @@ from fourm_kfp.tokenizers.modality_codecs import MAX_FIT_IMAGES, fit_normalisati
 from fourm_kfp.tokenizers.saved_tokenizer import save_image_tokenizer
 from fourm_kfp.tokenizers.text_tokenizer import (mean_tokens_per_text, save_text_tokenizer, special_token_ids,
                                                  train_text_tokenizer, unknown_token_rate)
-from fourm_kfp.tokenizers.training import evaluate_tokenizer, train_vqvae
+from fourm_kfp.hardware import training_nondeterminism
 from fourm_kfp.tokenizers.tokenizer_report import report_markdown
+from fourm_kfp.tokenizers.training import evaluate_tokenizer, train_vqvae
 from fourm_kfp.tokenizers.vqvae import VQVAEConfig
-from fourm_kfp.train.hardware import training_nondeterminism
 
 log = logging.getLogger(__name__)
 DATA = "prepare-data"

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections import deque
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 

@@ -30,8 +30,8 @@ from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.data.shard_stream import iter_joined_shard
 from fourm_kfp.data.shard_writer import keys_key, shard_key
 from fourm_kfp.errors import UserError
+from fourm_kfp.hardware import available_cpus, spare_cpu_workers
 from fourm_kfp.storage import Store
-from fourm_kfp.train.hardware import available_cpus, spare_cpu_workers
 
 #: Crop pixels of one image modality in a chunk (a chunk of all five image modalities holds 21 bytes per pixel,
 #: ~21 MiB): big enough that a worker's per-chunk overhead is small, small enough to keep several in flight.

@@ -13,14 +13,14 @@ from typing import Any
 
 import torch
 
+from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.data.pretokenized import token_name
-from fourm_kfp.data.token_loader import DatasetRef, LoaderArgs
+from fourm_kfp.hardware import loader_workers
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs
-from fourm_kfp.model.batch import ModalitySpec
+from fourm_kfp.masking.token_loader import DatasetRef, LoaderArgs
 from fourm_kfp.model.fourm import FourMArgs
 from fourm_kfp.storage import open_store
-from fourm_kfp.train.hardware import loader_workers
 
 TEXT_TOKENIZER = "text/tokenizer.json"
 
@@ -37,7 +37,7 @@ class TrainingInputs:
 
     @classmethod
     def read(cls, pretokenized_uri: str, tokenizers_uri: str) -> "TrainingInputs":
-        from fourm_kfp.data.token_loader import read_index
+        from fourm_kfp.masking.token_loader import read_index
 
         store = open_store(tokenizers_uri)
         text = store.get_text(TEXT_TOKENIZER) if store.exists(TEXT_TOKENIZER) else ""
@@ -101,7 +101,7 @@ def masking_args(config: Any, specs: tuple[ModalitySpec, ...], inputs: TrainingI
 def loader_args(config: Any, inputs: TrainingInputs, masking: MaskingArgs, batch_size: int, rank: int,
                 world_size: int, device: torch.device) -> LoaderArgs:
     """The loader of this rank on ``device`` (pinned memory and, with ``train.loader_workers: -1``, more worker
-    processes on a GPU: :func:`fourm_kfp.train.hardware.loader_workers`)."""
+    processes on a GPU: :func:`fourm_kfp.hardware.loader_workers`)."""
     datasets = (DatasetRef(inputs.pretokenized_uri, config.data.weight),
                 *(DatasetRef(uri, weight) for uri, weight in config.data.extra_datasets.items()))
     return LoaderArgs(datasets, masking, inputs.text_tokenizer_json, batch_size, seed=config.train.seed, rank=rank,

@@ -21,15 +21,15 @@ import torch
 from fourm_kfp import distributed
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract import StageContext, StageResult
-from fourm_kfp.data.token_loader import TokenLoader, validation_batches
+from fourm_kfp.hardware import peak_flops, resolve_precision, training_device, training_nondeterminism
+from fourm_kfp.masking.token_loader import TokenLoader, validation_batches
 from fourm_kfp.model.fourm import FourM, flops_per_token
-from fourm_kfp.model.parallelize import parallelize, unwrap
+from fourm_kfp.model.parallelize import full_state_dict, parallelize, unwrap
+from fourm_kfp.model.saved_model import export_model, put_weights, snapshot_key, snapshot_steps
 from fourm_kfp.storage import Store
 from fourm_kfp.train import curves
 from fourm_kfp.train.build import TrainingInputs, loader_args, masking_args, modality_specs, model_args
 from fourm_kfp.train.checkpoint import CheckpointManager, complete_checkpoints, find_checkpoint
-from fourm_kfp.train.export import export_model, full_state_dict, put_weights, snapshot_key, snapshot_steps
-from fourm_kfp.train.hardware import peak_flops, resolve_precision, training_device, training_nondeterminism
 from fourm_kfp.train.metrics import ConsoleSink, JsonLinesSink, MetricWriter, TrackerSink
 from fourm_kfp.train.optimizer import Schedule, build_optimizer, peak_learning_rate
 from fourm_kfp.train.step import StepSettings, autocast
@@ -212,7 +212,7 @@ def _init_weights(model: FourM, uri: str) -> None:
 
     store = open_store(uri)
     if store.exists("model/model.json"):
-        from fourm_kfp.train.export import load_model
+        from fourm_kfp.model.saved_model import load_model
 
         source, _ = load_model(store)
         state = source.state_dict()

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-from fourm_kfp.model.batch import MaskedBatch
+from fourm_kfp.batch import MaskedBatch
 from fourm_kfp.model.table_gradients import clear_gradients
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -20,7 +19,7 @@ import torch
 from torch import nn
 
 from fourm_kfp import distributed
-from fourm_kfp.model.batch import MaskedBatch
+from fourm_kfp.batch import MaskedBatch
 from fourm_kfp.train.checkpoint import CheckpointManager, find_checkpoint, load_checkpoint, set_rng_state
 from fourm_kfp.train.metrics import MetricWriter, Throughput
 from fourm_kfp.train.optimizer import Schedule, set_learning_rate

@@ -2,11 +2,11 @@
 
 Training stream, per rank and per loader worker: an endless sequence of *shard draws*; draw ``k`` picks a dataset
 of the mixture by weight and one of its train shards at random (resampled shards), from a generator seeded by
-``(seed, rank, worker, k)``. The shard's modalities are streamed joined by key (:mod:`.shard_stream`) through a
-bounded shuffle buffer; each sample gets one of its pre-computed crops and is masked (:mod:`fourm_kfp.masking`)
-with a generator seeded by ``(seed, rank, worker, k, j)``; batches are formed inside the worker. A batch is thus a
-function of ``(seed, rank, worker, draw, index)``, and the loader's position is tiny: per worker the next
-``(draw, index)``, plus which worker is next. Restoring it replays exactly the batches an uninterrupted loader
+``(seed, rank, worker, k)``. The shard's modalities are streamed joined by key
+(:mod:`fourm_kfp.data.shard_stream`) through a bounded shuffle buffer; each sample gets one of its pre-computed
+crops and is masked (:mod:`.multimodal_masking`) with a generator seeded by ``(seed, rank, worker, k, j)``;
+batches are formed inside the worker. A batch is thus a function of ``(seed, rank, worker, draw, index)``, and the
+loader's position is tiny: per worker the next ``(draw, index)``, plus which worker is next. Restoring it replays exactly the batches an uninterrupted loader
 would give (a restored worker re-reads at most one shard to reach its index).
 
 Validation stream: the val split once, in order, crop 0 (the full view), masking seeded by the sample key:
@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from fourm_kfp.batch import MaskedBatch
 from fourm_kfp.data.pretokenized import INDEX_FILE, decode_member, token_name
 from fourm_kfp.data.shard_stream import bounded_shuffle, iter_joined_shard, shard_indices
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
-from fourm_kfp.model.batch import MaskedBatch
 from fourm_kfp.storage import open_store
 
 log = logging.getLogger(__name__)

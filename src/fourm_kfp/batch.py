@@ -1,4 +1,6 @@
-"""The contract between masking (which builds batches in the loader) and the 4M model (which consumes them).
+"""The contract between masking (which builds batches in the loader) and the 4M model (which consumes them), and the
+pixel normalisation both sides apply to an image the model reads as patches. It sits below ``data``, ``masking``
+and ``model`` and imports none of them.
 
 Masking turns each sample into a fixed number of **encoder slots** (the input token budget ``E``) and **decoder
 slots** (the target token budget ``D``); a batch stacks them. Each slot names its modality (an index into
@@ -21,10 +23,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
+import numpy as np
 import torch
 
 #: Label value the loss ignores (PyTorch's default ``ignore_index``).
 IGNORE_INDEX = -100
+#: An image the model reads as pixel patches enters as ``(x - PIXEL_MEAN) / PIXEL_STD``: uint8 to [-1, 1].
+PIXEL_MEAN, PIXEL_STD = 127.5, 127.5
+
+
+def normalised_pixels(images: np.ndarray) -> np.ndarray:
+    """``[..., H, W, 3]`` pixel values (uint8) as the model's float32 ``[..., 3, H, W]`` input (a view)."""
+    return np.moveaxis((np.asarray(images).astype(np.float32) - PIXEL_MEAN) / PIXEL_STD, -1, -3)
 
 
 @dataclass(frozen=True)

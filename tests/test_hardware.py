@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from fourm_kfp.train.hardware import MAX_AUTO_LOADER_WORKERS, available_cpus, loader_workers
+from fourm_kfp.hardware import MAX_AUTO_LOADER_WORKERS, available_cpus, loader_workers
 
 CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
 

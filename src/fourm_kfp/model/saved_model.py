@@ -23,8 +23,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.data.modalities import get_modality
-from fourm_kfp.model.batch import ModalitySpec
 from fourm_kfp.storage import Store, open_store, output_ref, resolve_uri
 
 FORMAT = "fourm-kfp-model/1"
@@ -57,14 +57,6 @@ def args_from_dict(data: dict[str, Any]):
 
     specs = tuple(ModalitySpec(**{**m, "grid": tuple(m["grid"])}) for m in data["modalities"])
     return FourMArgs(**{**data, "modalities": specs})
-
-
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The unwrapped model's full state dict on the CPU (gathers FSDP2 shards; call on every rank)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v.contiguous() for k, v in state.items()}
 
 
 def export_model(state: dict[str, torch.Tensor], args: Any, output: Store, *, tokenizers_uri: str,

@@ -16,7 +16,7 @@ from fourm_kfp.contract import run_stage
 from fourm_kfp.data.pretokenized import decode_npy, encode_member
 from fourm_kfp.data.shard_stream import ShardMismatchError
 from fourm_kfp.data.shard_writer import shard_key
-from fourm_kfp.data.token_loader import DatasetRef, TokenLoader, validation_batches
+from fourm_kfp.masking.token_loader import DatasetRef, TokenLoader, validation_batches
 from fourm_kfp.model.fourm import FourM
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store

@@ -1,0 +1,136 @@
+"""The import rules of docs/ARCHITECTURE.md: every import inside the package points down a floor or stays on its own,
+and no two modules import each other (directly or round a longer circle), type-only imports included.
+
+Both rules read the source (``ast``), lazy imports inside functions included, so an arrow that runs back up fails
+here whether or not it happens to run at import time.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import fourm_kfp
+
+PACKAGE = Path(fourm_kfp.__file__).parent
+
+#: The floors, lowest first. A top-level name (a subpackage or a module at the package root) may import names of
+#: its own floor's other entries only where listed in SIDEWAYS, and any name of a lower floor.
+FLOORS: list[set[str]] = [
+    {"__init__", "errors", "progress", "console", "distributed", "hardware"},
+    {"storage"},
+    {"batch"},
+    {"data"},
+    {"config"},
+    {"contract"},
+    {"masking"},
+    {"model"},
+    {"tokenizers"},
+    {"train"},
+    {"evaluation"},
+    {"stages"},
+    {"launch", "cluster", "torchx_launch", "kfp_runtime", "kfp_submit", "local_run", "pipeline_compiler",
+     "local_s3"},
+    {"cli"},
+]
+SIDEWAYS = {
+    ("cluster", "launch"), ("torchx_launch", "launch"), ("torchx_launch", "cluster"), ("kfp_runtime", "launch"),
+    ("kfp_runtime", "cluster"), ("kfp_submit", "kfp_runtime"), ("kfp_submit", "pipeline_compiler"),
+    ("local_run", "launch"), ("local_run", "kfp_runtime"),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every ``fourm_kfp`` module or name ``path`` imports, anywhere in the file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "fourm_kfp"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "fourm_kfp":
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module → the package's modules it imports (``from pkg import module`` counts as importing the module)."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in _imports(path):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def _top(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _floor(top: str) -> int:
+    for level, names in enumerate(FLOORS):
+        if top in names:
+            return level
+    raise AssertionError(f"fourm_kfp.{top} is on no floor: add it to FLOORS in {__file__} and docs/ARCHITECTURE.md")
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """``module -> target`` for each import that runs up a floor or sideways on one (not in SIDEWAYS)."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        here = _top(module)
+        for target in sorted(targets):
+            there = _top(target)
+            if here != there and (here, there) not in SIDEWAYS and _floor(there) >= _floor(here):
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def _circles(graph: dict[str, set[str]]) -> list[str]:
+    """Each import circle found by a depth-first walk, as ``a -> b -> ... -> a``."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    found = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                found.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target, path + [target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return found
+
+
+def test_every_import_points_down_a_floor():
+    upward = _upward(_graph())
+    assert not upward, "imports that run up or sideways a floor:\n  " + "\n  ".join(upward)
+
+
+def test_no_module_imports_itself_round_a_circle():
+    circles = _circles(_graph())
+    assert not circles, "import circles:\n  " + "\n  ".join(circles)
+
+
+def test_the_rules_catch_an_arrow_that_runs_up_and_a_circle():
+    """The checks can fail: an added upward import, and an added import that closes a circle, are reported."""
+    graph = _graph()
+    graph["fourm_kfp.masking.token_loader"] |= {"fourm_kfp.stages.evaluate"}
+    graph["fourm_kfp.contract.spec"] |= {"fourm_kfp.contract.runner"}
+    assert _upward(graph) == ["fourm_kfp.masking.token_loader -> fourm_kfp.stages.evaluate"]
+    assert any(c.startswith("fourm_kfp.contract.") and "fourm_kfp.contract.spec" in c for c in _circles(graph))
