@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from fourm_kfp import storage
-from fourm_kfp.local_s3 import LocalS3, serve_s3
+from tests.local_s3 import LocalS3, serve_s3
 
 S3_KEY, S3_SECRET = "fourm-test-key", "fourm-test-secret"
 
@@ -54,17 +54,10 @@ def _no_ambient_mlflow(monkeypatch):
 @pytest.fixture
 def photo_config(tmp_path):
     """The smoke config over a real-data folder: 12 random photos with caption side files, rgb + caption only."""
-    import numpy as np
-    from PIL import Image
-
     from fourm_kfp.config.loader import load_config
+    from tests.photos import write_photo_folder
 
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(12):
-        Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(photos / f"p{i}.png")
-        (photos / f"p{i}.txt").write_text(f"a photo of thing {i}")
+    photos = write_photo_folder(tmp_path / "photos", good=12)
     only = "[rgb,caption]"
     return load_config("smoke", overrides=[
         "prepare_data.source=image_folder", f"prepare_data.source_uri={photos}", "prepare_data.val_fraction=0.3",

@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
+
+from tests.photos import write_photo_folder
 
 CLI = str(Path(sys.executable).parent / "fourm-kfp")
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -21,16 +21,6 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=300,
                           env={**os.environ, "MLFLOW_TRACKING_URI": "none"})
-
-
-def _photos(folder: Path, good: int, bad: int = 0) -> None:
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for i in range(good):
-        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(folder / f"img{i}.jpg")
-        (folder / f"img{i}.txt").write_text(f"a photo number {i}")
-    for i in range(bad):
-        (folder / f"broken{i}.jpg").write_bytes(b"not an image")
 
 
 def _readme_real_data_command() -> list[str]:
@@ -44,7 +34,7 @@ def test_readme_real_data_recipe_runs_as_written(tmp_path):
     words = _readme_real_data_command()
     assert words[:3] == ["fourm-kfp", "stage", "prepare-data"]
     photos = tmp_path / "my photos"  # a folder name with a space: overrides travel as a list, never re-split
-    _photos(photos, good=12)
+    write_photo_folder(photos, good=12)
     args = []
     for word in words[1:]:
         if word == "/data/photos":
@@ -61,7 +51,7 @@ def test_readme_real_data_recipe_runs_as_written(tmp_path):
 
 def test_too_many_bad_samples_is_one_line_without_traceback(tmp_path):
     photos = tmp_path / "photos"
-    _photos(photos, good=2, bad=3)
+    write_photo_folder(photos, good=2, bad=3)
     common = ["stage", "prepare-data", "--root", str(tmp_path / "run"), "--set", "prepare_data.source=image_folder",
               "--set", f"prepare_data.source_uri={photos}", "--set", "data.modalities=[rgb,caption]",
               "--set", "data.input_modalities=[rgb,caption]", "--set", "data.target_modalities=[rgb,caption]"]

@@ -11,7 +11,6 @@ import tarfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -21,6 +20,7 @@ from fourm_kfp.contract.manifest import MANIFEST_NAME
 from fourm_kfp.contract import run_stage
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
+from tests.photos import write_photo_folder
 
 SPEC = get_stage("prepare-data")
 CLI = str(Path(sys.executable).parent / "fourm-kfp")
@@ -62,16 +62,6 @@ def test_synthetic_output_is_deterministic(tmp_path):
     assert digests[0] == digests[1]
 
 
-def _photo_folder(root: Path, good: int, bad: int) -> None:
-    root.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for i in range(good):
-        Image.fromarray(rng.integers(0, 255, (40, 60, 3), dtype=np.uint8)).save(root / f"good{i}.jpg")
-        (root / f"good{i}.txt").write_text(f"photo number {i}")
-    for i in range(bad):
-        (root / f"bad{i}.jpg").write_bytes(b"not an image at all")
-
-
 def _folder_config(folder: Path, max_bad: float):
     return load_config("smoke", overrides=[
         "prepare_data.source=image_folder", f"prepare_data.source_uri={folder}", "prepare_data.val_fraction=0.3",
@@ -82,7 +72,7 @@ def _folder_config(folder: Path, max_bad: float):
 
 def test_image_folder_skips_and_counts_bad_files(tmp_path):
     folder = tmp_path / "photos"
-    _photo_folder(folder, good=10, bad=1)
+    write_photo_folder(folder, good=10, bad=1)
     outcome = run_stage(SPEC, _folder_config(folder, 0.2), open_store(str(tmp_path / "store"), create=True))
     out = open_store(outcome.output_uri)
     manifest = json.loads(out.get_bytes(MANIFEST_NAME))
@@ -97,11 +87,11 @@ def test_image_folder_skips_and_counts_bad_files(tmp_path):
 
 def test_image_folder_above_threshold_fails_naming_files_and_commits_nothing(tmp_path):
     folder = tmp_path / "photos"
-    _photo_folder(folder, good=3, bad=2)
+    write_photo_folder(folder, good=3, bad=2)
     store = open_store(str(tmp_path / "store"), create=True)
     with pytest.raises(TooManyBadSamplesError) as err:
         run_stage(SPEC, _folder_config(folder, 0.1), store)
-    assert "bad0.jpg" in str(err.value) and "max_bad_fraction" in str(err.value)
+    assert "broken0.jpg" in str(err.value) and "max_bad_fraction" in str(err.value)
     assert not [k for k in store.list() if k.endswith(MANIFEST_NAME)]
 
 
@@ -131,7 +121,7 @@ def test_killed_stage_leaves_no_manifest_and_is_redone(tmp_path):
 
 def test_changed_source_folder_gets_a_new_address(tmp_path):
     folder = tmp_path / "photos"
-    _photo_folder(folder, good=4, bad=0)
+    write_photo_folder(folder, good=4, bad=0)
     store = open_store(str(tmp_path / "store"), create=True)
     config = _folder_config(folder, 0.0)
     first = run_stage(SPEC, config, store)

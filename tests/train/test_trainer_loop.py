@@ -41,11 +41,12 @@ def _trainer(tmp_path, poisoned: set[int], nonfinite: str, steps: int = 6, max_s
     model = PoisonedAt(FourM(FourMArgs(SPECS, dim=32, heads=4)), poisoned)
     optimizer = build_optimizer(model, OptimizerConfig(), 1e-3)
     batches = lambda: iter([random_batch(seed=i) for i in range(100)])  # noqa: E731
-    loop = LoopSettings(steps, 1, log_every=2, val_every=0, checkpoint_every=100, nonfinite=nonfinite,
-                        max_skipped_steps=max_skipped)
-    return Trainer(model, optimizer, Schedule(1e-3, 1, steps), Loader(batches, lambda: {}, lambda s: None),
-                   lambda m: {"val/loss": 1.0}, CheckpointManager(open_store(str(tmp_path))), MetricWriter([]),
-                   loop, StepSettings(None, 1.0, tuple(s.name for s in SPECS)), torch.device("cpu"))
+    loop = LoopSettings(total_steps=steps, accum=1, log_every=2, val_every=0, checkpoint_every=100,
+                        nonfinite=nonfinite, max_skipped_steps=max_skipped)
+    return Trainer(model=model, optimizer=optimizer, schedule=Schedule(1e-3, 1, steps),
+                   loader=Loader(batches, lambda: {}, lambda s: None), validate=lambda m: {"val/loss": 1.0},
+                   checkpoints=CheckpointManager(open_store(str(tmp_path))), metrics=MetricWriter([]), loop=loop,
+                   step_settings=StepSettings(None, 1.0, tuple(s.name for s in SPECS)), device=torch.device("cpu"))
 
 
 def test_a_non_finite_step_is_skipped_and_leaves_the_parameters_alone(tmp_path):

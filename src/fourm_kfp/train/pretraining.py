@@ -138,15 +138,18 @@ def pretrain(ctx: StageContext) -> StageResult:
         if distributed.is_primary() else []
     writer = MetricWriter(sinks)
     enc, dec = train.input_budget, train.target_budget
-    loop = LoopSettings(steps, accum, train.log_every, train.val_every, train.checkpoint_every, train.nonfinite,
-                        train.max_skipped_steps, train.profile_steps, train.snapshot_every,
-                        flops_per_token(args, enc, dec), peak_flops(device, dtype) * world)
+    loop = LoopSettings(total_steps=steps, accum=accum, log_every=train.log_every, val_every=train.val_every,
+                        checkpoint_every=train.checkpoint_every, nonfinite=train.nonfinite,
+                        max_skipped_steps=train.max_skipped_steps, profile_steps=train.profile_steps,
+                        snapshot_every=train.snapshot_every, flops_per_token=flops_per_token(args, enc, dec),
+                        peak_flops=peak_flops(device, dtype) * world)
     profile_dir = Path(tempfile.mkdtemp(prefix="fourm-profile-")) if train.profile_steps else None
-    trainer = Trainer(trunk, optimizer, schedule,
-                      Loader(loader.batches, loader.state_dict, loader.load_state_dict, loader.metrics),
-                      masked_modeling_validator(val, device, dtype, args.names), checkpoints, writer, loop,
-                      StepSettings(dtype, train.optimizer.grad_clip, args.names), device, profile_dir,
-                      snapshot=lambda step: _snapshot(trunk, store, step))
+    trainer = Trainer(model=trunk, optimizer=optimizer, schedule=schedule,
+                      loader=Loader(loader.batches, loader.state_dict, loader.load_state_dict, loader.metrics),
+                      validate=masked_modeling_validator(val, device, dtype, args.names), checkpoints=checkpoints,
+                      metrics=writer, loop=loop,
+                      step_settings=StepSettings(dtype, train.optimizer.grad_clip, args.names), device=device,
+                      profile_dir=profile_dir, snapshot=lambda step: _snapshot(trunk, store, step))
     resumed = trainer.restore(train.resume_from or None)
     state = trainer.fit()
 

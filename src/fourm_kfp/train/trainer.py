@@ -43,7 +43,7 @@ class TrainState:
     skipped: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoopSettings:
     total_steps: int
     accum: int  # micro-batches per optimizer step on each rank
@@ -68,7 +68,7 @@ class Loader:
     metrics: Callable[[], dict[str, float]] = dict  # e.g. examples seen and epoch per dataset
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Trainer:
     model: nn.Module
     optimizer: torch.optim.Optimizer

