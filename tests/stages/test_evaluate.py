@@ -21,11 +21,11 @@ from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract import lineage, run_stage
 from fourm_kfp.data.shard_stream import iter_split
 from fourm_kfp.evaluation.any_to_any import AnyToAny
-from fourm_kfp.evaluation.evaluate import load_scenes, train_ground_truth
 from fourm_kfp.evaluation.model_gate import SCENE_SCORES
 from fourm_kfp.evaluation.tasks import Baselines, run_task
 from fourm_kfp.model.generation import SamplingArgs
 from fourm_kfp.stages import get_stage
+from fourm_kfp.stages.evaluate import load_scenes, train_ground_truth
 from fourm_kfp.storage import open_store, resolve_uri
 
 BIN = Path(sys.executable).parent

@@ -1,14 +1,83 @@
-"""The pipeline stages, in pipeline order: each a pure function of (config, inputs) writing one content-addressed
-output, declared by a :class:`~fourm_kfp.contract.StageSpec` in its own module (``SPEC``)."""
+"""The pipeline's five stages: this table says what the runner needs to know of each (name, the config it reads,
+its upstream stages, its code version), and ``stages/<name>.py`` holds its body, top to bottom: read the committed
+inputs, compute, write the output and its reports.
+
+A body module is imported when its stage first runs (:func:`_body`), so reading the table (the CLI, the planner, the
+pipeline compiler) imports neither torch nor the data libraries. Each stage is a pure function of (config, inputs)
+writing one content-addressed output; bump ``code_version`` when a stage's code changes what it writes.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any, Callable
+
 from fourm_kfp.contract.spec import StageSpec
-from fourm_kfp.stages import evaluate, prepare_data, pretokenize, pretrain, train_tokenizers
+
+
+def _body(module: str, function: str = "run") -> Callable[..., Any]:
+    """``fourm_kfp.stages.<module>.<function>``, imported on its first call."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(f"{__name__}.{module}"), function)(*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = f"{module}.{function}"
+    return call
+
+
+PREPARE_DATA = StageSpec(
+    name="prepare-data",
+    run=_body("prepare_data"),
+    config_keys=("data.image_size", "data.modalities", "prepare_data"),
+    source_fingerprint=_body("prepare_data", "source_fingerprint"),
+    # 2: closer camera in the synthetic scenes (objects ~12% of pixels, was ~6%); 3: per-shard key index
+    code_version=3,
+)
+TRAIN_TOKENIZERS = StageSpec(
+    name="train-tokenizers",
+    run=_body("train_tokenizers"),
+    config_keys=("data.image_size", "train_tokenizers"),
+    upstream=(PREPARE_DATA,),
+    code_version=4,  # 2: reproducible bytes (deterministic WordPiece, no timings or absolute URIs)
+    # 3: the conv VQ-VAE's encoder is patch-local (a token is a function of its own patch)
+    # 4: the report's usage target is a collapse check (>= 10%), not >= 50%
+)
+PRETOKENIZE = StageSpec(
+    name="pretokenize",
+    run=_body("pretokenize"),
+    run_part=_body("pretokenize", "run_part"),
+    resumable=True,
+    config_keys=("data.image_size", "pretokenize"),
+    upstream=(PREPARE_DATA, TRAIN_TOKENIZERS),
+    code_version=2,  # 2: reproducible bytes (no timings or absolute URIs in the index and the report)
+)
+PRETRAIN = StageSpec(
+    name="pretrain",
+    run=_body("pretrain"),
+    config_keys=("train", "data", "alphas"),
+    upstream=(PRETOKENIZE, TRAIN_TOKENIZERS),
+    resumable=True,  # a restarted run keeps its checkpoints and continues from the newest complete one
+    code_version=7,  # 2: reproducible bytes (no timings, store-relative URIs, DCP metadata without save ids);
+    # 3: fused AdamW on the CPU too (the same update up to rounding, so not the same bytes as version 2);
+    # 4: in-place token-table gradients in one CPU process (autograd's values summed in another order)
+    # 5: gradient clipping inside the fused AdamW (its grad_scale divides; clip_grad_norm_ multiplied)
+    # 6: the decoder's context is the projected encoder output plus the inputs' position and modality embeddings
+    # 7: the encoder table has one placeholder row for a pixel-input modality, not its vocabulary; the head and its
+    # cross-entropy in one function (the same values up to rounding); no encoder mask when every slot is valid
+)
+EVALUATE = StageSpec(
+    name="evaluate",
+    run=_body("evaluate"),
+    # train and alphas: the masked-modeling loss uses the training budgets and masking, as pretrain's validation
+    config_keys=("evaluate", "data", "train", "alphas"),
+    upstream=(PRETRAIN, PRETOKENIZE, TRAIN_TOKENIZERS, PREPARE_DATA),
+    code_version=2,  # 2: claims with confidence (bootstrap intervals), reproducible bytes (gate in run records)
+    # the gate's decision depends on the registry, not on the inputs: outside the reproducible payload
+    run_records=("gate.json", "reports/model_gate.md"),
+)
 
 #: The pipeline, in order; every stage's upstream stages come before it.
-PIPELINE: tuple[StageSpec, ...] = (prepare_data.SPEC, train_tokenizers.SPEC, pretokenize.SPEC, pretrain.SPEC,
-                                   evaluate.SPEC)
+PIPELINE: tuple[StageSpec, ...] = (PREPARE_DATA, TRAIN_TOKENIZERS, PRETOKENIZE, PRETRAIN, EVALUATE)
 STAGES: dict[str, StageSpec] = {spec.name: spec for spec in PIPELINE}
 
 

@@ -24,10 +24,10 @@ import time
 from typing import Any, Iterator
 
 from fourm_kfp.config.fourm_config import FourMConfig
+from fourm_kfp.contract import ExternalSource, StageContext, StageResult
 from fourm_kfp.data.dataset_report import DatasetStats, render_histograms, render_preview_grid, report_markdown
 from fourm_kfp.data.shard_writer import ShardWriter, encode_sample
 from fourm_kfp.progress import progress
-from fourm_kfp.contract import ExternalSource, StageContext, StageResult, StageSpec
 from fourm_kfp.storage import open_store
 
 log = logging.getLogger(__name__)
@@ -153,13 +153,3 @@ def _write_reports(ctx: StageContext, report: dict[str, Any], preview: list[dict
             buf = io.BytesIO()
             image.save(buf, format="PNG")
             ctx.write_report(name, buf.getvalue())
-
-
-SPEC = StageSpec(
-    name="prepare-data",
-    run=run,
-    config_keys=("data.image_size", "data.modalities", "prepare_data"),
-    source_fingerprint=source_fingerprint,
-    # 2: closer camera in the synthetic scenes (objects ~12% of pixels, was ~6%); 3: per-shard key index
-    code_version=3,
-)

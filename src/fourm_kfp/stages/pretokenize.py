@@ -14,12 +14,25 @@ import json
 import logging
 from typing import Any
 
-from fourm_kfp.contract import StageContext, StageResult, StageSpec
-from fourm_kfp.stages import prepare_data, train_tokenizers
+import numpy as np
+import torch
+
+from fourm_kfp.contract import StageContext, StageResult
+from fourm_kfp.data.modalities import IMAGE_MODALITIES, SEQUENCE_MODALITIES
+from fourm_kfp.data.pretokenized import INDEX_FILE, decode_member, token_name
+from fourm_kfp.data.shard_stream import available_modalities, iter_split, shard_indices
+from fourm_kfp.data.shard_writer import keys_key
+from fourm_kfp.progress import LineProgress
+from fourm_kfp.stages import PREPARE_DATA, TRAIN_TOKENIZERS
 from fourm_kfp.storage import output_ref
+from fourm_kfp.tokenizers.bundle import load_tokenizers
+from fourm_kfp.tokenizers.metrics import METRICS
+from fourm_kfp.tokenizers.pretokenize_report import codebook_usage_png, report_markdown, token_statistics
+from fourm_kfp.tokenizers.pretokenizer import Pretokenizer, output_names, pretokenize_shards
+from fourm_kfp.tokenizers.shard_crops import CropSettings, ShardJob, decode_workers
 
 log = logging.getLogger(__name__)
-DATA, TOKENIZERS = prepare_data.SPEC.name, train_tokenizers.SPEC.name
+DATA, TOKENIZERS = PREPARE_DATA.name, TRAIN_TOKENIZERS.name
 SPLITS = ("train", "val")
 
 
@@ -29,11 +42,6 @@ class PretokenizeCheckError(RuntimeError):
 
 def _plan(ctx: StageContext) -> dict[str, Any]:
     """What this dataset pretokenizes: input modalities, tokenizers, output names and shard jobs."""
-    from fourm_kfp.data.modalities import IMAGE_MODALITIES, SEQUENCE_MODALITIES
-    from fourm_kfp.data.shard_stream import available_modalities, shard_indices
-    from fourm_kfp.tokenizers.pretokenizer import output_names
-    from fourm_kfp.tokenizers.shard_crops import ShardJob
-
     data = ctx.inputs[DATA].store
     index = json.loads(ctx.inputs[TOKENIZERS].store.get_bytes("tokenizers.json"))
     present = set(available_modalities(data, "train"))
@@ -47,14 +55,6 @@ def _plan(ctx: StageContext) -> dict[str, Any]:
 
 
 def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
-    import torch
-
-    from fourm_kfp.data.shard_writer import keys_key
-    from fourm_kfp.progress import LineProgress
-    from fourm_kfp.tokenizers.bundle import load_tokenizers
-    from fourm_kfp.tokenizers.pretokenizer import Pretokenizer, pretokenize_shards
-    from fourm_kfp.tokenizers.shard_crops import CropSettings, decode_workers
-
     cfg = ctx.config.pretokenize
     plan = _plan(ctx)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -77,8 +77,6 @@ def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
 
 
 def _check_keys(ctx: StageContext, plan: dict[str, Any]) -> dict[str, int]:
-    from fourm_kfp.data.shard_writer import keys_key
-
     data, out = ctx.inputs[DATA].store, ctx.output
     samples = {split: 0 for split in SPLITS}
     for job in plan["jobs"]:
@@ -96,12 +94,6 @@ def _check_keys(ctx: StageContext, plan: dict[str, Any]) -> dict[str, int]:
 def _check_reconstruction(ctx: StageContext, plan: dict[str, Any]) -> dict[str, float]:
     """Decode crop 0 of the first val samples; its error must match the tokenizer report's (relative to the
     trivial baseline's error, within ``check_tolerance``)."""
-    import numpy as np
-
-    from fourm_kfp.data.pretokenized import decode_member, token_name
-    from fourm_kfp.data.shard_stream import iter_split
-    from fourm_kfp.tokenizers.bundle import load_tokenizers
-    from fourm_kfp.tokenizers.metrics import METRICS
 
     cfg = ctx.config.pretokenize
     if not cfg.check_samples or not plan["image"]:
@@ -138,9 +130,6 @@ def _check_reconstruction(ctx: StageContext, plan: dict[str, Any]) -> dict[str, 
 
 def run(ctx: StageContext) -> StageResult:
     """The collect step: check the parts, then write the index and the report."""
-    from fourm_kfp.data.pretokenized import INDEX_FILE, token_name
-    from fourm_kfp.tokenizers.pretokenize_report import codebook_usage_png, report_markdown, token_statistics
-
     plan = _plan(ctx)
     samples = _check_keys(ctx, plan)
     records = ctx.part_records()
@@ -176,14 +165,3 @@ def run(ctx: StageContext) -> StageResult:
     flat.update(metrics, samples_per_s=encoded / max(seconds, 1e-9), parts=float(len(records)),
                 parts_seconds=seconds, samples=float(sum(samples.values())))
     return StageResult(counts={"splits": samples, "crops": cfg.n_crops, "modalities": plan["names"]}, metrics=flat)
-
-
-SPEC = StageSpec(
-    name="pretokenize",
-    run=run,
-    run_part=run_part,
-    resumable=True,
-    config_keys=("data.image_size", "pretokenize"),
-    upstream=(prepare_data.SPEC, train_tokenizers.SPEC),
-    code_version=2,  # 2: reproducible bytes (no timings or absolute URIs in the index and the report)
-)

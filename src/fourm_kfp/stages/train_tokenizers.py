@@ -1,25 +1,178 @@
 """The ``train-tokenizers`` stage: a VQ-VAE per image modality and one WordPiece tokenizer for text, trained on the
-prepared dataset (:mod:`fourm_kfp.tokenizers.bundle_training`), committed as the bundle that
-:func:`fourm_kfp.tokenizers.bundle.load_tokenizers` reads back."""
+prepared dataset and committed as the bundle that :func:`fourm_kfp.tokenizers.bundle.load_tokenizers` reads back.
+
+Reads the prepare-data shards (local or S3), trains each image tokenizer on the train split (single process, or
+DDP when the stage runs under torchrun), evaluates it on the val split against a trivial baseline (the per-pixel
+mean image / majority class), trains the text tokenizer on captions and det strings, and writes the bundle that
+:func:`fourm_kfp.tokenizers.bundle.load_tokenizers` reads back, plus a report and a reconstruction grid.
+"""
 
 from __future__ import annotations
 
-from fourm_kfp.contract import StageContext, StageResult, StageSpec
-from fourm_kfp.stages import prepare_data
+import io
+import itertools
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fourm_kfp import distributed
+from fourm_kfp.contract import StageContext, StageResult
+from fourm_kfp.data.dataset_report import render_preview_grid
+from fourm_kfp.hardware import training_nondeterminism
+from fourm_kfp.stages import PREPARE_DATA
+from fourm_kfp.data.shard_stream import (MissingModalityError, available_modalities, iter_split, iter_texts,
+                                         shard_indices)
+from fourm_kfp.tokenizers.bundle import INDEX_FILE, TEXT_FILE, image_key
+from fourm_kfp.tokenizers.modality_codecs import MAX_FIT_IMAGES, fit_normalisation
+from fourm_kfp.tokenizers.saved_tokenizer import save_image_tokenizer
+from fourm_kfp.tokenizers.text_tokenizer import (mean_tokens_per_text, save_text_tokenizer, special_token_ids,
+                                                 train_text_tokenizer, unknown_token_rate)
+from fourm_kfp.tokenizers.tokenizer_report import report_markdown
+from fourm_kfp.tokenizers.training import evaluate_tokenizer, train_vqvae
+from fourm_kfp.tokenizers.vqvae import VQVAEConfig
+
+log = logging.getLogger(__name__)
+DATA = PREPARE_DATA.name
+#: Val images for the report when max_val_images is 0 (the report needs a bounded set).
+MAX_VAL_IMAGES = 1024
+
+
+#: Samples a training stream holds for shuffling (memory does not grow with the dataset).
+SHUFFLE_BUFFER = 512
+
+
+def _images(data, split: str, modality: str, limit: int | None, shuffle_buffer: int = 0,
+            seed: int = 0, shards: list[int] | None = None):
+    """The modality's arrays of ``split``, streamed (samples lacking the modality are passed over)."""
+    for _, sample in iter_split(data, split, [modality], limit=limit, shuffle_buffer=shuffle_buffer, seed=seed,
+                                shards=shards):
+        if modality in sample:
+            yield sample[modality]
+
+
+def _bounded(data, split: str, modality: str, limit: int, seed: int | None = None) -> np.ndarray:
+    """At most ``limit`` arrays: the first ones in order (``seed=None``), or drawn through the shuffle buffer."""
+    shuffle = 0 if seed is None else min(SHUFFLE_BUFFER, 2 * limit)
+    arrays = list(_images(data, split, modality, limit, shuffle_buffer=shuffle, seed=seed or 0))
+    if not arrays:
+        raise MissingModalityError(f"split {split!r} at {data.uri} has no {modality!r} samples")
+    return np.stack(arrays)
+
+
+def _batch_source(data, modality: str, batch_size: int, seed: int, limit: int | None):
+    """Step → a batch ``{modality: [B, ...]}`` from an endless shuffled stream; each rank reads its own shards
+    (all of them when there are fewer shards than ranks) with its own seed, epoch after epoch."""
+    shards = shard_indices(data, "train")
+    rank, world = distributed.rank(), distributed.world_size()
+    mine = shards[rank::world] or shards
+
+    def stream():
+        for epoch in itertools.count():
+            batch = []
+            for array in _images(data, "train", modality, limit, SHUFFLE_BUFFER, seed * 1_000_003 + rank * 7919 +
+                                 epoch, mine):
+                batch.append(array)
+                if len(batch) == batch_size:
+                    yield np.stack(batch)
+                    batch = []
+
+    batches = stream()
+    return lambda step: {modality: next(batches)}
+
+
+def _train_image_tokenizer(ctx: StageContext, modality: str, device: str) -> tuple[Any, dict[str, float], dict]:
+    cfg = ctx.config.train_tokenizers
+    data = ctx.inputs[DATA].store
+    settings = cfg.image_config(modality)
+    reference = _bounded(data, "train", modality, MAX_FIT_IMAGES, cfg.seed)  # normalisation and baseline
+    val = _bounded(data, "val", modality, cfg.max_val_images or MAX_VAL_IMAGES)
+    config = VQVAEConfig.for_modality(
+        modality, image_size=ctx.config.data.image_size, patch_size=settings.patch_size,
+        architecture=settings.architecture, hidden_dim=settings.hidden_dim, depth=settings.depth,
+        heads=settings.heads, codebook_size=settings.codebook_size, code_dim=settings.code_dim,
+        ema_decay=settings.ema_decay, beta=settings.beta, norm_stats=fit_normalisation(modality, reference))
+    batches = _batch_source(data, modality, settings.batch_size, cfg.seed, cfg.max_train_images or None)
+    started = time.monotonic()
+    model, records = train_vqvae(config, batches, settings.steps,
+                                 lr=settings.lr, warmup_steps=settings.warmup_steps, seed=cfg.seed, device=device,
+                                 log_every=max(settings.steps // 10, 1))
+    metrics = evaluate_tokenizer(model, val, reference)
+    metrics["train_images_seen"] = float(settings.steps * settings.batch_size * distributed.world_size())
+    summary = {"grid_size": config.grid_size, "codebook_size": config.codebook_size,
+               "final_loss": records[-1]["loss"] if records else None}
+    # Wall-clock: the stage's metrics (manifest, MLflow) only, never the report or the index (the payload).
+    timing = {"train_seconds": time.monotonic() - started}
+    return model, metrics, {"val": val[: cfg.recon_samples], "summary": summary, "timing": timing}
+
+
+def _reconstruction_grid(models: dict[str, Any], examples: dict[str, np.ndarray]) -> bytes:
+    """Rows alternate input / reconstruction of the same val sample; one column per modality."""
+    count = min(len(v) for v in examples.values())
+    rows, labels = [], []
+    for i in range(count):
+        rows.append({m: examples[m][i] for m in models})
+        rows.append({m: models[m].decode(models[m].encode(examples[m][i : i + 1]))[0] for m in models})
+        labels += [f"val {i}: input", "reconstruction"]
+    buf = io.BytesIO()
+    render_preview_grid(rows, list(models), row_labels=labels).save(buf, format="PNG")
+    return buf.getvalue()
 
 
 def run(ctx: StageContext) -> StageResult:
-    from fourm_kfp.tokenizers.bundle_training import train_bundle  # torch: imported when the stage runs
+    cfg = ctx.config.train_tokenizers
+    data = ctx.inputs[DATA].store
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    present = set(available_modalities(data, "train"))
+    image_modalities = [m for m in cfg.image_modalities if m in present]
+    missing = sorted(set(cfg.image_modalities) - present)
+    if missing:
+        log.info("train-tokenizers: the dataset has no %s; no tokenizer for them", missing)
 
-    return train_bundle(ctx)
+    models, metrics, examples, index_image, timings = {}, {}, {}, {}, {}
+    for modality in image_modalities:
+        model, modality_metrics, extra = _train_image_tokenizer(ctx, modality, device)
+        models[modality], examples[modality] = model, extra["val"]
+        metrics[modality] = modality_metrics
+        index_image[modality] = extra["summary"]
+        timings.update({f"{modality}.{k}": v for k, v in extra["timing"].items()})
+        if ctx.is_primary:
+            with tempfile.TemporaryDirectory() as tmp:
+                folder = save_image_tokenizer(model, Path(tmp) / modality)
+                for path in sorted(folder.iterdir()):
+                    ctx.output.put_file(image_key(modality, path.name), path)
 
+    text_modalities = [m for m in cfg.text_modalities if m in present]
+    text_metrics, index_text = {}, None
+    if text_modalities and ctx.is_primary:
+        tok = train_text_tokenizer(iter_texts(data, "train", text_modalities), cfg.text_vocab_size,
+                                   cfg.num_sentinels)
+        val_captions = list(iter_texts(data, "val", text_modalities[:1], limit=cfg.max_val_images or None))
+        text_metrics = {"unknown_token_rate": unknown_token_rate(tok, val_captions),
+                        "mean_tokens_per_text": mean_tokens_per_text(tok, val_captions),
+                        "vocab_size": float(tok.get_vocab_size())}
+        with tempfile.TemporaryDirectory() as tmp:
+            save_text_tokenizer(tok, Path(tmp) / "tokenizer.json")
+            ctx.output.put_file(TEXT_FILE, Path(tmp) / "tokenizer.json")
+        index_text = {"modalities": text_modalities, "vocab_size": tok.get_vocab_size(),
+                      "special_tokens": special_token_ids(tok)}
 
-SPEC = StageSpec(
-    name="train-tokenizers",
-    run=run,
-    config_keys=("data.image_size", "train_tokenizers"),
-    upstream=(prepare_data.SPEC,),
-    code_version=4,  # 2: reproducible bytes (deterministic WordPiece, no timings or absolute URIs)
-    # 3: the conv VQ-VAE's encoder is patch-local (a token is a function of its own patch)
-    # 4: the report's usage target is a collapse check (>= 10%), not >= 50%
-)
+    report = {"image": metrics, "text": text_metrics, "skipped_modalities": missing}
+    if ctx.is_primary:
+        index = {"image": index_image, "text": index_text, "image_size": ctx.config.data.image_size}
+        ctx.output.put_bytes(INDEX_FILE, json.dumps(index, indent=2, sort_keys=True).encode())
+        ctx.write_report("tokenizer_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
+        ctx.write_report("tokenizer_report.md", report_markdown(report).encode())
+        if models:
+            ctx.write_report("reconstructions.png", _reconstruction_grid(models, examples))
+
+    flat = {f"{m}.{k}": v for m, values in metrics.items() for k, v in values.items()}
+    flat.update({f"text.{k}": v for k, v in text_metrics.items()}, **timings)
+    counts = {"image_tokenizers": sorted(models), "text_tokenizer": index_text is not None}
+    return StageResult(counts=counts, metrics=flat, nondeterminism=training_nondeterminism(device))
+
