@@ -8,7 +8,6 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from fourm_kfp.config.fourm_config import EVALUATION_TASKS
 from fourm_kfp.data.modalities import decode_normal, encode_normal, parse_det
 from fourm_kfp.data.synthetic_scenes import COLORS, SIZES, synthetic_sample
 from fourm_kfp.evaluation import task_metrics as tm
@@ -217,40 +216,3 @@ def test_most_common():
     assert tm.most_common([frozenset({"cube"}), frozenset(), frozenset({"cube"})]) == {"cube"}
     with pytest.raises(ValueError):
         tm.most_common([])
-
-
-# -- the primary metric -----------------------------------------------------------------------------------------
-
-def test_task_primary_covers_the_evaluation_tasks():
-    assert set(tm.TASK_PRIMARY) == set(EVALUATION_TASKS)
-    assert all(direction in ("higher", "lower") for _, direction in tm.TASK_PRIMARY.values())
-
-
-def test_better_lower_is_better():
-    assert tm.better("rgb-to-depth", 0.1, 0.2) and not tm.better("rgb-to-depth", 0.2, 0.1)
-    assert not tm.better("rgb-to-depth", 0.2, 0.2)  # a tie is not better
-    assert tm.better("rgb-to-normal", 0.5, 1.0, margin=0.5)  # 0.5 <= 1.0 * (1 - 0.5): exactly the margin
-    assert not tm.better("rgb-to-normal", 0.51, 1.0, margin=0.5)
-    assert not tm.better("rgb-to-depth", 0.0, 0.0)  # a perfect reference cannot be beaten
-
-
-def test_better_higher_is_better():
-    assert tm.better("rgb-to-semseg", 0.5, 0.4) and not tm.better("rgb-to-semseg", 0.4, 0.5)
-    assert tm.better("rgb-to-det", 1.25, 1.0, margin=0.25)  # exactly 25% better
-    assert not tm.better("rgb-to-det", 1.2, 1.0, margin=0.25)
-    # Against 0 a relative margin is 0: any strict improvement wins, a tie never does.
-    assert tm.better("rgb-to-caption", 0.1, 0.0) and not tm.better("rgb-to-caption", 0.0, 0.0)
-    assert tm.better("caption-to-rgb", 0.01, 0.0, margin=0.2) and not tm.better("caption-to-rgb", 0.0, 0.0, margin=0.2)
-
-
-def test_better_direction_override():
-    # word_f1 (chosen by caption_primary) is higher-is-better whatever the task's registered primary
-    assert tm.better("rgb-to-caption", 0.6, 0.5, higher=True)
-    assert not tm.better("rgb-to-caption", 0.6, 0.5, higher=False)
-    assert tm.better("rgb-to-semseg", 0.4, 0.5, higher=False)
-
-
-def test_better_never_for_missing_values():
-    assert not tm.better("rgb-to-semseg", math.nan, 0.1) and not tm.better("rgb-to-semseg", 0.5, math.nan)
-    with pytest.raises(KeyError):
-        tm.better("rgb->depth", 0.1, 0.2)

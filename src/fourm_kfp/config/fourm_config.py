@@ -307,8 +307,15 @@ class PretokenizeConfig:
                 raise ValueError(f"{name} must be [low, high] with low <= high, got {list(low_high)}")
 
 
-#: Cross-modal tasks the evaluate stage knows (``<source>-to-<target>``; see :mod:`fourm_kfp.evaluation.tasks`).
-EVALUATION_TASKS = ("rgb-to-depth", "rgb-to-normal", "rgb-to-semseg", "rgb-to-det", "rgb-to-caption", "caption-to-rgb")
+def evaluation_tasks(modalities: dict[str, Any] = MODALITIES) -> tuple[str, ...]:
+    """Cross-modal tasks the evaluate stage knows (``<source>-to-<target>``; see :mod:`fourm_kfp.evaluation.tasks`):
+    ``rgb-to-<m>`` for every modality with a ``scoring`` in the modality table, and caption-to-rgb (scored through
+    the semseg the model reads off its own image)."""
+    return tuple(f"rgb-to-{name}" for name, m in modalities.items() if m.scoring) + ("caption-to-rgb",)
+
+
+#: The tasks of the modality table (the evaluate section's default and choices).
+EVALUATION_TASKS = evaluation_tasks()
 
 
 @dataclass(frozen=True)

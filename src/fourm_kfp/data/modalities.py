@@ -20,10 +20,11 @@ caption    str                                             ``txt`` (UTF-8)
 =========  ==============================================  ==========================================
 
 :data:`MODALITIES` is the one table of modalities: kind, in-memory channels, file extension and codec, tokenizer
-kind (``vqvae`` per image modality, the shared ``wordpiece`` for text) and the primary metric its tokenizer and
-evaluation report. The other per-modality registries (tokenizer codecs and metrics in :mod:`fourm_kfp.tokenizers`,
-visualisers in :mod:`fourm_kfp.data.modality_visuals`, pretokenized names in :mod:`fourm_kfp.data.pretokenized`)
-follow it, and a test checks that every modality is fully described. Everything is looked up by name
+kind (``vqvae`` per image modality, the shared ``wordpiece`` for text), the primary metric its tokenizer reports,
+and the family of metrics and baseline the evaluate stage scores it with as a generated target (``scoring``). The
+other per-modality registries (tokenizer codecs and metrics in :mod:`fourm_kfp.tokenizers`, visualisers in
+:mod:`fourm_kfp.data.modality_visuals`, pretokenized names in :mod:`fourm_kfp.data.pretokenized`) follow it, and a
+test checks that every modality is fully described. Everything is looked up by name
 (``MODALITIES["depth"].encode(x)``), so stages treat modalities as data rather than ``if`` chains.
 """
 
@@ -58,7 +59,10 @@ class Modality:
     decode: Callable[[bytes], Any]
     channels: int  # in-memory channels of an image modality (1 = [H, W]); 0 for text
     tokenizer: str  # "vqvae" (one per modality) or "wordpiece" (shared by the sequence modalities)
-    metric: str  # primary error metric of its tokenizer/evaluation ("mse", "abs_rel", ...; lower is better)
+    metric: str  # primary error metric of its tokenizer ("mse", "abs_rel", ...; lower is better)
+    #: how the evaluate stage scores it as a generated target (an ``rgb-to-<name>`` task): the scorer family in
+    #: :data:`fourm_kfp.evaluation.targets.SCORERS` (its metrics and trivial baseline); "" = not a task's target
+    scoring: str = ""
 
 
 def _png_bytes(array: np.ndarray, mode: str | None = None) -> bytes:
@@ -144,12 +148,14 @@ MODALITIES: dict[str, Modality] = {
     m.name: m
     for m in (
         Modality("rgb", "image", "png", encode_rgb, decode_rgb, 3, "vqvae", "mse"),
-        Modality("depth", "image", "png", encode_depth, decode_depth, 1, "vqvae", "abs_rel"),
-        Modality("normal", "image", "png", encode_normal, decode_normal, 3, "vqvae", "angle_deg"),
-        Modality("semseg", "image", "png", encode_semseg, decode_semseg, 1, "vqvae", "pixel_err"),
+        Modality("depth", "image", "png", encode_depth, decode_depth, 1, "vqvae", "abs_rel", scoring="depth"),
+        Modality("normal", "image", "png", encode_normal, decode_normal, 3, "vqvae", "angle_deg", scoring="normal"),
+        Modality("semseg", "image", "png", encode_semseg, decode_semseg, 1, "vqvae", "pixel_err", scoring="classes"),
         Modality("edge", "image", "png", encode_edge, decode_edge, 1, "vqvae", "pixel_err"),
-        Modality("det", "sequence", "txt", encode_text, decode_text, 0, "wordpiece", "unknown_token_rate"),
-        Modality("caption", "sequence", "txt", encode_text, decode_text, 0, "wordpiece", "unknown_token_rate"),
+        Modality("det", "sequence", "txt", encode_text, decode_text, 0, "wordpiece", "unknown_token_rate",
+                 scoring="boxes"),
+        Modality("caption", "sequence", "txt", encode_text, decode_text, 0, "wordpiece", "unknown_token_rate",
+                 scoring="caption"),
     )
 }
 

@@ -13,7 +13,8 @@ rgb-to-caption  ``count_accuracy``, ``object_f1``, ``shape_f1``, ``colour_f1``, 
 caption-to-rgb  ``shape_presence_f1`` (shapes seen vs shapes named)                          ``shape_presence_f1`` ↑
 ==============  ===========================================================================  =======================
 
-The primary metrics and their direction (↑ higher is better, ↓ lower) are :data:`TASK_PRIMARY`. [*] On real
+The primary metrics and their direction (↑ higher is better, ↓ lower) come from each target's scorer family
+(:mod:`fourm_kfp.evaluation.targets`). [*] On real
 captions (outside the synthetic vocabulary) :func:`caption_primary` picks ``word_f1`` instead.
 
 Invalid pixels: the synthetic renderer gives sky (a ray that misses the 25 m ground disc and every object) depth 0
@@ -60,32 +61,12 @@ MIN_DEPTH_M = 1e-3
 #: IoU at which a predicted box matches a ground-truth box (inclusive).
 IOU_THRESHOLD = 0.5
 
-#: Primary metric of each task (``<source>-to-<target>``, as in ``EVALUATION_TASKS``) and its better direction.
-TASK_PRIMARY: dict[str, tuple[str, str]] = {
-    "rgb-to-depth": ("abs_rel", "lower"),
-    "rgb-to-normal": ("mean_angle_deg", "lower"),
-    "rgb-to-semseg": ("miou", "higher"),
-    "rgb-to-det": ("ap50", "higher"),
-    "rgb-to-caption": ("object_f1", "higher"),
-    "caption-to-rgb": ("shape_presence_f1", "higher"),
-}
-
-
 def beats(new: float, old: float, higher_is_better: bool, margin: float = 0.0) -> bool:
     """The margin rule (also the model gate's): strictly better than ``old``, and by at least ``margin * |old|``
     (``|old|`` keeps it meaningful for negative scores; anything strictly better beats an ``old`` of 0)."""
     if higher_is_better:
         return new > old and new >= old + margin * abs(old)
     return new < old and new <= old - margin * abs(old)
-
-
-def better(task: str, a: float, b: float, margin: float = 0.0, *, higher: bool | None = None) -> bool:
-    """Whether ``a`` beats ``b`` on ``task``'s primary metric by the relative ``margin`` (:func:`beats`); a
-    non-finite value on either side is never better. ``higher`` overrides the direction of :data:`TASK_PRIMARY`
-    (for a primary metric chosen by the data, see :func:`caption_primary`)."""
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return False
-    return beats(a, b, TASK_PRIMARY[task][1] == "higher" if higher is None else higher, margin)
 
 
 # -- per-scene statistics ---------------------------------------------------------------------------------------

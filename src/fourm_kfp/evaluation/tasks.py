@@ -20,21 +20,16 @@ difference that one lucky scene explains is not a win. The relative gain is repo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from fourm_kfp.data.modalities import parse_det
+from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.evaluation import paired_bootstrap
 from fourm_kfp.evaluation import task_metrics as tm
 from fourm_kfp.evaluation.any_to_any import AnyToAny
+from fourm_kfp.evaluation.targets import CHAINED_TASKS, better, scorer, split_task, task_primary
 from fourm_kfp.model.generation import SamplingArgs
-from fourm_kfp.tokenizers.metrics import METRICS
-
-
-def split_task(task: str) -> tuple[str, str]:
-    source, target = task.split("-to-")
-    return source, target
 
 
 @dataclass
@@ -98,7 +93,7 @@ class TaskResult:
         :attr:`beats_baseline` for whether it is more than noise)."""
         model, base = self.metrics[self.primary], self.baseline[self.primary]
         if base == 0:  # no relative gain to speak of: unbounded if the model is better at all
-            return float("inf") if tm.better(self.task, model, base, higher=self.higher_is_better) else 0.0
+            return float("inf") if better(self.task, model, base, higher=self.higher_is_better) else 0.0
         return (model - base) / abs(base) * (1 if self.higher_is_better else -1)
 
     def scene_scores(self) -> dict[str, dict[str, float]]:
@@ -115,47 +110,23 @@ class TaskResult:
                 "gain_over_baseline": self.gain_over_baseline, "scene_scores": self.scene_scores()}
 
 
-# -- scoring per target -------------------------------------------------------------------------------------------
-
-def _image_stats(target: str) -> Callable[[list[np.ndarray], list[np.ndarray]], tm.SceneStats]:
-    if target == "depth":
-        return lambda pred, true: tm.depth_stats(np.stack(pred), np.stack(true))
-    if target == "normal":
-        return lambda pred, true: tm.normal_stats(np.stack(pred), np.stack(true))
-    if target == "semseg":
-        return lambda pred, true: tm.semseg_stats(np.stack(pred), np.stack(true))
-    raise ValueError(f"no image metric for target {target!r}")
-
-
-def _det_predictions(texts: list[str], scores: list[float]) -> list[list[tuple[Any, str, float]]]:
-    """Boxes of generated det texts; a box's score is its sequence's mean log-probability, earlier boxes first."""
-    return [[(box, name, score - 1e-3 * i) for i, (box, name) in enumerate(tm.parse_generated_det(text))]
-            for text, score in zip(texts, scores)]
-
-
-def _det_truth(texts: list[str]) -> list[list[tuple[Any, str]]]:
-    return [[(tuple(float(c) for c in box), name) for box, name in parse_det(text)] for text in texts]
-
-
 # -- the tasks ----------------------------------------------------------------------------------------------------
 
 @dataclass
 class Baselines:
-    """Trivial predictions fitted on training scenes (one value used for every val scene)."""
+    """Trivial predictions fitted on training scenes (one value used for every val scene): per scored modality its
+    family's baseline (:mod:`.targets`), and the most common set of shapes the captions name (caption-to-rgb)."""
 
-    images: dict[str, np.ndarray]
-    det: str
-    caption: str
+    predictions: dict[str, Any]
     shapes: frozenset[str]
 
     @classmethod
     def fit(cls, train: dict[str, list[Any]]) -> "Baselines":
-        images = {m: METRICS[m].baseline(np.stack(values)) for m, values in train.items()
-                  if m in ("depth", "normal", "semseg") and values}
-        captions = train.get("caption", [])
-        shapes = [tm.caption_shapes(c) for c in captions]
-        return cls(images, tm.most_common(train["det"]) if train.get("det") else "",
-                   tm.most_common(captions) if captions else "", tm.most_common(shapes) if shapes else frozenset())
+        """``train``: training values per modality (those without a ``scoring`` are ignored)."""
+        predictions = {m: scorer(m).baseline(values) for m, values in train.items()
+                       if values and get_modality(m).scoring}
+        shapes = [tm.caption_shapes(c) for c in train.get("caption", [])]
+        return cls(predictions, tm.most_common(shapes) if shapes else frozenset())
 
 
 def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, sampling: SamplingArgs,
@@ -164,39 +135,26 @@ def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, 
     image: an image target from an image source, and caption-to-rgb's semseg of its own image."""
     source, target = split_task(task)
     inputs = engine.token_inputs(source, scenes.tokens[source], scenes.truth.get(source))
-    primary, direction = tm.TASK_PRIMARY[task]
     map_sampling = map_sampling or sampling
-    if task == "caption-to-rgb":
+    if task in CHAINED_TASKS:
         return _caption_to_rgb(engine, scenes, inputs, baselines, sampling, map_sampling, seed, batch_size, shown,
-                               primary)
+                               task_primary(task)[0])
+    family = scorer(target)
     reads_a_map = engine.specs[source].kind == "image" and engine.specs[target].kind == "image"
     generated = engine.generate_tokens(inputs, target, map_sampling if reads_a_map else sampling, seed, batch_size)
     predicted = engine.detokenize(target, [g.tokens for g in generated])
     ceiling_values = engine.detokenize(target, scenes.tokens[target]) if target in scenes.tokens else None
     truth = scenes.truth[target]
     n = len(scenes)
-    higher = direction == "higher"
-    if target in ("depth", "normal", "semseg"):
-        score = _image_stats(target)
-        metrics, baseline = score(predicted, truth), score([baselines.images[target]] * n, truth)
-        ceiling = score(ceiling_values, truth)
-    elif target == "det":
-        scores = [float(g.logprobs.mean()) if g.logprobs.size else -1e9 for g in generated]
-        gt = _det_truth(truth)
-        metrics = tm.box_stats(_det_predictions(predicted, scores), gt)
-        ceiling = tm.box_stats(_det_predictions(ceiling_values, [0.0] * n), gt)
-        baseline = tm.box_stats(_det_predictions([baselines.det] * n, [0.0] * n), gt)
-    elif target == "caption":
-        primary, higher = tm.caption_primary(truth), True
-        metrics = tm.caption_stats(predicted, truth)
-        ceiling = tm.caption_stats(ceiling_values, truth)
-        baseline = tm.caption_stats([baselines.caption] * n, truth)
-    else:
-        raise ValueError(f"no metric for task {task!r}")
+    confidence = [float(g.logprobs.mean()) if g.logprobs.size else -1e9 for g in generated]
+    metrics = family.stats(predicted, truth, confidence)
+    ceiling = family.stats(ceiling_values, truth, [0.0] * n)
+    baseline = family.stats([baselines.predictions[target]] * n, truth, [0.0] * n)
     examples = [{"input": (source, scenes.truth[source][i]), "generated": (target, predicted[i]),
                  "ceiling": (target, ceiling_values[i]), "ground truth": (target, truth[i])}
                 for i in range(min(shown, n))]
-    return TaskResult.scored(task, primary, higher, scenes.keys, metrics, ceiling, baseline, examples)
+    return TaskResult.scored(task, family.primary_of(truth), family.higher_is_better, scenes.keys, metrics, ceiling,
+                             baseline, examples)
 
 
 def _caption_to_rgb(engine: AnyToAny, scenes: Scenes, inputs: list[dict[str, np.ndarray]], baselines: Baselines,

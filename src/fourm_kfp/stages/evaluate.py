@@ -28,6 +28,7 @@ import torch
 
 from fourm_kfp.config.schema import to_dict
 from fourm_kfp.contract import StageContext, StageResult
+from fourm_kfp.data.modalities import MODALITIES
 from fourm_kfp.data.pretokenized import decode_member, token_name
 from fourm_kfp.data.shard_stream import available_modalities, iter_split
 from fourm_kfp.evaluation import task_metrics as tm
@@ -35,7 +36,8 @@ from fourm_kfp.evaluation.any_to_any import AnyToAny
 from fourm_kfp.evaluation.learning_curve import curve_png, score_curve
 from fourm_kfp.evaluation.model_gate import scene_scores
 from fourm_kfp.evaluation.report import gate_markdown, report_html, report_markdown, task_grid
-from fourm_kfp.evaluation.tasks import Baselines, Scenes, TaskResult, run_task, split_task
+from fourm_kfp.evaluation.targets import CHAINED_TASKS, split_task
+from fourm_kfp.evaluation.tasks import Baselines, Scenes, TaskResult, run_task
 from fourm_kfp.model.generation import SamplingArgs
 from fourm_kfp.progress import progress
 from fourm_kfp.stages import PREPARE_DATA, PRETOKENIZE, PRETRAIN, TRAIN_TOKENIZERS
@@ -85,7 +87,7 @@ def runnable_tasks(requested: tuple[str, ...], scenes: Scenes, modalities: list[
     """Tasks whose modalities the model and the data both have; the others with the reason."""
     run, skipped = [], []
     for task in requested:
-        needed = set(split_task(task)) | ({"semseg"} if task == "caption-to-rgb" else set())
+        needed = set(split_task(task)) | set(CHAINED_TASKS.get(task, ((),))[0])
         missing = sorted(needed - (set(modalities) & set(scenes.truth)))
         if missing:
             skipped.append(f"{task} (no {', '.join(missing)})")
@@ -145,8 +147,8 @@ def run(ctx: StageContext) -> StageResult:
     tasks, skipped = runnable_tasks(cfg.tasks, scenes, engine.modalities)
     if skipped:
         log.info("evaluate: tasks skipped: %s", "; ".join(skipped))
-    baselines = Baselines.fit(train_ground_truth(ctx.inputs[PREPARED].store, ["depth", "normal", "semseg", "det",
-                                                                               "caption"], cfg.baseline_samples))
+    scored = [name for name, modality in MODALITIES.items() if modality.scoring]
+    baselines = Baselines.fit(train_ground_truth(ctx.inputs[PREPARED].store, scored, cfg.baseline_samples))
     sampling = SamplingArgs(**to_dict(cfg.sampling))
     map_sampling = replace(sampling, steps=cfg.map_steps)
     results: list[TaskResult] = []

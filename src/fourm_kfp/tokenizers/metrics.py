@@ -81,7 +81,7 @@ def mean_normal(train: np.ndarray) -> np.ndarray:
     return np.where(norm > 1e-6, total / np.maximum(norm, 1e-6), (0.0, 0.0, 1.0)).astype(np.float32)
 
 
-def _majority(num_classes: int) -> Callable[[np.ndarray], np.ndarray]:
+def majority_map(num_classes: int) -> Callable[[np.ndarray], np.ndarray]:
     def baseline(train: np.ndarray) -> np.ndarray:
         counts = np.stack([(train == c).sum(0) for c in range(num_classes)])
         return counts.argmax(0).astype(train.dtype)
@@ -107,6 +107,6 @@ METRICS: dict[str, ModalityMetrics] = {m.name: m for m in (
     ModalityMetrics("rgb", rgb_errors, mean_image),
     ModalityMetrics("depth", depth_errors, mean_depth),
     ModalityMetrics("normal", normal_errors, mean_normal),
-    ModalityMetrics("semseg", _class_errors(len(CLASS_NAMES)), _majority(len(CLASS_NAMES))),
-    ModalityMetrics("edge", _class_errors(2), _majority(2)),
+    ModalityMetrics("semseg", _class_errors(len(CLASS_NAMES)), majority_map(len(CLASS_NAMES))),
+    ModalityMetrics("edge", _class_errors(2), majority_map(2)),
 )}

@@ -1,0 +1,113 @@
+"""How the evaluate stage scores a generated modality: a small registry of scorer families.
+
+A modality's entry in the modality table (:data:`fourm_kfp.data.modalities.MODALITIES`) names its family in
+``scoring``; the family gives the per-scene statistics of predictions against the exact truth (every metric of the
+task, :mod:`.task_metrics`), the primary metric and its direction, and the trivial baseline fitted on training
+values (one prediction for every val scene). So a new modality that is scored like an existing one (a second depth
+sensor, another label map) is added in one place, its table entry; the ``rgb-to-<name>`` task follows
+(:data:`fourm_kfp.config.fourm_config.EVALUATION_TASKS`).
+
+=========  ========================================================  ======================================
+family     metrics (primary first)                                   baseline
+=========  ========================================================  ======================================
+depth      ``abs_rel`` ↓, ``rmse``, ``delta1``                       per-pixel mean depth (valid pixels)
+normal     ``mean_angle_deg`` ↓, ``within_11_25``                    per-pixel mean normal
+classes    ``miou`` ↑, ``pixel_accuracy``                            per-pixel majority class
+boxes      ``ap50`` ↑, ``ap50_<class>``                              the most common det text
+caption    ``object_f1`` ↑ (``word_f1`` on real captions), others    the most common caption
+=========  ========================================================  ======================================
+
+``caption-to-rgb`` is the one chained task: its image is scored through the semseg the model reads off it
+(:data:`CHAINED_TASKS`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from fourm_kfp.data.modalities import CLASS_NAMES, get_modality, parse_det
+from fourm_kfp.evaluation import task_metrics as tm
+from fourm_kfp.tokenizers.metrics import majority_map, mean_depth, mean_normal
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """One family: ``stats(predicted, truth, confidence)`` (a confidence per scene: the model's mean
+    log-probability of what it generated, 0 for references), the primary metric and its direction, ``baseline``
+    (training values → the one prediction used for every scene), and optionally ``primary_for`` (the truth picks
+    the primary metric)."""
+
+    primary: str
+    higher_is_better: bool
+    stats: Callable[[Sequence[Any], Sequence[Any], Sequence[float]], tm.SceneStats]
+    baseline: Callable[[list[Any]], Any]
+    primary_for: Callable[[Sequence[Any]], str] | None = None
+
+    def primary_of(self, truth: Sequence[Any]) -> str:
+        return self.primary_for(truth) if self.primary_for else self.primary
+
+
+def _boxes(texts: Sequence[str], confidence: Sequence[float]) -> list[list[tuple[Any, str, float]]]:
+    """Boxes of generated det texts; a box's score is its text's confidence, earlier boxes first."""
+    return [[(box, name, score - 1e-3 * i) for i, (box, name) in enumerate(tm.parse_generated_det(text))]
+            for text, score in zip(texts, confidence)]
+
+
+def _true_boxes(texts: Sequence[str]) -> list[list[tuple[Any, str]]]:
+    return [[(tuple(float(c) for c in box), name) for box, name in parse_det(text)] for text in texts]
+
+
+SCORERS: dict[str, Scorer] = {
+    "depth": Scorer("abs_rel", False, lambda p, t, _: tm.depth_stats(np.stack(p), np.stack(t)),
+                    lambda train: mean_depth(np.stack(train))),
+    "normal": Scorer("mean_angle_deg", False, lambda p, t, _: tm.normal_stats(np.stack(p), np.stack(t)),
+                     lambda train: mean_normal(np.stack(train))),
+    "classes": Scorer("miou", True, lambda p, t, _: tm.semseg_stats(np.stack(p), np.stack(t)),
+                      lambda train: majority_map(len(CLASS_NAMES))(np.stack(train))),
+    "boxes": Scorer("ap50", True, lambda p, t, c: tm.box_stats(_boxes(p, c), _true_boxes(t)), tm.most_common),
+    "caption": Scorer("object_f1", True, lambda p, t, _: tm.caption_stats(p, t), tm.most_common,
+                      primary_for=tm.caption_primary),
+}
+
+#: Tasks scored through a chain rather than their target's family: task → (the modalities the chain needs besides
+#: the task's own, primary metric, higher is better).
+CHAINED_TASKS: dict[str, tuple[tuple[str, ...], str, bool]] = {
+    "caption-to-rgb": (("semseg",), "shape_presence_f1", True),
+}
+
+
+def split_task(task: str) -> tuple[str, str]:
+    """``"rgb-to-depth"`` → ``("rgb", "depth")``."""
+    source, sep, target = task.partition("-to-")
+    if not sep or not source or not target:
+        raise ValueError(f"task {task!r}: expected <source>-to-<target>")
+    return source, target
+
+
+def scorer(modality: str) -> Scorer:
+    """The scorer family of a generated ``modality`` (its ``scoring`` in the modality table)."""
+    family = get_modality(modality).scoring
+    if not family:
+        raise ValueError(f"modality {modality!r} has no scoring in the modality table: no task generates it")
+    return SCORERS[family]
+
+
+def task_primary(task: str) -> tuple[str, bool]:
+    """``(primary metric, higher is better)`` of a task (for captions, the metric the synthetic truth uses)."""
+    if task in CHAINED_TASKS:
+        return CHAINED_TASKS[task][1:]
+    family = scorer(split_task(task)[1])
+    return family.primary, family.higher_is_better
+
+
+def better(task: str, a: float, b: float, margin: float = 0.0, *, higher: bool | None = None) -> bool:
+    """Whether ``a`` beats ``b`` on ``task``'s primary metric by the relative ``margin`` (:func:`~.task_metrics.beats`);
+    a non-finite value on either side is never better. ``higher`` overrides the task's direction (for a primary
+    metric chosen by the data, see :func:`~.task_metrics.caption_primary`)."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return False
+    return tm.beats(a, b, task_primary(task)[1] if higher is None else higher, margin)
