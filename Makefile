@@ -12,7 +12,7 @@ PROOF_ROOT ?= runs/proof
 setup: $(STAMP)
 
 # torch goes first and pinned: any other torch requirement pulls GBs of CUDA packages on CPU machines.
-# torchx (`fourm-kfp launch`, src/fourm_kfp/torchx_launch.py) goes last, with --no-deps: torchx 0.7.0 declares
+# torchx (`fourm-kfp launch`, src/fourm_kfp/launchers/torchx_job.py) goes last, with --no-deps: torchx 0.7.0 declares
 # urllib3<1.27, a stale bound (removed upstream after 0.7.0) that kfp's urllib3==2.7.0 contradicts, so pip cannot
 # resolve both. Its other requirements (docker, pyre-extensions, tabulate; the rest are already here) are installed
 # pinned from the lock first. `pip check` reports exactly one complaint, "torchx 0.7.0 has requirement

@@ -19,7 +19,7 @@ def evaluate(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
     import json
     from collections import namedtuple
 
-    from fourm_kfp.kfp_runtime import run_stage_component, with_stage_overrides
+    from fourm_kfp.launchers.kfp_runtime import run_stage_component, with_stage_overrides
     from fourm_kfp.storage import open_store
 
     overrides = with_stage_overrides(config_overrides, stage_overrides)

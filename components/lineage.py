@@ -9,7 +9,7 @@ from fourm_kfp.components.images import CPU_IMAGE
 def open_lineage_run(run_label: str, kfp_run_id: str, preset: str, config_overrides: list, store_uri: str,
                      mlflow_tracking_uri: str, mlflow_parent_run_id: str) -> str:
     """Validate the config and open the MLflow parent run (or pass the launcher's through); returns its id."""
-    from fourm_kfp.kfp_runtime import open_lineage_step
+    from fourm_kfp.launchers.kfp_runtime import open_lineage_step
 
     return open_lineage_step(run_label, kfp_run_id, preset, config_overrides, store_uri, mlflow_tracking_uri,
                              mlflow_parent_run_id)
@@ -19,6 +19,6 @@ def open_lineage_run(run_label: str, kfp_run_id: str, preset: str, config_overri
 def close_lineage_run(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str, mlflow_parent_run_id: str,
                       status: dsl.PipelineTaskFinalStatus):
     """Exit handler: mark the parent run FINISHED or FAILED from the pipeline's final state."""
-    from fourm_kfp.kfp_runtime import close_lineage_step
+    from fourm_kfp.launchers.kfp_runtime import close_lineage_step
 
     close_lineage_step(run_label, kfp_run_id, mlflow_tracking_uri, mlflow_parent_run_id, status.state)

@@ -16,7 +16,7 @@ def prepare_data(preset: str, config_overrides: list, store_uri: str, s3_endpoin
     import json
     from collections import namedtuple
 
-    from fourm_kfp.kfp_runtime import run_stage_component
+    from fourm_kfp.launchers.kfp_runtime import run_stage_component
 
     outcome = run_stage_component("prepare-data", preset, config_overrides, store_uri, s3_endpoint,
                                   mlflow_tracking_uri, parent_run_id, force, report_path=report.path,

@@ -21,7 +21,7 @@ def fan_out(width: int, data_uri: str, tokenizers_uri: str, parent_run_id: str) 
 def pretokenize_part(part: int, parts: int, preset: str, config_overrides: list, store_uri: str, s3_endpoint: str,
                      mlflow_tracking_uri: str, parent_run_id: str, data_uri: str, tokenizers_uri: str) -> str:
     """Pretokenize every ``parts``-th input shard (committed shards are skipped); returns the stage's output URI."""
-    from fourm_kfp.kfp_runtime import run_stage_part_component
+    from fourm_kfp.launchers.kfp_runtime import run_stage_part_component
 
     return run_stage_part_component("pretokenize", part, parts, preset, config_overrides, store_uri, s3_endpoint,
                                     mlflow_tracking_uri, parent_run_id,
@@ -37,7 +37,7 @@ def pretokenize(preset: str, config_overrides: list, store_uri: str, s3_endpoint
     import json
     from collections import namedtuple
 
-    from fourm_kfp.kfp_runtime import run_stage_component
+    from fourm_kfp.launchers.kfp_runtime import run_stage_component
 
     if len(set(part_uris)) > 1:
         raise ValueError(f"the pretokenize parts wrote to different outputs: {sorted(set(part_uris))}")

@@ -5,6 +5,7 @@ from typing import NamedTuple
 
 from kfp import dsl
 
+from fourm_kfp.cluster.job_spec import IN_POD
 from fourm_kfp.components.images import GPU_IMAGE
 
 
@@ -13,7 +14,7 @@ def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
              parent_run_id: str, force: bool, pretokenized_uri: str, tokenizers_uri: str,
              report: dsl.Output[dsl.Markdown], report_html: dsl.Output[dsl.HTML], metrics: dsl.Output[dsl.Metrics],
              job_spec: dsl.Output[dsl.Artifact],
-             launcher: str = "in-pod", nodes: int = 1, procs_per_node: int = 1,
+             launcher: str = IN_POD, nodes: int = 1, procs_per_node: int = 1,
              accelerator: str = "nvidia.com/gpu", cpu_per_node: str = "", memory_per_node: str = "",
              node_selector: dict = {}, tolerations: list = [], deadline_s: int = 259200, min_nodes: int = 0,
              delete_job: bool = True, kfp_run_id: str = "",
@@ -23,7 +24,7 @@ def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
     import json
     from collections import namedtuple
 
-    from fourm_kfp.kfp_runtime import run_pretrain_component, with_stage_overrides
+    from fourm_kfp.launchers.kfp_runtime import run_pretrain_component, with_stage_overrides
 
     overrides = with_stage_overrides(config_overrides, stage_overrides)
     outcome = run_pretrain_component(

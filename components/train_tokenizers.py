@@ -15,7 +15,7 @@ def train_tokenizers(preset: str, config_overrides: list, store_uri: str, s3_end
     import json
     from collections import namedtuple
 
-    from fourm_kfp.kfp_runtime import run_stage_component
+    from fourm_kfp.launchers.kfp_runtime import run_stage_component
 
     outcome = run_stage_component("train-tokenizers", preset, config_overrides, store_uri, s3_endpoint,
                                   mlflow_tracking_uri, parent_run_id, force, input_uris={"prepare-data": data_uri},

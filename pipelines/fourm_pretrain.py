@@ -9,6 +9,7 @@ Parameters are flat. The shared ones configure every stage; the ``<stage>_*`` on
 
 from kfp import dsl, kubernetes
 
+from fourm_kfp.cluster.job_spec import IN_POD, PYTORCHJOB
 from fourm_kfp.components.evaluate import evaluate
 from fourm_kfp.components.lineage import close_lineage_run, open_lineage_run
 from fourm_kfp.components.prepare_data import prepare_data
@@ -23,7 +24,7 @@ S3_SECRET_ENV = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KE
 #: Optional ConfigMap with cluster-wide defaults (MLflow server, S3 endpoint).
 SETTINGS_CONFIG_MAP = "fourm-settings"
 SETTINGS_ENV = {"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL"}
-#: The pretrain launcher's own pod, through the downward API (fourm_kfp.cluster.pretrain_job reads these).
+#: The pretrain launcher's own pod, through the downward API (fourm_kfp.launchers.kubernetes_job reads these).
 LAUNCHER_POD_FIELDS = {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_UID": "metadata.uid",
                        "FOURM_POD_NAMESPACE": "metadata.namespace"}
 
@@ -67,7 +68,7 @@ def fourm_pretrain(
     pretrain_force: bool = False,
     pretrain_config_overrides: list = [],
     pretrain_accelerator: str = "nvidia.com/gpu",
-    pretrain_launcher: str = "pytorchjob",
+    pretrain_launcher: str = PYTORCHJOB,
     pretrain_nodes: int = 1,
     pretrain_procs_per_node: int = 1,
     pretrain_cpu_per_node: str = "",
@@ -169,13 +170,13 @@ def fourm_pretrain(
         eval_args = dict(force=evaluate_force, pretokenized_uri=tokens.outputs["output_uri"], **stage_inputs,
                          stage_overrides=pretrain_config_overrides, **shared)
         # Each branch trains and then evaluates on its kind of node (KFP has no single task after an If/Else).
-        with dsl.If(pretrain_launcher == "in-pod", name="pretrain-in-pod"):
+        with dsl.If(pretrain_launcher == IN_POD, name="pretrain-in-pod"):
             with dsl.If(pretrain_accelerator == "cpu", name="pretrain-on-cpu"):
-                on_cpu = _with_shared_memory(_with_cluster_env(pretrain(launcher="in-pod", **train_args)))
+                on_cpu = _with_shared_memory(_with_cluster_env(pretrain(launcher=IN_POD, **train_args)))
                 on_cpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
                 _evaluate_on(evaluate(model_uri=on_cpu.outputs["output_uri"], **eval_args), accelerator=False)
             with dsl.Else(name="pretrain-on-accelerator"):
-                on_gpu = _with_shared_memory(_with_cluster_env(pretrain(launcher="in-pod", **train_args)))
+                on_gpu = _with_shared_memory(_with_cluster_env(pretrain(launcher=IN_POD, **train_args)))
                 on_gpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
                 on_gpu.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
                 _evaluate_on(evaluate(model_uri=on_gpu.outputs["output_uri"], **eval_args), accelerator=True)

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from fourm_kfp.cli import build_parser
-from fourm_kfp.kfp_submit import EXIT_CODES
+from fourm_kfp.launchers.kfp_submit import EXIT_CODES
 from tests.dev_tools import dev_tool
 
 REPO = Path(__file__).resolve().parent.parent

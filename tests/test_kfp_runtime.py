@@ -6,7 +6,7 @@ import pytest
 
 from fourm_kfp.contract import lineage
 from fourm_kfp.config.schema import ConfigError
-from fourm_kfp.kfp_runtime import close_lineage_step, open_lineage_step
+from fourm_kfp.launchers.kfp_runtime import close_lineage_step, open_lineage_step
 
 
 @pytest.mark.parametrize("state, expected", [("SUCCEEDED", "FINISHED"), ("FAILED", "FAILED")])
@@ -37,7 +37,7 @@ def test_bad_config_fails_the_first_step():
 
 def test_pretrain_config_overrides_touch_only_what_no_upstream_stage_reads():
     from fourm_kfp.config.schema import ConfigError
-    from fourm_kfp.kfp_runtime import with_stage_overrides
+    from fourm_kfp.launchers.kfp_runtime import with_stage_overrides
 
     assert with_stage_overrides(["data.image_size=32"], ["train.steps=3", "evaluate.num_samples=4"]) == \
         ["data.image_size=32", "train.steps=3", "evaluate.num_samples=4"]
@@ -52,7 +52,7 @@ def test_a_stage_metric_that_is_not_finite_stays_out_of_the_kfp_metrics_artifact
     from kfp import dsl
 
     from fourm_kfp.contract.runner import StageOutcome
-    from fourm_kfp.kfp_runtime import publish_outcome
+    from fourm_kfp.launchers.kfp_runtime import publish_outcome
 
     metrics = dsl.Metrics(name="metrics", uri="", metadata={})
     outcome = StageOutcome("pretrain", "ran", "/tmp/out", 1.0, "sha256:0",

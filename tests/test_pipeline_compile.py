@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from fourm_kfp.pipeline_compiler import compile_pipeline, default_output
+from fourm_kfp.launchers.compile import compile_pipeline, default_output
 
 
 def test_committed_pipeline_yaml_is_current(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fourm_kfp.contract import lineage
-from fourm_kfp.kfp_submit import (EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_SUCCEEDED, SubmitRequest, make_client,
+from fourm_kfp.launchers.kfp_submit import (EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_SUCCEEDED, SubmitRequest, make_client,
                                   submit)
 from tests.kfp_api_emulator import KfpApiEmulator, model_errors
 
@@ -96,7 +96,7 @@ def test_a_second_submit_uploads_a_version_only_when_the_pipeline_changed(tmp_pa
         first = submit(_request(emulator), out=lambda line: None)
         again = submit(_request(emulator), out=lambda line: None)
         changed = tmp_path / "changed.yaml"
-        from fourm_kfp.kfp_submit import pipeline_package
+        from fourm_kfp.launchers.kfp_submit import pipeline_package
 
         changed.write_text(pipeline_package().read_text().replace("Pre-train a 4M-style", "Pre-train a 4M style"))
         third = submit(_request(emulator, package=str(changed)), out=lambda line: None)

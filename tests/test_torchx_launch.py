@@ -19,7 +19,7 @@ from fourm_kfp.cluster.job_spec import pretrain_stage_args
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract.manifest import MANIFEST_NAME, IncompleteOutputError
 from fourm_kfp.storage import open_store
-from fourm_kfp.torchx_launch import (KUBERNETES_ROOT, TorchxParams, build_app, free_port, launch_pretrain,
+from fourm_kfp.launchers.torchx_job import (KUBERNETES_ROOT, TorchxParams, build_app, free_port, launch_pretrain,
                                      rendezvous_port, scheduler_config)
 from tests.train.pretrain_helpers import input_args, smoke_upstream
 

@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--parts", type=int, default=1, help="fan-out stages: number of workers (default 1)")
     stage.add_argument("--part", type=int, help="fan-out stages: run only this worker (0..parts-1), no collect")
 
-    from fourm_kfp.torchx_launch import SCHEDULERS
+    from fourm_kfp.launchers.torchx_job import SCHEDULERS
 
     launch = sub.add_parser(
         "launch", help="run pretrain as a torchx dist.ddp job (local_cwd, slurm, kubernetes), without Kubeflow",
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
     generate.add_argument("--s3-endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
 
-    from fourm_kfp.kfp_submit import EXIT_CODES
+    from fourm_kfp.launchers.kfp_submit import EXIT_CODES
 
     submit = sub.add_parser(
         "submit", help="run the pipeline on a Kubeflow Pipelines server (optionally wait for it)",
@@ -178,8 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fourm_kfp.console import closing_summary
-    from fourm_kfp.kfp_submit import parse_parameters
-    from fourm_kfp.local_run import PipelineFailed, run_pipeline_locally
+    from fourm_kfp.launchers.kfp_submit import parse_parameters
+    from fourm_kfp.launchers.local import PipelineFailed, run_pipeline_locally
 
     try:
         summary = run_pipeline_locally(args.preset, args.root, store=args.store, s3_endpoint=args.s3_endpoint,
@@ -214,7 +214,7 @@ def _input_uris(items: list[str]) -> dict[str, str]:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     from fourm_kfp import distributed
-    from fourm_kfp.launch import launch_stage, local_root, resolve_store_uri
+    from fourm_kfp.launchers.stage import launch_stage, local_root, resolve_store_uri
 
     root = local_root(args.root)
     result = launch_stage(args.name, preset=args.preset, overrides=args.overrides,
@@ -232,8 +232,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from fourm_kfp.launch import local_root, resolve_store_uri
-    from fourm_kfp.torchx_launch import TorchxParams, launch_pretrain
+    from fourm_kfp.launchers.stage import local_root, resolve_store_uri
+    from fourm_kfp.launchers.torchx_job import TorchxParams, launch_pretrain
 
     env = _pairs(args.env, "--env", empty_ok=True)
     root = local_root(args.root)
@@ -253,7 +253,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from fourm_kfp.config.loader import load_config
     from fourm_kfp.contract.planning import plan_stages
-    from fourm_kfp.launch import apply_s3_endpoint, local_root, resolve_store_uri
+    from fourm_kfp.launchers.stage import apply_s3_endpoint, local_root, resolve_store_uri
     from fourm_kfp.stages import PIPELINE
     from fourm_kfp.storage import open_store
 
@@ -277,7 +277,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     from fourm_kfp.config.loader import load_config
     from fourm_kfp.contract.verify import verify_stage
-    from fourm_kfp.launch import apply_s3_endpoint, local_root, resolve_store_uri, setup_logging
+    from fourm_kfp.launchers.stage import apply_s3_endpoint, local_root, resolve_store_uri, setup_logging
     from fourm_kfp.stages import get_stage
     from fourm_kfp.storage import open_store
 
@@ -311,7 +311,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from fourm_kfp.errors import UserError
     from fourm_kfp.evaluation.any_to_any import run_generate
-    from fourm_kfp.launch import apply_s3_endpoint
+    from fourm_kfp.launchers.stage import apply_s3_endpoint
     from fourm_kfp.model.generation import SamplingArgs
 
     apply_s3_endpoint(args.s3_endpoint)
@@ -333,8 +333,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     import os
 
-    from fourm_kfp.kfp_submit import SubmitRequest, parse_parameters, submit
-    from fourm_kfp.launch import setup_logging
+    from fourm_kfp.launchers.kfp_submit import SubmitRequest, parse_parameters, submit
+    from fourm_kfp.launchers.stage import setup_logging
 
     setup_logging()
     host = args.host or os.environ.get("KFP_HOST", "")
@@ -357,7 +357,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     from fourm_kfp.contract import lineage
     from fourm_kfp.errors import UserError
-    from fourm_kfp.launch import local_root
+    from fourm_kfp.launchers.stage import local_root
 
     root = local_root(args.root)
     tracking = args.mlflow_tracking_uri or lineage.default_tracking_uri(root)
@@ -379,7 +379,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from fourm_kfp.pipeline_compiler import compile_pipeline
+    from fourm_kfp.launchers.compile import compile_pipeline
 
     output = compile_pipeline(args.output)
     print(f"wrote {output}")

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from fourm_kfp.cluster import job_spec
 from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, RUN_ID_LABEL
 from fourm_kfp.cluster.kube import JobConflict, KubeApi, Resource
 from fourm_kfp.errors import UserError
@@ -63,7 +64,7 @@ TRAINJOB = JobKind(
                            and _labels(pod).get("batch.kubernetes.io/job-completion-index", "0") == "0"),
     succeeded="Complete",
 )
-JOB_KINDS = {"pytorchjob": PYTORCHJOB, "trainjob": TRAINJOB}
+JOB_KINDS = {job_spec.PYTORCHJOB: PYTORCHJOB, job_spec.TRAINJOB: TRAINJOB}
 
 
 class JobFailed(UserError):

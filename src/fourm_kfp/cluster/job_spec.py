@@ -26,8 +26,21 @@ import yaml
 
 from fourm_kfp.config.schema import ConfigError
 
-LAUNCHERS = ("pytorchjob", "trainjob")
-TEMPLATES = {"pytorchjob": "pytorchjob-template.yaml", "trainjob": "trainjob-template.yaml"}
+#: Where the pretrain step trains (``pretrain_launcher``): in its own pod, or in a multi-node job it creates and
+#: follows (a Kubeflow Training Operator PyTorchJob, or a Kubeflow Trainer v2 TrainJob).
+IN_POD, PYTORCHJOB, TRAINJOB = "in-pod", "pytorchjob", "trainjob"
+JOB_LAUNCHERS = (PYTORCHJOB, TRAINJOB)
+LAUNCHERS = (IN_POD, *JOB_LAUNCHERS)
+TEMPLATES = {PYTORCHJOB: "pytorchjob-template.yaml", TRAINJOB: "trainjob-template.yaml"}
+
+
+def check_launcher(launcher: str, jobs_only: bool = False) -> str:
+    """``launcher`` if it is a launcher kind (a job kind with ``jobs_only``), else an error naming the parameter."""
+    allowed = JOB_LAUNCHERS if jobs_only else LAUNCHERS
+    if launcher not in allowed:
+        raise ConfigError(f"pretrain_launcher={launcher!r}: expected one of {', '.join(LAUNCHERS)}"
+                          + (" (a job kind here)" if jobs_only else ""))
+    return launcher
 #: Label keys the launcher sets and reads back (adoption checks them).
 ADDRESS_LABEL = "fourm-kfp.org/address"
 RUN_ID_LABEL = "fourm-kfp.org/kfp-run-id"
@@ -107,23 +120,21 @@ def pretrain_stage_args(*, preset: str, overrides: Sequence[str], store_uri: str
 
 def load_template(launcher: str) -> dict[str, Any]:
     """The template as shipped (a fresh copy: YAML anchors become shared objects, so nothing is edited in place)."""
-    if launcher not in TEMPLATES:
-        raise ConfigError(f"pretrain_launcher={launcher!r}: expected one of {', '.join(LAUNCHERS)} or in-pod")
+    check_launcher(launcher, jobs_only=True)
     text = resources.files("fourm_kfp.manifests").joinpath("base", TEMPLATES[launcher]).read_text()
     return copy.deepcopy(yaml.safe_load(text))
 
 
 def validate_request(req: JobRequest) -> None:
     """Fail on a parameter the API server or the operator would reject, naming the pipeline parameter."""
-    if req.launcher not in LAUNCHERS:
-        raise ConfigError(f"pretrain_launcher={req.launcher!r}: expected one of {', '.join(LAUNCHERS)} or in-pod")
+    check_launcher(req.launcher, jobs_only=True)
     if req.nodes < 1:
         raise ConfigError(f"pretrain_nodes={req.nodes}: at least 1")
     if req.procs_per_node < 1:
         raise ConfigError(f"pretrain_procs_per_node={req.procs_per_node}: at least 1 (an integer, never 'auto')")
     if req.min_nodes and not 1 <= req.min_nodes <= req.nodes:
         raise ConfigError(f"pretrain_min_nodes={req.min_nodes}: 0 (fixed size) or 1..pretrain_nodes ({req.nodes})")
-    if req.min_nodes and req.launcher != "pytorchjob":
+    if req.min_nodes and req.launcher != PYTORCHJOB:
         raise ConfigError("pretrain_min_nodes: elastic training needs pretrain_launcher=pytorchjob")
     if req.deadline_s < 1:
         raise ConfigError(f"pretrain_deadline_s={req.deadline_s}: at least 1 second")
@@ -236,7 +247,7 @@ def render_trainjob(req: JobRequest) -> dict[str, Any]:
 def render_job(req: JobRequest) -> dict[str, Any]:
     """The job object for ``req.launcher``, after checking the request."""
     validate_request(req)
-    return render_pytorchjob(req) if req.launcher == "pytorchjob" else render_trainjob(req)
+    return render_pytorchjob(req) if req.launcher == PYTORCHJOB else render_trainjob(req)
 
 
 def to_yaml(job: dict[str, Any]) -> str:

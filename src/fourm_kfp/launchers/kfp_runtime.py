@@ -3,7 +3,7 @@
 Component bodies stay one-liners around these functions, so every behaviour lives (and is tested) in the package.
 Parameters arrive as plain values: the preset, the list of ``section.key=value`` overrides, the store URI, and the
 MLflow tracking URI and parent run id (empty = take the environment). Stages run through the one launch path,
-:func:`fourm_kfp.launch.launch_stage`.
+:func:`fourm_kfp.launchers.stage.launch_stage`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import json
 import math
 from typing import Sequence
 
+from fourm_kfp.cluster.job_spec import IN_POD, check_launcher
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import ConfigError, to_dict
 from fourm_kfp.contract import StageOutcome, lineage
-from fourm_kfp.launch import launch_stage, setup_logging
+from fourm_kfp.launchers.stage import launch_stage, setup_logging
 from fourm_kfp.storage import open_store
 
 TAG_RUN_LABEL = "fourm.run_label"
@@ -131,15 +132,15 @@ def run_pretrain_component(preset: str, config_overrides: Sequence[str], store_u
                            metrics=None, job_spec_path: str | None = None,
                            html_path: str | None = None) -> StageOutcome:
     """The pretrain step: train in this pod (``launcher="in-pod"``), or launch and follow a PyTorchJob / TrainJob
-    (:mod:`fourm_kfp.cluster.pretrain_job`) and report its committed output the same way."""
-    if launcher == "in-pod":
+    (:mod:`fourm_kfp.launchers.kubernetes_job`) and report its committed output the same way."""
+    if check_launcher(launcher) == IN_POD:
         if job_spec_path:
             with open(job_spec_path, "w") as fh:
                 fh.write("# pretrain_launcher=in-pod: trained in the step's own pod, no job\n")
         return run_stage_component("pretrain", preset, config_overrides, store_uri, s3_endpoint,
                                    mlflow_tracking_uri, parent_run_id, force, input_uris=input_uris,
                                    report_path=report_path, metrics=metrics, html_path=html_path)
-    from fourm_kfp.cluster.pretrain_job import JobParams, launch_pretrain_job
+    from fourm_kfp.launchers.kubernetes_job import JobParams, launch_pretrain_job
     from fourm_kfp.components.images import GPU_IMAGE
 
     outcome = launch_pretrain_job(preset=preset, overrides=config_overrides, store_uri=store_uri,

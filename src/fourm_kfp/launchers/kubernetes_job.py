@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from fourm_kfp.cluster.job_launcher import JOB_KINDS, FollowSettings, run_job
-from fourm_kfp.cluster.job_spec import JobRequest, OwnerPod, pretrain_stage_args, render_job, to_yaml
+from fourm_kfp.cluster.job_spec import (PYTORCHJOB, JobRequest, OwnerPod, pretrain_stage_args, render_job,
+                                        to_yaml)
 from fourm_kfp.contract import StageOutcome, lineage
 from fourm_kfp.contract.runner import open_inputs
-from fourm_kfp.launch import committed_outcome, launch_stage, plan_launch
+from fourm_kfp.launchers.stage import committed_outcome, launch_stage, plan_launch
 
 log = logging.getLogger(__name__)
 JOB_ARTIFACT_DIR = "pretrain-job"
@@ -36,7 +37,7 @@ JOB_ARTIFACT_DIR = "pretrain-job"
 class JobParams:
     """The pipeline's ``pretrain_*`` cluster parameters."""
 
-    launcher: str = "pytorchjob"
+    launcher: str = PYTORCHJOB
     nodes: int = 1
     procs_per_node: int = 1
     accelerator: str = "nvidia.com/gpu"

@@ -19,12 +19,13 @@ import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
+from fourm_kfp.cluster.job_spec import IN_POD
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.console import ConsoleLog
 from fourm_kfp.contract import lineage
-from fourm_kfp.kfp_runtime import open_pipeline_run
-from fourm_kfp.launch import apply_s3_endpoint, local_root, resolve_store_uri
+from fourm_kfp.launchers.kfp_runtime import open_pipeline_run
+from fourm_kfp.launchers.stage import apply_s3_endpoint, local_root, resolve_store_uri
 from fourm_kfp.stages import STAGES
 from fourm_kfp.storage import open_store
 
@@ -69,7 +70,7 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
                      s3_endpoint=s3_endpoint or "", mlflow_tracking_uri=tracking, run_label=label,
                      mlflow_parent_run_id=parent_run_id,
                      # No cluster here: pretrain trains in its own (sub)process, not as a PyTorchJob.
-                     pretrain_launcher="in-pod",
+                     pretrain_launcher=IN_POD,
                      **{f"{name.replace('-', '_')}_force": name in force for name in STAGES},
                      **(pipeline_arguments or {}))
 

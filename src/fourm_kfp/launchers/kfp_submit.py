@@ -101,7 +101,7 @@ def make_client(host: str, namespace: str = ""):
 
 def pipeline_package(path: str = "") -> Path:
     """The compiled pipeline to upload: ``path``, else the committed one (kept current by the tests and CI)."""
-    from fourm_kfp.pipeline_compiler import default_output
+    from fourm_kfp.launchers.compile import default_output
 
     package = Path(path) if path else default_output()
     if not package.is_file():
@@ -146,7 +146,7 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     """Upload, create the run (or recurring run), and with ``wait`` follow it; see the module docstring."""
     from fourm_kfp.config.loader import load_config
     from fourm_kfp.contract import lineage
-    from fourm_kfp.kfp_runtime import open_pipeline_run
+    from fourm_kfp.launchers.kfp_runtime import open_pipeline_run
 
     load_config(request.preset, overrides=list(request.overrides))  # a bad config fails here, not in the cluster
     package = pipeline_package(request.package)

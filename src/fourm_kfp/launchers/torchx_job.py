@@ -1,6 +1,6 @@
 """``fourm-kfp launch pretrain``: the pretrain stage as a torchx ``dist.ddp`` job, for teams without Kubeflow.
 
-:func:`launch_pretrain` has the shape of the KFP launcher (:mod:`fourm_kfp.cluster.pretrain_job`):
+:func:`launch_pretrain` has the shape of the KFP launcher (:mod:`fourm_kfp.launchers.kubernetes_job`):
 
 1. **plan** — the pretrain content address follows from the config (and the upstream addresses); when that output
    is committed and ``force`` is off it is reported through the ordinary stage runner (status ``skipped``, an
@@ -182,7 +182,7 @@ def launch_pretrain(*, preset: str, overrides: Sequence[str], root: str | os.Pat
     """Plan, launch through torchx, follow and report the pretrain stage; see the module docstring."""
     from fourm_kfp.cluster.job_spec import pretrain_stage_args
     from fourm_kfp.contract.runner import open_inputs
-    from fourm_kfp.launch import committed_outcome, launch_stage, plan_launch
+    from fourm_kfp.launchers.stage import committed_outcome, launch_stage, plan_launch
 
     params = params or TorchxParams()
     if params.scheduler not in SCHEDULERS:
