@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from fourm_kfp.cluster.job_spec import pretrain_stage_args
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract.manifest import MANIFEST_NAME, IncompleteOutputError
+from fourm_kfp.launchers.remote import stage_command
+from fourm_kfp.launchers.stage import RunContext
 from fourm_kfp.storage import open_store
 from fourm_kfp.launchers.torchx_job import (KUBERNETES_ROOT, TorchxParams, build_app, free_port, launch_pretrain,
                                      rendezvous_port, scheduler_config)
@@ -84,7 +85,7 @@ def test_local_cwd_ddp_commits_what_torchrun_commits_and_a_relaunch_creates_no_a
     # Plan first: the output is committed, so a relaunch creates no torchx app (no_torchx_app) and reports it.
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "none")
     lines: list[str] = []
-    again = launch_pretrain(preset="smoke", overrides=list(SETS), root=tmp_path / "tx", store_uri=str(tmp_path / "tx"),
+    again = launch_pretrain(RunContext("smoke", SETS, str(tmp_path / "tx")), root=tmp_path / "tx",
                             input_uris=upstream, params=TorchxParams(scheduler="local_cwd", j="2x1"),
                             out=lines.append)
     assert lines == [f"[torchx] pretrain {outcome['output_uri'].rsplit('/', 1)[1]} is committed at "
@@ -96,16 +97,16 @@ def test_local_cwd_ddp_commits_what_torchrun_commits_and_a_relaunch_creates_no_a
 def test_missing_inputs_fail_before_anything_is_scheduled(tmp_path, monkeypatch, no_torchx_app):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "none")
     with pytest.raises(IncompleteOutputError, match="input 'pretokenize' of stage 'pretrain'"):
-        launch_pretrain(preset="smoke", overrides=list(SETS), root=tmp_path, store_uri=str(tmp_path), out=print)
+        launch_pretrain(RunContext("smoke", SETS, str(tmp_path)), root=tmp_path, out=print)
     with pytest.raises(ConfigError, match="local folder the pods cannot see"):
-        launch_pretrain(preset="smoke", overrides=list(SETS), root=tmp_path, store_uri=str(tmp_path),
+        launch_pretrain(RunContext("smoke", SETS, str(tmp_path)), root=tmp_path,
                         params=TorchxParams(scheduler="kubernetes"), out=print)
 
 
 def test_the_app_is_dist_ddp_running_the_stage_on_its_own_rendezvous_port(tmp_path):
     inputs = {"pretokenize": "s3://b/p/pretokenize/1", "train-tokenizers": "s3://b/p/train-tokenizers/2"}
-    args = pretrain_stage_args(preset="smoke", overrides=["train.steps=4"], root=str(tmp_path), store_uri="s3://b/p",
-                              input_uris=inputs, s3_endpoint="http://s3:9000")
+    args = stage_command("pretrain", RunContext("smoke", ["train.steps=4"], "s3://b/p", "http://s3:9000"), inputs,
+                         str(tmp_path))
     assert args[:2] == ["stage", "pretrain"] and args[args.index("--root") + 1] == str(tmp_path)
     assert "--force" not in args  # a retried replica resumes; a forced output is cleared once, by the launcher
     app = build_app(args, ADDRESS, TorchxParams(scheduler="local_cwd", j="2x1"), 31234)
@@ -124,8 +125,8 @@ def test_the_app_is_dist_ddp_running_the_stage_on_its_own_rendezvous_port(tmp_pa
 def test_kubernetes_renders_a_volcano_job_of_the_image_and_scheduler_config_is_checked():
     from torchx.runner import get_runner
 
-    args = pretrain_stage_args(preset="smoke", overrides=[], root=KUBERNETES_ROOT, store_uri="s3://b/p",
-                              input_uris={"pretokenize": "s3://b/p/x", "train-tokenizers": "s3://b/p/y"})
+    args = stage_command("pretrain", RunContext("smoke", [], "s3://b/p"),
+                         {"pretokenize": "s3://b/p/x", "train-tokenizers": "s3://b/p/y"}, KUBERNETES_ROOT)
     params = TorchxParams(scheduler="kubernetes", j="2x4", gpu=4, image="registry.example/fourm:1",
                           env={"AWS_ACCESS_KEY_ID": "k"})
     with get_runner() as runner:

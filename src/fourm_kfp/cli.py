@@ -13,6 +13,7 @@ import json
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -212,19 +213,29 @@ def _input_uris(items: list[str]) -> dict[str, str]:
     return _pairs(items, "--input", "STAGE=URI")
 
 
+def _run_context(args: argparse.Namespace, root: Path):
+    """The run a stage command describes: ``--preset``/``--set``, the store, lineage (``--parent-run-id`` where the
+    command has it)."""
+    from fourm_kfp.launchers.stage import RunContext, resolve_store_uri
+
+    return RunContext(args.preset, tuple(args.overrides), resolve_store_uri(root, args.store, args.s3_endpoint),
+                      args.s3_endpoint or "", args.mlflow_tracking_uri or "", getattr(args, "parent_run_id", "") or "")
+
+
 def cmd_stage(args: argparse.Namespace) -> int:
     from fourm_kfp import distributed
-    from fourm_kfp.launchers.stage import launch_stage, local_root, resolve_store_uri
+    from fourm_kfp.launchers.stage import launch_stage, launch_stage_part, local_root
 
     root = local_root(args.root)
-    result = launch_stage(args.name, preset=args.preset, overrides=args.overrides,
-                          store_uri=resolve_store_uri(root, args.store, args.s3_endpoint),
-                          s3_endpoint=args.s3_endpoint or "", tracking_uri=args.mlflow_tracking_uri, root=root,
-                          parent_run_id=args.parent_run_id, force=args.force, input_uris=_input_uris(args.input),
-                          parts=args.parts, part=args.part)
+    run, inputs = _run_context(args, root), _input_uris(args.input)
+    if args.part is not None:
+        result: Any = launch_stage_part(args.name, run, args.part, args.parts, root=root, input_uris=inputs)
+    else:
+        result = launch_stage(args.name, run, root=root, force=args.force, input_uris=inputs,
+                              parts=args.parts).to_dict()
     if not distributed.is_primary():
         return 0  # under torchrun, rank 0 reports for all
-    text = json.dumps(result if isinstance(result, str) else result.to_dict(), indent=2)
+    text = json.dumps(result, indent=2)
     if args.json:
         Path(args.json).write_text(text + "\n")
     print(text)
@@ -232,17 +243,15 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from fourm_kfp.launchers.stage import local_root, resolve_store_uri
+    from fourm_kfp.launchers.stage import local_root
     from fourm_kfp.launchers.torchx_job import TorchxParams, launch_pretrain
 
     env = _pairs(args.env, "--env", empty_ok=True)
     root = local_root(args.root)
     params = TorchxParams(scheduler=args.scheduler, j=args.j, scheduler_args=args.scheduler_arg, image=args.image,
                           cpu=args.cpu, gpu=args.gpu, mem_mb=args.mem_mb, env=env, rdzv_port=args.rdzv_port)
-    outcome = launch_pretrain(preset=args.preset, overrides=args.overrides, root=root,
-                              store_uri=resolve_store_uri(root, args.store, args.s3_endpoint),
-                              s3_endpoint=args.s3_endpoint or "", tracking_uri=args.mlflow_tracking_uri,
-                              force=args.force, input_uris=_input_uris(args.input), params=params)
+    outcome = launch_pretrain(_run_context(args, root), root=root, force=args.force,
+                              input_uris=_input_uris(args.input), params=params)
     text = json.dumps(outcome.to_dict(), indent=2)
     if args.json:
         Path(args.json).write_text(text + "\n")

@@ -22,6 +22,7 @@ from fourm_kfp.cluster.job_launcher import (PYTORCHJOB, TRAINJOB, FollowSettings
                                             run_job)
 from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, RUN_ID_LABEL, JobRequest, OwnerPod, render_job
 from fourm_kfp.cluster.kube import JobConflict
+from fourm_kfp.launchers.stage import RunContext
 from tests.cluster.kube_emulator import EmulatedCluster, running_status
 
 ADDRESS = "00aa11bb22cc33dd"
@@ -299,9 +300,9 @@ def test_the_pretrain_step_in_job_mode_plans_launches_and_reports(cluster, tmp_p
 
     lines: list[str] = []
     script = Operator(operator)
-    outcome = launch_pretrain_job(preset="smoke", overrides=overrides, store_uri=store, s3_endpoint="",
-                                  tracking_uri="none", parent_run_id="", force=False, input_uris=inputs,
-                                  params=params, image="fourm", kfp_run_id=RUN_ID, spec_path=str(tmp_path / "job.yaml"),
+    run = RunContext("smoke", overrides, store, tracking_uri="none")
+    outcome = launch_pretrain_job(run, force=False, input_uris=inputs, params=params, image="fourm", kfp_run_id=RUN_ID,
+                                  spec_path=str(tmp_path / "job.yaml"),
                                   api=cluster.api(), settings=FAST, out=lines.append)
     script.finish()
     assert outcome.status == "ran" and outcome.output_uri.endswith(f"pretrain/{address}")
@@ -312,9 +313,8 @@ def test_the_pretrain_step_in_job_mode_plans_launches_and_reports(cluster, tmp_p
 
     # Plan first: the same step again finds the output committed and creates no job.
     lines.clear()
-    again = launch_pretrain_job(preset="smoke", overrides=overrides, store_uri=store, s3_endpoint="",
-                                tracking_uri="none", parent_run_id="", force=False, input_uris=inputs, params=params,
-                                image="fourm", kfp_run_id="run-2", api=cluster.api(), settings=FAST, out=lines.append)
+    again = launch_pretrain_job(run, force=False, input_uris=inputs, params=params, image="fourm", kfp_run_id="run-2",
+                                api=cluster.api(), settings=FAST, out=lines.append)
     assert again.status == "skipped" and again.output_uri == outcome.output_uri
     assert any("creating no job" in line for line in lines)
     assert cluster.api().get(PYTORCHJOB.resource, name) is None

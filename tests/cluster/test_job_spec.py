@@ -10,9 +10,11 @@ import json
 import pytest
 
 from fourm_kfp.cluster.job_spec import (ADDRESS_LABEL, POD_ROOT, RUN_ID_LABEL, JobRequest, OwnerPod, job_name,
-                                        load_template, pretrain_stage_args, render_job, to_yaml)
+                                        load_template, render_job, to_yaml)
 from fourm_kfp.components.images import GPU_IMAGE
 from fourm_kfp.config.schema import ConfigError
+from fourm_kfp.launchers.remote import stage_command
+from fourm_kfp.launchers.stage import RunContext
 from tests.k8s_schemas import PYTORCHJOB_CRD, TRAINJOB_CRD, crd_errors, crd_validator, pod_template_errors
 
 ADDRESS = "0123456789abcdef"
@@ -20,9 +22,9 @@ INPUTS = {"pretokenize": "s3://fourm-kfp/pretokenize/aaaa", "train-tokenizers": 
 
 
 def _request(launcher: str, nodes: int = 2, **overrides) -> JobRequest:
-    args = pretrain_stage_args(preset="4m-b", overrides=["train.steps=10", "data.caption=a b c"],
-                               store_uri="s3://fourm-kfp", input_uris=INPUTS, tracking_uri="http://mlflow:5000",
-                               parent_run_id="parent123")
+    run = RunContext("4m-b", ["train.steps=10", "data.caption=a b c"], "s3://fourm-kfp",
+                     tracking_uri="http://mlflow:5000", parent_run_id="parent123")
+    args = stage_command("pretrain", run, INPUTS, POD_ROOT)
     fields = dict(launcher=launcher, address=ADDRESS, stage_args=args, image=GPU_IMAGE, nodes=nodes, procs_per_node=8,
                   node_selector={"nvidia.com/gpu.product": "H100"},
                   tolerations=[{"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"}],

@@ -46,10 +46,12 @@ import torch
 from safetensors.torch import load_file
 
 from fourm_kfp import storage
-from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, POD_ROOT, JobRequest, pretrain_stage_args, render_job
+from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, POD_ROOT, JobRequest, render_job
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract.addressing import stage_address
 from fourm_kfp.contract.manifest import payload_differences, read_manifest
+from fourm_kfp.launchers.remote import stage_command
+from fourm_kfp.launchers.stage import RunContext
 from fourm_kfp.model.saved_model import load_model
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
@@ -92,8 +94,7 @@ def render(store_uri: str, input_uris: dict[str, str]) -> RenderedJob:
     job = render_job(JobRequest(
         launcher="pytorchjob", address=address, image="unused-here", nodes=2, procs_per_node=1, accelerator="cpu",
         kfp_run_id="test-run",
-        stage_args=pretrain_stage_args(preset="smoke", overrides=OVERRIDES, store_uri=store_uri,
-                                       input_uris=input_uris)))
+        stage_args=stage_command("pretrain", RunContext("smoke", OVERRIDES, store_uri), input_uris, POD_ROOT)))
     commands, pods, kubelet_env = {}, [], {}
     for role, replica in job["spec"]["pytorchReplicaSpecs"].items():
         [container] = replica["template"]["spec"]["containers"]

@@ -10,7 +10,8 @@ files a user may submit by hand (package data of ``fourm_kfp.manifests``); nothi
 - nodes (PyTorchJob: Master plus ``nodes - 1`` Workers, no Worker spec at all for one node), an integer number of
   processes per node, the accelerator, CPU and memory per node, node selector, tolerations, deadline, and an
   optional ``elasticPolicy`` (PyTorchJob);
-- the container's arguments: ``torchrun --no-python fourm-kfp stage pretrain ...`` (:func:`pretrain_stage_args`);
+- the container's arguments: ``torchrun --no-python fourm-kfp stage pretrain ...`` (the launcher's
+  :func:`fourm_kfp.launchers.remote.stage_command`);
   torchrun reads the rendezvous from the operator's ``PET_*`` variables. Credentials stay in the Secret.
 """
 
@@ -33,14 +34,6 @@ JOB_LAUNCHERS = (PYTORCHJOB, TRAINJOB)
 LAUNCHERS = (IN_POD, *JOB_LAUNCHERS)
 TEMPLATES = {PYTORCHJOB: "pytorchjob-template.yaml", TRAINJOB: "trainjob-template.yaml"}
 
-
-def check_launcher(launcher: str, jobs_only: bool = False) -> str:
-    """``launcher`` if it is a launcher kind (a job kind with ``jobs_only``), else an error naming the parameter."""
-    allowed = JOB_LAUNCHERS if jobs_only else LAUNCHERS
-    if launcher not in allowed:
-        raise ConfigError(f"pretrain_launcher={launcher!r}: expected one of {', '.join(LAUNCHERS)}"
-                          + (" (a job kind here)" if jobs_only else ""))
-    return launcher
 #: Label keys the launcher sets and reads back (adoption checks them).
 ADDRESS_LABEL = "fourm-kfp.org/address"
 RUN_ID_LABEL = "fourm-kfp.org/kfp-run-id"
@@ -49,6 +42,15 @@ JOB_NAME_PREFIX = "fourm-pretrain-"
 POD_ROOT = "/scratch/run"
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+
+
+def check_launcher(launcher: str, jobs_only: bool = False) -> str:
+    """``launcher`` if it is a launcher kind (a job kind with ``jobs_only``), else an error naming the parameter."""
+    allowed = JOB_LAUNCHERS if jobs_only else LAUNCHERS
+    if launcher not in allowed:
+        raise ConfigError(f"pretrain_launcher={launcher!r}: expected one of {', '.join(LAUNCHERS)}"
+                          + (" (a job kind here)" if jobs_only else ""))
+    return launcher
 
 
 @dataclass(frozen=True)
@@ -93,29 +95,6 @@ def job_name(address: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{1,40}", address):
         raise ValueError(f"not a content address: {address!r}")
     return JOB_NAME_PREFIX + address
-
-
-def pretrain_stage_args(*, preset: str, overrides: Sequence[str], store_uri: str, input_uris: dict[str, str],
-                        s3_endpoint: str = "", tracking_uri: str = "", parent_run_id: str = "",
-                        root: str = POD_ROOT) -> list[str]:
-    """``fourm-kfp``'s arguments in a training pod (or any replica, ``root`` being its local folder): the one stage
-    entry point with the run's config and lineage.
-
-    No ``--force``: a pod restarted by the operator must resume, never clear (the launcher clears a forced output
-    once, before it creates the job)."""
-    args = ["stage", "pretrain", "--preset", preset]
-    for item in overrides:
-        args += ["--set", item]
-    args += ["--root", root, "--store", store_uri]
-    if s3_endpoint:
-        args += ["--s3-endpoint", s3_endpoint]
-    if tracking_uri:
-        args += ["--mlflow-tracking-uri", tracking_uri]
-    if parent_run_id:
-        args += ["--parent-run-id", parent_run_id]
-    for name, uri in sorted(input_uris.items()):
-        args += ["--input", f"{name}={uri}"]
-    return args
 
 
 def load_template(launcher: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from fourm_kfp.cluster.job_spec import IN_POD, check_launcher
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import ConfigError, to_dict
 from fourm_kfp.contract import StageOutcome, lineage
-from fourm_kfp.launchers.stage import launch_stage, setup_logging
+from fourm_kfp.launchers.stage import RunContext, launch_stage, launch_stage_part, setup_logging
 from fourm_kfp.storage import open_store
 
 TAG_RUN_LABEL = "fourm.run_label"
@@ -80,9 +80,8 @@ def run_stage_component(stage: str, preset: str, config_overrides: Sequence[str]
     """Run one stage as a pipeline step; its Markdown report and metrics also become KFP output artifacts
     (``report_path``: a Markdown artifact's path; ``metrics``: a ``dsl.Metrics`` artifact; ``html_path``: an HTML
     artifact's path, for a stage with an HTML report), which the UI shows."""
-    outcome = launch_stage(stage, preset=preset, overrides=config_overrides, store_uri=store_uri,
-                           s3_endpoint=s3_endpoint, tracking_uri=mlflow_tracking_uri or None,
-                           parent_run_id=parent_run_id, force=force, input_uris=input_uris, parts=parts)
+    run = RunContext(preset, tuple(config_overrides), store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
+    outcome = launch_stage(stage, run, force=force, input_uris=input_uris, parts=parts)
     return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
 
 
@@ -143,11 +142,9 @@ def run_pretrain_component(preset: str, config_overrides: Sequence[str], store_u
     from fourm_kfp.launchers.kubernetes_job import JobParams, launch_pretrain_job
     from fourm_kfp.components.images import GPU_IMAGE
 
-    outcome = launch_pretrain_job(preset=preset, overrides=config_overrides, store_uri=store_uri,
-                                  s3_endpoint=s3_endpoint, tracking_uri=mlflow_tracking_uri or None,
-                                  parent_run_id=parent_run_id, force=force, input_uris=input_uris,
-                                  params=JobParams(launcher=launcher, **job), image=GPU_IMAGE,
-                                  kfp_run_id=kfp_run_id, spec_path=job_spec_path)
+    run = RunContext(preset, tuple(config_overrides), store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
+    outcome = launch_pretrain_job(run, force=force, input_uris=input_uris, params=JobParams(launcher=launcher, **job),
+                                  image=GPU_IMAGE, kfp_run_id=kfp_run_id, spec_path=job_spec_path)
     return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
 
 
@@ -155,6 +152,5 @@ def run_stage_part_component(stage: str, part: int, parts: int, preset: str, con
                              store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str, parent_run_id: str,
                              input_uris: dict[str, str] | None = None) -> str:
     """Run one fan-out worker of a stage as a pipeline step (``dsl.ParallelFor``); returns the output URI."""
-    return launch_stage(stage, preset=preset, overrides=config_overrides, store_uri=store_uri,
-                        s3_endpoint=s3_endpoint, tracking_uri=mlflow_tracking_uri or None,
-                        parent_run_id=parent_run_id, input_uris=input_uris, parts=parts, part=part)
+    run = RunContext(preset, tuple(config_overrides), store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
+    return launch_stage_part(stage, run, part, parts, input_uris=input_uris)

@@ -1,18 +1,10 @@
-"""The pretrain step in the cluster: plan, render, launch and follow a multi-node job, then report its output.
+"""A stage as a multi-node Kubernetes job: the backend of :func:`.remote.launch_remote` that renders a PyTorchJob or
+TrainJob from the shipped templates (:mod:`fourm_kfp.cluster.job_spec`), creates or adopts it, streams the master's
+log, waits and deletes it (:mod:`fourm_kfp.cluster.job_launcher`).
 
 :func:`launch_pretrain_job` is what the KFP pretrain step runs with ``pretrain_launcher`` ``pytorchjob`` or
-``trainjob`` (the step itself is a light CPU pod):
-
-1. **plan** — the pretrain content address follows from the config and the upstream addresses; when that output
-   is committed (and ``force`` is off) it is reported through the ordinary stage runner (an MLflow child run tagged
-   as reused) and no job is created. The inputs must be committed, as for any stage;
-2. **render** the job from the shipped template (:mod:`.job_spec`), save it (``spec_path``: a KFP artifact) and
-   attach it to the MLflow parent run;
-3. **run** it (:mod:`.job_launcher`): create or adopt, stream the master's log, wait, delete. With ``force`` the
-   committed output is cleared once, just before the job is created (the pods never get ``--force``, so a restarted
-   pod resumes instead of starting over);
-4. **report** the committed output like every stage: a :class:`~fourm_kfp.contract.StageOutcome` with the manifest's
-   metrics, and the job spec attached to the MLflow child run the training pod opened.
+``trainjob`` (the step itself is a light CPU pod). The rendered job is saved (``spec_path``: a KFP artifact) and
+attached to the MLflow parent run before the job starts, and to the child run the training pod opened after it.
 """
 
 from __future__ import annotations
@@ -23,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from fourm_kfp.cluster.job_launcher import JOB_KINDS, FollowSettings, run_job
-from fourm_kfp.cluster.job_spec import (PYTORCHJOB, JobRequest, OwnerPod, pretrain_stage_args, render_job,
-                                        to_yaml)
+from fourm_kfp.cluster.job_spec import PYTORCHJOB, POD_ROOT, JobRequest, OwnerPod, render_job, to_yaml
 from fourm_kfp.contract import StageOutcome, lineage
-from fourm_kfp.contract.runner import open_inputs
-from fourm_kfp.launchers.stage import committed_outcome, launch_stage, plan_launch
+from fourm_kfp.launchers.remote import RemoteBackend, launch_remote
+from fourm_kfp.launchers.stage import LaunchPlan, RunContext
 
 log = logging.getLogger(__name__)
 JOB_ARTIFACT_DIR = "pretrain-job"
@@ -56,57 +47,65 @@ def owner_from_environment() -> OwnerPod | None:
     return OwnerPod(name, uid) if name and uid else None
 
 
-def launch_pretrain_job(*, preset: str, overrides: Sequence[str], store_uri: str, s3_endpoint: str,
-                        tracking_uri: str | None, parent_run_id: str, force: bool, input_uris: dict[str, str],
-                        params: JobParams, image: str, kfp_run_id: str = "", spec_path: str | None = None,
-                        api=None, settings: FollowSettings | None = None, owner: OwnerPod | None = None,
+class KubernetesJob(RemoteBackend):
+    """A PyTorchJob or TrainJob (``params.launcher``) through the Kubernetes API ``api`` (the in-cluster or
+    kubeconfig client when ``None``)."""
+
+    prefix, what, root = "[launcher]", "job", POD_ROOT
+
+    def __init__(self, run: RunContext, params: JobParams, image: str, *, kfp_run_id: str = "",
+                 spec_path: str | None = None, api=None, settings: FollowSettings | None = None,
+                 owner: OwnerPod | None = None, out: Callable[[str], None] = print):
+        self.run, self.params, self.image, self.kfp_run_id = run, params, image, kfp_run_id
+        self.spec_path, self.api, self.settings, self.out = spec_path, api, settings, out
+        self.owner = owner if owner is not None else owner_from_environment()
+        self.tracking = lineage.resolve_tracking_uri(run.tracking_uri or None, None)
+        self.text = self.artifact = ""
+
+    def skipped(self, plan: LaunchPlan) -> None:
+        _write(self.spec_path, f"# {plan.stage} {plan.address} was committed at {plan.output.uri}; no job was "
+                               "created\n")
+
+    def start(self, plan: LaunchPlan, command: Sequence[str], clear_output: Callable[[], None]) -> str:
+        params = self.params
+        request = JobRequest(launcher=params.launcher, address=plan.address, stage_args=command, image=self.image,
+                             nodes=params.nodes, procs_per_node=params.procs_per_node,
+                             accelerator=params.accelerator, cpu_per_node=params.cpu_per_node,
+                             memory_per_node=params.memory_per_node, node_selector=params.node_selector,
+                             tolerations=params.tolerations, deadline_s=params.deadline_s,
+                             min_nodes=params.min_nodes, kfp_run_id=self.kfp_run_id, owner=self.owner)
+        job = render_job(request)
+        self.text = to_yaml(job)
+        _write(self.spec_path, self.text)
+        self.artifact = f"{JOB_ARTIFACT_DIR}/{request.name}.yaml"
+        if self.tracking and self.run.parent_run_id:
+            lineage.attach_artifact(self.tracking, self.run.parent_run_id, self.artifact, self.text.encode())
+        self.out(f"{self.prefix} {plan.stage} {plan.address}: {params.launcher} {request.name}, {params.nodes} "
+                 f"node(s) x {params.procs_per_node} process(es), output {plan.output.uri}")
+
+        from fourm_kfp.cluster.kube import KubeApi
+
+        api = self.api if self.api is not None else KubeApi.from_environment()
+        result = run_job(api, JOB_KINDS[params.launcher], job, params.deadline_s,
+                         self.settings or FollowSettings(delete=params.delete_job), out=self.out,
+                         before_create=clear_output)
+        if result.adopted:
+            log.info("%s: the adopted job %s finished", plan.stage, request.name)
+        return f"{params.launcher} {request.name}"
+
+    def finished(self, plan: LaunchPlan, outcome: StageOutcome) -> None:
+        if self.tracking and outcome.mlflow_run_id:
+            lineage.attach_artifact(self.tracking, outcome.mlflow_run_id, self.artifact, self.text.encode())
+
+
+def launch_pretrain_job(run: RunContext, *, force: bool, input_uris: dict[str, str], params: JobParams, image: str,
+                        kfp_run_id: str = "", spec_path: str | None = None, api=None,
+                        settings: FollowSettings | None = None, owner: OwnerPod | None = None,
                         out: Callable[[str], None] = print) -> StageOutcome:
-    """Plan, launch, follow and report the pretrain stage as a cluster job; see the module docstring."""
-    plan = plan_launch("pretrain", preset=preset, overrides=overrides, store_uri=store_uri, s3_endpoint=s3_endpoint)
-    address, output = plan.address, plan.output
-    if not force and plan.committed:
-        out(f"[launcher] pretrain {address} is committed at {output.uri}: creating no job")
-        _write(spec_path, f"# pretrain {address} was committed at {output.uri}; no job was created\n")
-        return launch_stage("pretrain", preset=preset, overrides=overrides, store_uri=store_uri,
-                            s3_endpoint=s3_endpoint, tracking_uri=tracking_uri, parent_run_id=parent_run_id,
-                            input_uris=input_uris)
-    inputs = open_inputs(plan.spec, plan.config, plan.store, input_uris)  # a missing input fails here, not in N pods
-    tracking = lineage.resolve_tracking_uri(tracking_uri, None)
-    stage_args = pretrain_stage_args(preset=preset, overrides=overrides, store_uri=store_uri,
-                                     input_uris={name: item.uri for name, item in inputs.items()},
-                                     s3_endpoint=s3_endpoint, tracking_uri=tracking_uri or "",
-                                     parent_run_id=parent_run_id)
-    request = JobRequest(launcher=params.launcher, address=address, stage_args=stage_args, image=image,
-                         nodes=params.nodes, procs_per_node=params.procs_per_node, accelerator=params.accelerator,
-                         cpu_per_node=params.cpu_per_node, memory_per_node=params.memory_per_node,
-                         node_selector=params.node_selector, tolerations=params.tolerations,
-                         deadline_s=params.deadline_s, min_nodes=params.min_nodes, kfp_run_id=kfp_run_id,
-                         owner=owner if owner is not None else owner_from_environment())
-    job = render_job(request)
-    text = to_yaml(job)
-    _write(spec_path, text)
-    artifact = f"{JOB_ARTIFACT_DIR}/{request.name}.yaml"
-    if tracking and parent_run_id:
-        lineage.attach_artifact(tracking, parent_run_id, artifact, text.encode())
-    out(f"[launcher] pretrain {address}: {params.launcher} {request.name}, {params.nodes} node(s) x "
-        f"{params.procs_per_node} process(es), output {output.uri}")
-
-    def clear_forced_output() -> None:
-        if force:
-            removed = output.delete_prefix()
-            out(f"[launcher] --force: cleared {removed} objects at {output.uri}")
-
-    from fourm_kfp.cluster.kube import KubeApi
-
-    api = api if api is not None else KubeApi.from_environment()
-    result = run_job(api, JOB_KINDS[params.launcher], job, params.deadline_s,
-                     settings or FollowSettings(delete=params.delete_job), out=out, before_create=clear_forced_output)
-    outcome = committed_outcome(plan, f"{params.launcher} {request.name}")
-    if tracking and outcome.mlflow_run_id:
-        lineage.attach_artifact(tracking, outcome.mlflow_run_id, artifact, text.encode())
-    if result.adopted:
-        log.info("pretrain: the adopted job %s finished", request.name)
-    return outcome
+    """The pretrain stage as a PyTorchJob / TrainJob; see the module docstring."""
+    backend = KubernetesJob(run, params, image, kfp_run_id=kfp_run_id, spec_path=spec_path, api=api,
+                            settings=settings, owner=owner, out=out)
+    return launch_remote("pretrain", run, backend, force=force, input_uris=input_uris, out=out)
 
 
 def _write(path: str | None, text: str) -> None:

@@ -1,9 +1,11 @@
 """One launch path for a stage: the CLI's ``stage`` command, the KFP components and the training pod call this.
 
-:func:`launch_stage` does, in one place, what every launcher needs: logging, the S3 endpoint (passed on to child
-processes through ``AWS_ENDPOINT_URL``), joining a ``torch.distributed`` group when the environment describes
-one, loading the config with its overrides (a list end to end, so values with spaces survive), opening the output
-store, and running the stage (or one fan-out part of it) with lineage.
+Every launcher passes a :class:`RunContext` (config, store, lineage).
+:func:`launch_stage` (and :func:`launch_stage_part` for one fan-out worker) does, in one place, what every launcher
+needs: logging, the S3 endpoint (passed on to child processes through ``AWS_ENDPOINT_URL``), joining a
+``torch.distributed`` group when the environment describes one, loading the config with its overrides (a list end
+to end, so values with spaces survive), opening the output store, and running the stage with lineage.
+:func:`plan_launch` and :func:`committed_outcome` frame a launch on other machines (:mod:`.remote`).
 """
 
 from __future__ import annotations
@@ -14,9 +16,15 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING
 
 from fourm_kfp.config.schema import ConfigError
+
+if TYPE_CHECKING:
+    from fourm_kfp.config.fourm_config import FourMConfig
+    from fourm_kfp.contract.runner import StageOutcome
+    from fourm_kfp.contract.spec import StageSpec
+    from fourm_kfp.storage import Store
 
 log = logging.getLogger(__name__)
 #: Where outputs go when an S3 endpoint is given but no store.
@@ -51,52 +59,76 @@ def apply_s3_endpoint(s3_endpoint: str | None) -> None:
         os.environ["AWS_ENDPOINT_URL"] = s3_endpoint
 
 
-def launch_stage(name: str, *, preset: str, overrides: Sequence[str], store_uri: str, s3_endpoint: str = "",
-                 tracking_uri: str | None = None, root: str | os.PathLike | None = None,
-                 parent_run_id: str | None = None, force: bool = False,
-                 input_uris: dict[str, str] | None = None, parts: int = 1, part: int | None = None):
-    """Run stage ``name`` (or, with ``part``, one of its ``parts`` fan-out workers).
+@dataclass(frozen=True)
+class RunContext:
+    """What every launcher passes down to a stage wherever it runs: the config (preset and ``section.key=value``
+    overrides, later wins), where outputs go (the store and its S3 endpoint) and where lineage goes (the MLflow
+    tracking URI and the pipeline's parent run). An empty string means "not given" (take the environment)."""
 
-    Returns the :class:`~fourm_kfp.contract.StageOutcome` (a part returns the stage's output URI).
-    """
+    preset: str
+    overrides: tuple[str, ...] = ()
+    store_uri: str = ""
+    s3_endpoint: str = ""
+    tracking_uri: str = ""
+    parent_run_id: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "overrides", tuple(self.overrides))
+
+
+def launch_stage(name: str, run: RunContext, *, root: str | os.PathLike | None = None, force: bool = False,
+                 input_uris: dict[str, str] | None = None, parts: int = 1) -> StageOutcome:
+    """Run stage ``name`` in this process (every rank of a ``torch.distributed`` group, rank 0 commits)."""
+    from fourm_kfp.contract import run_stage
+
+    spec, config, store, tracking, inputs = _prepare(name, run, root, input_uris)
+    return run_stage(spec, config, store, force=force, input_uris=inputs, tracking_uri=tracking,
+                     parent_run_id=run.parent_run_id or None, parts=parts)
+
+
+def launch_stage_part(name: str, run: RunContext, part: int, parts: int, *, root: str | os.PathLike | None = None,
+                      input_uris: dict[str, str] | None = None) -> str:
+    """Run fan-out worker ``part`` of ``parts`` of stage ``name``; returns the stage's output URI."""
+    from fourm_kfp.contract import run_stage_part
+
+    spec, config, store, tracking, inputs = _prepare(name, run, root, input_uris)
+    return run_stage_part(spec, config, store, part, parts, input_uris=inputs, tracking_uri=tracking,
+                          parent_run_id=run.parent_run_id or None)
+
+
+def _prepare(name: str, run: RunContext, root: str | os.PathLike | None, input_uris: dict[str, str] | None):
     from fourm_kfp import distributed
     from fourm_kfp.config.loader import load_config
-    from fourm_kfp.contract import lineage, run_stage, run_stage_part
+    from fourm_kfp.contract import lineage
     from fourm_kfp.stages import get_stage
     from fourm_kfp.storage import open_store
 
     setup_logging()
-    apply_s3_endpoint(s3_endpoint)
+    apply_s3_endpoint(run.s3_endpoint)
     distributed.init_from_env()  # under torchrun: every rank runs the stage, rank 0 commits
-    config = load_config(preset, overrides=list(overrides))
+    config = load_config(run.preset, overrides=list(run.overrides))
     spec = get_stage(name)
-    store = open_store(store_uri, s3_endpoint=s3_endpoint or None, create=True)
-    tracking = lineage.resolve_tracking_uri(tracking_uri, root)
-    inputs = {k: v for k, v in (input_uris or {}).items() if v}
-    if part is not None:
-        return run_stage_part(spec, config, store, part, parts, input_uris=inputs, tracking_uri=tracking,
-                              parent_run_id=parent_run_id or None)
-    return run_stage(spec, config, store, force=force, input_uris=inputs, tracking_uri=tracking,
-                     parent_run_id=parent_run_id or None, parts=parts)
+    store = open_store(run.store_uri, s3_endpoint=run.s3_endpoint or None, create=True)
+    tracking = lineage.resolve_tracking_uri(run.tracking_uri or None, root)
+    return spec, config, store, tracking, {k: v for k, v in (input_uris or {}).items() if v}
 
 
-@dataclass
+@dataclass(frozen=True)
 class LaunchPlan:
     """What a launcher of one stage on other machines (a PyTorchJob, torchx) knows before it starts anything: the
     stage's address and output, and whether that output is committed already."""
 
     stage: str
-    config: Any
-    spec: Any
-    store: Any
+    config: FourMConfig
+    spec: StageSpec
+    store: Store
     address: str
-    output: Any
+    output: Store
     committed: bool
     started: float
 
 
-def plan_launch(stage: str, *, preset: str, overrides: Sequence[str], store_uri: str,
-                s3_endpoint: str = "") -> LaunchPlan:
+def plan_launch(stage: str, run: RunContext) -> LaunchPlan:
     """Load the config, open the store, and find ``stage``'s content address and whether it is committed."""
     from fourm_kfp.config.loader import load_config
     from fourm_kfp.contract.addressing import stage_address
@@ -106,17 +138,17 @@ def plan_launch(stage: str, *, preset: str, overrides: Sequence[str], store_uri:
     from fourm_kfp.storage import open_store
 
     setup_logging()
-    apply_s3_endpoint(s3_endpoint)
+    apply_s3_endpoint(run.s3_endpoint)
     started = time.monotonic()
-    config = load_config(preset, overrides=list(overrides))
+    config = load_config(run.preset, overrides=list(run.overrides))
     spec = get_stage(stage)
-    store = open_store(store_uri, s3_endpoint=s3_endpoint or None, create=True)
+    store = open_store(run.store_uri, s3_endpoint=run.s3_endpoint or None, create=True)
     output = output_store(spec, config, store)
     return LaunchPlan(stage, config, spec, store, stage_address(spec, config), output,
                       read_manifest(output) is not None, started)
 
 
-def committed_outcome(plan: LaunchPlan, what: str):
+def committed_outcome(plan: LaunchPlan, what: str) -> StageOutcome:
     """The outcome of a stage that ran elsewhere, read from its committed manifest (``what`` ran it: the job)."""
     from fourm_kfp.contract import StageOutcome
     from fourm_kfp.contract.manifest import read_manifest

@@ -1,22 +1,18 @@
 """``fourm-kfp launch pretrain``: the pretrain stage as a torchx ``dist.ddp`` job, for teams without Kubeflow.
 
-:func:`launch_pretrain` has the shape of the KFP launcher (:mod:`fourm_kfp.launchers.kubernetes_job`):
+:func:`launch_pretrain` runs the one remote-launch skeleton (:func:`fourm_kfp.launchers.remote.launch_remote`:
+plan, skip when committed, open the inputs, start, report the committed output) with :class:`TorchxApp` as its
+backend, which does:
 
-1. **plan** — the pretrain content address follows from the config (and the upstream addresses); when that output
-   is committed and ``force`` is off it is reported through the ordinary stage runner (status ``skipped``, an
-   MLflow run tagged as reused) and no torchx app is created. The inputs must be committed: a missing one fails
-   here, before anything is scheduled;
-2. **build** the app from torchx's ``dist.ddp`` component: ``-j NNODESxNPROC`` replicas each running
+1. **build** the app from torchx's ``dist.ddp`` component: ``-j NNODESxNPROC`` replicas each running
    ``torchrun -m fourm_kfp.cli stage pretrain ...``, the one training entry point PyTorchJob pods run too
-   (:func:`fourm_kfp.cluster.job_spec.pretrain_stage_args`), with the resolved input URIs and no ``--force`` (a
+   (:func:`fourm_kfp.launchers.remote.stage_command`), with the resolved input URIs and no ``--force`` (a
    retried replica resumes; a forced output is cleared once, just before the app is scheduled). Every job gets
    its own rendezvous port (dist.ddp's default, 29500, is fixed): a free port here for ``local_cwd``, one derived
    from the address elsewhere, or ``rdzv_port``;
-3. **run** it with :func:`torchx.runner.get_runner` on ``local_cwd``, ``slurm`` or ``kubernetes`` (Volcano; its
+2. **run** it with :func:`torchx.runner.get_runner` on ``local_cwd``, ``slurm`` or ``kubernetes`` (Volcano; its
    ``queue`` is required): validate the scheduler config (dry run), schedule, stream replica 0's log, wait for a
-   terminal state; a failed or cancelled app raises :class:`LaunchFailed` with torchx's error;
-4. **report** the committed output like ``fourm-kfp stage``: a :class:`~fourm_kfp.contract.StageOutcome` with the
-   manifest's metrics.
+   terminal state; a failed or cancelled app raises :class:`LaunchFailed` with torchx's error.
 
 Where the replicas run: ``local_cwd`` runs them here, in the current folder, with this interpreter's ``bin/``
 first on ``PATH`` (torchx calls ``torchrun`` from ``PATH``); ``slurm`` runs them in the submit (or ``job_dir``)
@@ -40,11 +36,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from fourm_kfp.config.schema import ConfigError
-from fourm_kfp.contract import StageOutcome
 from fourm_kfp.errors import UserError
+from fourm_kfp.launchers.remote import RemoteBackend, launch_remote
+from fourm_kfp.launchers.stage import LaunchPlan, RunContext
+
+if TYPE_CHECKING:
+    from fourm_kfp.contract import StageOutcome
 
 log = logging.getLogger(__name__)
 
@@ -175,62 +175,60 @@ def follow(runner, handle: str, role: str, out: Callable[[str], None], wait_inte
     return status
 
 
-def launch_pretrain(*, preset: str, overrides: Sequence[str], root: str | os.PathLike, store_uri: str,
-                    s3_endpoint: str = "", tracking_uri: str | None = None, force: bool = False,
+class TorchxApp(RemoteBackend):
+    """A torchx ``dist.ddp`` app on ``params.scheduler`` (``runner``: torchx's, made here when ``None``); ``root``:
+    the local run folder (the replicas' ``--root`` on ``local_cwd`` and ``slurm``, and torchx's log folder)."""
+
+    prefix, what = "[torchx]", "torchx app"
+
+    def __init__(self, params: TorchxParams, root: str | os.PathLike, runner=None,
+                 out: Callable[[str], None] = print):
+        if params.scheduler not in SCHEDULERS:
+            raise ConfigError(f"--scheduler {params.scheduler!r}: expected one of {', '.join(SCHEDULERS)}")
+        self.params, self.local_root, self.runner, self.out = params, Path(root), runner, out
+        self.root = KUBERNETES_ROOT if params.scheduler == "kubernetes" else str(root)
+
+    def check(self, plan: LaunchPlan) -> None:
+        if self.params.scheduler == "kubernetes" and "://" not in plan.store.uri:
+            raise ConfigError(f"--scheduler kubernetes: the store {plan.store.uri} is a local folder the pods cannot "
+                              "see; use --store s3://bucket/prefix (with --s3-endpoint)")
+
+    def start(self, plan: LaunchPlan, command: Sequence[str], clear_output: Callable[[], None]) -> str:
+        from torchx.runner import get_runner
+        from torchx.specs import NONE, AppState
+
+        params = self.params
+        port = rendezvous_port(params.scheduler, plan.address, params.rdzv_port)
+        app = build_app(command, plan.address, params, port)
+        role = app.roles[0].name
+        interval = params.wait_interval_s or (1.0 if params.scheduler == "local_cwd" else 10.0)
+        own_runner = self.runner is None
+        runner = self.runner if self.runner is not None else get_runner()
+        try:
+            defaults = {"log_dir": str(self.local_root / "torchx")} if params.scheduler == "local_cwd" else {}
+            cfg = scheduler_config(runner, params.scheduler, params.scheduler_args, defaults)
+            info = runner.dryrun(app, params.scheduler, cfg=cfg)  # a bad config fails before anything is cleared
+            self.out(f"{self.prefix} {plan.stage} {plan.address}: {params.scheduler} dist.ddp -j {params.j}, "
+                     f"rendezvous port {port}, output {plan.output.uri}")
+            clear_output()
+            handle = runner.schedule(info)
+            self.out(f"{self.prefix} app {handle}")
+            status = follow(runner, handle, role, self.out, interval)
+        finally:
+            if own_runner:
+                runner.close()
+        if status is None or status.state != AppState.SUCCEEDED:
+            state = status.state.name if status is not None else "gone"
+            error = status.structured_error_msg if status is not None else NONE
+            detail = f": {error}" if error and error != NONE else ""
+            where = f" (logs: {status.ui_url})" if status is not None and status.ui_url else ""
+            raise LaunchFailed(f"torchx app {handle} {state}{where}{detail}")
+        return f"torchx app {handle}"
+
+
+def launch_pretrain(run: RunContext, *, root: str | os.PathLike, force: bool = False,
                     input_uris: dict[str, str] | None = None, params: TorchxParams | None = None, runner=None,
                     out: Callable[[str], None] = print) -> StageOutcome:
-    """Plan, launch through torchx, follow and report the pretrain stage; see the module docstring."""
-    from fourm_kfp.cluster.job_spec import pretrain_stage_args
-    from fourm_kfp.contract.runner import open_inputs
-    from fourm_kfp.launchers.stage import committed_outcome, launch_stage, plan_launch
-
-    params = params or TorchxParams()
-    if params.scheduler not in SCHEDULERS:
-        raise ConfigError(f"--scheduler {params.scheduler!r}: expected one of {', '.join(SCHEDULERS)}")
-    plan = plan_launch("pretrain", preset=preset, overrides=overrides, store_uri=store_uri, s3_endpoint=s3_endpoint)
-    address, output, store = plan.address, plan.output, plan.store
-    if not force and plan.committed:
-        out(f"[torchx] pretrain {address} is committed at {output.uri}: creating no torchx app")
-        return launch_stage("pretrain", preset=preset, overrides=overrides, store_uri=store_uri,
-                            s3_endpoint=s3_endpoint, tracking_uri=tracking_uri, root=root,
-                            input_uris=input_uris)
-    if params.scheduler == "kubernetes" and "://" not in store.uri:
-        raise ConfigError(f"--scheduler kubernetes: the store {store.uri} is a local folder the pods cannot see; "
-                          "use --store s3://bucket/prefix (with --s3-endpoint)")
-    inputs = open_inputs(plan.spec, plan.config, store, input_uris)  # fail here, not in N replicas
-    replica_root = KUBERNETES_ROOT if params.scheduler == "kubernetes" else str(root)
-    stage_args = pretrain_stage_args(preset=preset, overrides=overrides, root=replica_root, store_uri=store.uri,
-                                    input_uris={name: item.uri for name, item in inputs.items()},
-                                    s3_endpoint=s3_endpoint, tracking_uri=tracking_uri or "")
-    port = rendezvous_port(params.scheduler, address, params.rdzv_port)
-    app = build_app(stage_args, address, params, port)
-    role = app.roles[0].name
-    interval = params.wait_interval_s or (1.0 if params.scheduler == "local_cwd" else 10.0)
-
-    from torchx.runner import get_runner
-    from torchx.specs import NONE, AppState
-
-    own_runner = runner is None
-    runner = runner if runner is not None else get_runner()
-    try:
-        defaults = {"log_dir": str(Path(root) / "torchx")} if params.scheduler == "local_cwd" else {}
-        cfg = scheduler_config(runner, params.scheduler, params.scheduler_args, defaults)
-        info = runner.dryrun(app, params.scheduler, cfg=cfg)  # a bad config fails before anything is cleared
-        out(f"[torchx] pretrain {address}: {params.scheduler} dist.ddp -j {params.j}, rendezvous port {port}, "
-            f"output {output.uri}")
-        if force:
-            removed = output.delete_prefix()
-            out(f"[torchx] --force: cleared {removed} objects at {output.uri}")
-        handle = runner.schedule(info)
-        out(f"[torchx] app {handle}")
-        status = follow(runner, handle, role, out, interval)
-    finally:
-        if own_runner:
-            runner.close()
-    if status is None or status.state != AppState.SUCCEEDED:
-        state = status.state.name if status is not None else "gone"
-        error = status.structured_error_msg if status is not None else NONE
-        detail = f": {error}" if error and error != NONE else ""
-        where = f" (logs: {status.ui_url})" if status is not None and status.ui_url else ""
-        raise LaunchFailed(f"torchx app {handle} {state}{where}{detail}")
-    return committed_outcome(plan, f"torchx app {handle}")
+    """The pretrain stage as a torchx app; see the module docstring."""
+    backend = TorchxApp(params or TorchxParams(), root, runner, out)
+    return launch_remote("pretrain", run, backend, force=force, input_uris=input_uris, root=str(root), out=out)
