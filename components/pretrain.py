@@ -1,11 +1,12 @@
 """The pretrain component: the 4M trainer in this pod (``launcher="in-pod"``), or the launcher of a multi-node
-PyTorchJob / TrainJob that follows the job and reports its committed output (``pytorchjob`` / ``trainjob``)."""
+PyTorchJob / TrainJob that follows the job and reports its committed output (``pytorchjob`` / ``trainjob``). Its job
+parameters (``launcher`` ... ``delete_job``) are the fields of :class:`fourm_kfp.cluster.job_spec.JobParams`."""
 
 from typing import NamedTuple
 
 from kfp import dsl
 
-from fourm_kfp.cluster.job_spec import IN_POD
+from fourm_kfp.cluster.job_spec import PYTORCHJOB
 from fourm_kfp.components.images import GPU_IMAGE
 
 
@@ -14,7 +15,7 @@ def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
              parent_run_id: str, force: bool, pretokenized_uri: str, tokenizers_uri: str,
              report: dsl.Output[dsl.Markdown], report_html: dsl.Output[dsl.HTML], metrics: dsl.Output[dsl.Metrics],
              job_spec: dsl.Output[dsl.Artifact],
-             launcher: str = IN_POD, nodes: int = 1, procs_per_node: int = 1,
+             launcher: str = PYTORCHJOB, nodes: int = 1, procs_per_node: int = 1,
              accelerator: str = "nvidia.com/gpu", cpu_per_node: str = "", memory_per_node: str = "",
              node_selector: dict = {}, tolerations: list = [], deadline_s: int = 259200, min_nodes: int = 0,
              delete_job: bool = True, kfp_run_id: str = "",
@@ -24,15 +25,14 @@ def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
     import json
     from collections import namedtuple
 
+    from fourm_kfp.cluster.job_spec import JobParams
     from fourm_kfp.launchers.kfp_runtime import run_pretrain_component, with_stage_overrides
 
+    job = JobParams.of(locals())  # launcher, nodes, ..., delete_job: the parameters named like its fields
     overrides = with_stage_overrides(config_overrides, stage_overrides)
     outcome = run_pretrain_component(
         preset, overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id, force,
-        input_uris={"pretokenize": pretokenized_uri, "train-tokenizers": tokenizers_uri}, launcher=launcher,
-        job={"nodes": nodes, "procs_per_node": procs_per_node, "accelerator": accelerator,
-             "cpu_per_node": cpu_per_node, "memory_per_node": memory_per_node, "node_selector": node_selector,
-             "tolerations": tolerations, "deadline_s": deadline_s, "min_nodes": min_nodes, "delete_job": delete_job},
+        input_uris={"pretokenize": pretokenized_uri, "train-tokenizers": tokenizers_uri}, job=job,
         kfp_run_id=kfp_run_id, report_path=report.path, metrics=metrics, job_spec_path=job_spec.path,
         html_path=report_html.path)
     return namedtuple("Outputs", ["output_uri", "result"])(outcome.output_uri, json.dumps(outcome.to_dict()))

@@ -61,3 +61,28 @@ def test_steps_with_worker_processes_get_an_in_memory_dev_shm(tmp_path):
     shm = {"volumeName": "dshm", "mountPath": "/dev/shm", "medium": "Memory"}
     with_shm = sorted(name for name, e in executors.items() if shm in e.get("emptyDirMounts", []))
     assert with_shm == ["exec-pretokenize-part", "exec-pretrain", "exec-pretrain-2"], with_shm
+
+
+def test_the_pretrain_job_is_declared_once():
+    """The job's fields live in JobParams: the pipeline's ``pretrain_<field>`` parameters and the pretrain
+    component's ``<field>`` parameters are exactly its fields, with its defaults and types."""
+    import inspect
+    from dataclasses import MISSING, fields
+
+    from fourm_kfp.cluster.job_spec import JobParams
+    from fourm_kfp.components.pretrain import pretrain
+    from fourm_kfp.pipelines.fourm_pretrain import fourm_pretrain
+
+    pipeline = inspect.signature(fourm_pretrain.pipeline_func).parameters
+    component = inspect.signature(pretrain.python_func).parameters
+    for f in fields(JobParams):
+        default = f.default if f.default is not MISSING else f.default_factory()
+        kind = {"dict[str, str]": dict, "list[dict[str, Any]]": list}.get(f.type, {"str": str, "int": int,
+                                                                                  "bool": bool}.get(f.type))
+        for name, params in ((f"pretrain_{f.name}", pipeline), (f.name, component)):
+            assert name in params, f"{name}: a JobParams field missing from the signature"
+            assert params[name].default == default, f"{name}: default {params[name].default!r}, JobParams {default!r}"
+            assert params[name].annotation in (kind, kind.__name__), f"{name}: type {params[name].annotation!r}"
+    job_like = {n.removeprefix("pretrain_") for n in pipeline if n.startswith("pretrain_")}
+    others = {"force", "config_overrides"}  # pretrain_force, pretrain_config_overrides: the stage's, not the job's
+    assert job_like - others == {f.name for f in fields(JobParams)}

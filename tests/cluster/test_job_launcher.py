@@ -264,7 +264,8 @@ BIN = Path(sys.executable).parent
 @pytest.mark.slow
 def test_the_pretrain_step_in_job_mode_plans_launches_and_reports(cluster, tmp_path):
     from fourm_kfp.cluster.job_spec import job_name
-    from fourm_kfp.launchers.kubernetes_job import JobParams, launch_pretrain_job
+    from fourm_kfp.cluster.job_spec import JobParams
+    from fourm_kfp.launchers.kubernetes_job import launch_pretrain_job
     from fourm_kfp.config.loader import load_config
     from fourm_kfp.contract.addressing import stage_address
     from fourm_kfp.stages import get_stage

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 
@@ -62,13 +62,12 @@ class OwnerPod:
 
 
 @dataclass(frozen=True)
-class JobRequest:
-    """Everything that varies between rendered jobs; see the pipeline's ``pretrain_*`` parameters."""
+class JobParams:
+    """The pretrain step's cluster job, declared once: the pipeline's ``pretrain_<field>`` parameters and the pretrain
+    component's ``<field>`` parameters are these fields with these defaults (``tests/test_pipeline_compile.py``
+    checks both), and the component builds one with :meth:`of`."""
 
-    launcher: str
-    address: str
-    stage_args: Sequence[str]
-    image: str
+    launcher: str = PYTORCHJOB  # IN_POD, PYTORCHJOB or TRAINJOB
     nodes: int = 1
     procs_per_node: int = 1
     accelerator: str = "nvidia.com/gpu"  # "" or "cpu": CPU nodes (no accelerator request or toleration)
@@ -78,6 +77,21 @@ class JobRequest:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     deadline_s: int = 259200
     min_nodes: int = 0  # PyTorchJob only: > 0 makes the job elastic between min_nodes and nodes
+    delete_job: bool = True  # delete the finished job (its pods' logs go with it)
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> "JobParams":
+        """The fields present in ``values`` (e.g. a component's parameters, ``locals()``), defaults for the rest."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRequest(JobParams):
+    """A job to render: its parameters and what varies per run (address, the pods' command, image, KFP run, owner)."""
+
+    address: str
+    stage_args: Sequence[str]
+    image: str
     kfp_run_id: str = ""
     owner: OwnerPod | None = None
 

@@ -11,34 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from dataclasses import fields
+from typing import Callable, Sequence
 
 from fourm_kfp.cluster.job_launcher import JOB_KINDS, FollowSettings, run_job
-from fourm_kfp.cluster.job_spec import PYTORCHJOB, POD_ROOT, JobRequest, OwnerPod, render_job, to_yaml
+from fourm_kfp.cluster.job_spec import POD_ROOT, JobParams, JobRequest, OwnerPod, render_job, to_yaml
 from fourm_kfp.contract import StageOutcome, lineage
 from fourm_kfp.launchers.remote import RemoteBackend, launch_remote
 from fourm_kfp.launchers.stage import LaunchPlan, RunContext
 
 log = logging.getLogger(__name__)
 JOB_ARTIFACT_DIR = "pretrain-job"
-
-
-@dataclass
-class JobParams:
-    """The pipeline's ``pretrain_*`` cluster parameters."""
-
-    launcher: str = PYTORCHJOB
-    nodes: int = 1
-    procs_per_node: int = 1
-    accelerator: str = "nvidia.com/gpu"
-    cpu_per_node: str = ""
-    memory_per_node: str = ""
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = field(default_factory=list)
-    deadline_s: int = 259200
-    min_nodes: int = 0
-    delete_job: bool = True
 
 
 def owner_from_environment() -> OwnerPod | None:
@@ -68,12 +51,8 @@ class KubernetesJob(RemoteBackend):
 
     def start(self, plan: LaunchPlan, command: Sequence[str], clear_output: Callable[[], None]) -> str:
         params = self.params
-        request = JobRequest(launcher=params.launcher, address=plan.address, stage_args=command, image=self.image,
-                             nodes=params.nodes, procs_per_node=params.procs_per_node,
-                             accelerator=params.accelerator, cpu_per_node=params.cpu_per_node,
-                             memory_per_node=params.memory_per_node, node_selector=params.node_selector,
-                             tolerations=params.tolerations, deadline_s=params.deadline_s,
-                             min_nodes=params.min_nodes, kfp_run_id=self.kfp_run_id, owner=self.owner)
+        request = JobRequest(**{f.name: getattr(params, f.name) for f in fields(JobParams)}, address=plan.address,
+                             stage_args=command, image=self.image, kfp_run_id=self.kfp_run_id, owner=self.owner)
         job = render_job(request)
         self.text = to_yaml(job)
         _write(self.spec_path, self.text)
