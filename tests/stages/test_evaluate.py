@@ -144,9 +144,9 @@ def test_the_curve_scores_each_snapshot_and_ends_with_the_final_model(smoke):
         assert values["baseline"] == pytest.approx(tasks[task]["baseline"][primary], abs=1e-9), task
 
 
-def test_maps_read_off_an_image_take_map_steps_and_the_rest_take_sampling_steps(smoke):
+def test_maps_text_and_images_from_text_take_their_own_sampling(smoke):
     """rgb-to-depth/normal/semseg and caption-to-rgb's reading of its own image are generated with
-    ``evaluate.map_steps``; caption-to-rgb's image with ``evaluate.sampling.steps`` (text is autoregressive)."""
+    ``evaluate.map_steps``; caption-to-rgb's image with ``evaluate.sampling``; text with ``evaluate.text_sampling``."""
     root, store, _, uris = smoke
     engine = AnyToAny(uris["pretrain"], "cpu", tokenizers_uri=uris["train-tokenizers"])
     prepared = open_store(uris["prepare-data"])
@@ -155,20 +155,21 @@ def test_maps_read_off_an_image_take_map_steps_and_the_rest_take_sampling_steps(
     calls, generate = [], engine.generator.generate
 
     def recording(samples, target, args, seed=0):
-        calls.append((target, args.steps))
+        calls.append((target, args.steps, args.temperature))
         return generate(samples, target, args, seed)
 
     engine.generator.generate = recording
     for task in TASKS:
-        run_task(engine, scenes, task, baselines, SamplingArgs(steps=8, temperature=0.0), 0, 2, 0,
-                 SamplingArgs(steps=1, temperature=0.0))
-    assert calls == [("depth", 1), ("normal", 1), ("semseg", 1), ("det", 8), ("caption", 8), ("rgb", 8),
-                     ("semseg", 1)]
+        run_task(engine, scenes, task, baselines, SamplingArgs(steps=8, order="roar", temperature=1.0), 0, 2, 0,
+                 SamplingArgs(steps=1, temperature=0.0), SamplingArgs(steps=3, temperature=0.0))
+    assert calls == [("depth", 1, 0.0), ("normal", 1, 0.0), ("semseg", 1, 0.0), ("det", 3, 0.0),
+                     ("caption", 3, 0.0), ("rgb", 8, 1.0), ("semseg", 1, 0.0)]
 
     config = load_config("smoke", overrides=["train.steps=4", "train.snapshot_every=2", "evaluate.map_steps=2"])
     output = open_store(_evaluate(root, store, config)[0].output_uri)
     report = json.loads(output.get_bytes("evaluation.json"))
     assert report["map_steps"] == 2 and report["sampling"]["steps"] == config.evaluate.sampling.steps
+    assert report["text_sampling"]["temperature"] == config.evaluate.text_sampling.temperature
     assert "maps read off an image (rgb-to-depth/normal/semseg) in 2 step(s)" in output.get_text(
         "reports/evaluation_report.md")
 

@@ -360,11 +360,13 @@ class EvaluateConfig:
     seed: int = option(0, "generation seed")
     curve_samples: int = option(0, "val scenes on which every weight snapshot of the model (train.snapshot_every) "
                                    "and the final model are scored: the scores-against-steps figure (0: none)", min=0)
-    sampling: SamplingConfig = option(SamplingConfig(), "generation settings")
+    sampling: SamplingConfig = option(SamplingConfig(), "generation of an image from text (caption-to-rgb's image)")
     map_steps: int = option(1, "MaskGIT steps for the maps read off an image (rgb-to-depth, -normal, -semseg, and "
-                               "caption-to-rgb's reading of its own image; the rest of `sampling` applies): 1 is a "
-                               "single pass over the whole grid, which ml-4m's generation guide finds enough for "
-                               "RGB->normal, where caption->RGB needs several", min=1)
+                               "caption-to-rgb's reading of its own image), most likely tokens first at temperature "
+                               "0: 1 is a single pass over the whole grid, which ml-4m's generation guide finds "
+                               "enough for RGB->normal, where caption->RGB needs several", min=1)
+    text_sampling: SamplingConfig = option(SamplingConfig(), "generation of text targets (rgb-to-caption, rgb-to-det): "
+                                           "temperature, top-k/p, guidance (steps, order and schedule do not apply)")
     gate: GateConfig = option(GateConfig(), "the model gate")
 
 

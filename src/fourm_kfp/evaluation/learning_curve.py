@@ -20,7 +20,8 @@ from fourm_kfp.train import curves
 
 def score_curve(engine: AnyToAny, scenes: Scenes, tasks: Sequence[str], baselines: Baselines,
                 sampling: SamplingArgs, seed: int, batch_size: int, final: Sequence[TaskResult],
-                map_sampling: SamplingArgs | None = None) -> dict[str, Any]:
+                map_sampling: SamplingArgs | None = None,
+                text_sampling: SamplingArgs | None = None) -> dict[str, Any]:
     """``{"scenes", "steps", "tasks": {task: {"primary", "higher_is_better", "model": [score per step],
     "baseline"}}}`` over the engine's snapshots and its final weights (``final``: the main evaluation's results,
     reused for the last point when it ran on these scenes). Leaves the engine on its final weights."""
@@ -34,7 +35,8 @@ def score_curve(engine: AnyToAny, scenes: Scenes, tasks: Sequence[str], baseline
             results = list(final)
         else:
             engine.use_weights(step if step != final_step else None)
-            results = [run_task(engine, scenes, task, baselines, sampling, seed, batch_size, 0, map_sampling)
+            results = [run_task(engine, scenes, task, baselines, sampling, seed, batch_size, 0, map_sampling,
+                                text_sampling)
                        for task in tasks]
         for r in results:
             scores[r.task].append(float(r.metrics[r.primary]))

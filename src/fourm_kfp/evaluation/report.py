@@ -113,9 +113,10 @@ def _markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[
 def report_markdown(report: Mapping[str, Any]) -> str:
     lines = ["# Evaluation", "",
              f"Model `{report['model_uri']}` (step {report['step']}), {report['num_samples']} val scenes, "
-             f"sampling {report['sampling']}"
+             f"caption-to-rgb's image sampled with {report['sampling']}"
              + (f"; maps read off an image (rgb-to-depth/normal/semseg) in {report['map_steps']} step(s)"
-                if "map_steps" in report else "") + ".", "",
+                if "map_steps" in report else "")
+             + (f"; text with {report['text_sampling']}" if "text_sampling" in report else "") + ".", "",
              "## Masked modeling (val split, training budgets and seed)", "",
              "| modality | loss | token accuracy |", "|---|---|---|"]
     for name, values in report["masked"].items():

@@ -130,9 +130,11 @@ class Baselines:
 
 
 def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, sampling: SamplingArgs,
-             seed: int, batch_size: int, shown: int, map_sampling: SamplingArgs | None = None) -> TaskResult:
-    """Score ``task`` on ``scenes``. ``map_sampling`` (default ``sampling``) generates the dense maps read off an
-    image: an image target from an image source, and caption-to-rgb's semseg of its own image."""
+             seed: int, batch_size: int, shown: int, map_sampling: SamplingArgs | None = None,
+             text_sampling: SamplingArgs | None = None) -> TaskResult:
+    """Score ``task`` on ``scenes``. ``sampling`` generates an image from text (caption-to-rgb's image);
+    ``map_sampling`` (default ``sampling``) the dense maps read off an image (an image target from an image source,
+    and caption-to-rgb's semseg of its own image); ``text_sampling`` (default ``sampling``) text targets."""
     source, target = split_task(task)
     inputs = engine.token_inputs(source, scenes.tokens[source], scenes.truth.get(source))
     map_sampling = map_sampling or sampling
@@ -141,7 +143,9 @@ def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, 
                                task_primary(task)[0])
     family = scorer(target)
     reads_a_map = engine.specs[source].kind == "image" and engine.specs[target].kind == "image"
-    generated = engine.generate_tokens(inputs, target, map_sampling if reads_a_map else sampling, seed, batch_size)
+    how = map_sampling if reads_a_map else (text_sampling or sampling) if engine.specs[target].kind == "sequence" \
+        else sampling
+    generated = engine.generate_tokens(inputs, target, how, seed, batch_size)
     predicted = engine.detokenize(target, [g.tokens for g in generated])
     ceiling_values = engine.detokenize(target, scenes.tokens[target]) if target in scenes.tokens else None
     truth = scenes.truth[target]

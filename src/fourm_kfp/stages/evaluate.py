@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -150,11 +150,12 @@ def run(ctx: StageContext) -> StageResult:
     scored = [name for name, modality in MODALITIES.items() if modality.scoring]
     baselines = Baselines.fit(train_ground_truth(ctx.inputs[PREPARED].store, scored, cfg.baseline_samples))
     sampling = SamplingArgs(**to_dict(cfg.sampling))
-    map_sampling = replace(sampling, steps=cfg.map_steps)
+    map_sampling = SamplingArgs(steps=cfg.map_steps, temperature=0.0)  # a reading, not a draw: the likeliest map
+    text_sampling = SamplingArgs(**to_dict(cfg.text_sampling))
     results: list[TaskResult] = []
     for task in progress(tasks, total=len(tasks), desc="evaluate tasks", unit="task", interval=0):
         results.append(run_task(engine, scenes, task, baselines, sampling, cfg.seed, cfg.batch_size,
-                                cfg.grid_samples, map_sampling))
+                                cfg.grid_samples, map_sampling, text_sampling))
         r = results[-1]
         log.info("evaluate %s: %s %.4f (ceiling %.4f, baseline %.4f; difference %+.4f, 95%% interval "
                  "[%+.4f, %+.4f])%s", task, r.primary, r.metrics[r.primary], r.ceiling[r.primary],
@@ -164,7 +165,7 @@ def run(ctx: StageContext) -> StageResult:
     curve = None
     if cfg.curve_samples and results:
         curve = score_curve(engine, scenes.head(cfg.curve_samples), tasks, baselines, sampling, cfg.seed,
-                            cfg.batch_size, results, map_sampling)
+                            cfg.batch_size, results, map_sampling, text_sampling)
 
     metrics = {f"val.loss.{m}" if m != "all" else "val.loss": v["loss"] for m, v in masked.items()}
     metrics |= {f"val.accuracy.{m}" if m != "all" else "val.accuracy": v["accuracy"] for m, v in masked.items()}
@@ -176,6 +177,7 @@ def run(ctx: StageContext) -> StageResult:
     report: dict[str, Any] = {
         "model_uri": output_ref(model_uri), "step": engine.card.get("step"),
         "num_samples": len(scenes), "sampling": asdict(sampling), "map_steps": cfg.map_steps,
+        "text_sampling": asdict(text_sampling),
         "masked": masked,
         "tasks": [r.to_dict() for r in results], "tasks_skipped": skipped,
         "tasks_beating_baseline": int(metrics["tasks_beating_baseline"]), "metrics": metrics,
