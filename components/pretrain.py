@@ -1,12 +1,12 @@
 """The pretrain component: the 4M trainer in this pod (``launcher="in-pod"``), or the launcher of a multi-node
 PyTorchJob / TrainJob that follows the job and reports its committed output (``pytorchjob`` / ``trainjob``). Its job
-parameters (``launcher`` ... ``delete_job``) are the fields of :class:`fourm_kfp.cluster.job_spec.JobParams`."""
+parameters (``launcher`` ... ``delete_job``) are the fields of :class:`fourm_kfp.cluster.job_spec.JobParams`, their
+defaults written out (KFP runs the function's own source, without this module's imports)."""
 
 from typing import NamedTuple
 
 from kfp import dsl
 
-from fourm_kfp.cluster.job_spec import PYTORCHJOB
 from fourm_kfp.components.images import GPU_IMAGE
 
 
@@ -15,7 +15,7 @@ def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
              parent_run_id: str, force: bool, pretokenized_uri: str, tokenizers_uri: str,
              report: dsl.Output[dsl.Markdown], report_html: dsl.Output[dsl.HTML], metrics: dsl.Output[dsl.Metrics],
              job_spec: dsl.Output[dsl.Artifact],
-             launcher: str = PYTORCHJOB, nodes: int = 1, procs_per_node: int = 1,
+             launcher: str = "pytorchjob", nodes: int = 1, procs_per_node: int = 1,
              accelerator: str = "nvidia.com/gpu", cpu_per_node: str = "", memory_per_node: str = "",
              node_selector: dict = {}, tolerations: list = [], deadline_s: int = 259200, min_nodes: int = 0,
              delete_job: bool = True, kfp_run_id: str = "",
