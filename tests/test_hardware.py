@@ -55,3 +55,13 @@ def test_available_cpus_honours_the_pods_cpu_request(tmp_path, monkeypatch):
     assert available_cpus(tmp_path) == 1
     monkeypatch.setenv("FOURM_CPU_REQUEST", "0")  # no request: not a limit
     assert available_cpus(tmp_path) == len(os.sched_getaffinity(0))
+
+
+def test_subnormals_count_as_zero_on_the_cpu_inside_flush_denormals_and_not_after():
+    from fourm_kfp.hardware import flush_denormals
+
+    tiny = torch.tensor([1e-40])  # subnormal in float32
+    assert float(tiny * 1.0) != 0.0
+    with flush_denormals("cpu"):
+        assert float(tiny * 1.0) == 0.0
+    assert float(tiny * 1.0) != 0.0  # restored
