@@ -66,8 +66,14 @@ def serve_s3(data_dir: str | Path, access_key: str, secret_key: str, timeout_s: 
                 time.sleep(0.05)
         yield LocalS3(f"http://127.0.0.1:{port}", access_key, secret_key, Path(data_dir))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 10) -> None:
+    """Terminate a server the tests started; kill it if it has not exited after ``timeout_s``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

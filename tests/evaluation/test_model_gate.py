@@ -23,6 +23,7 @@ import pytest
 from fourm_kfp.contract.lineage import _client
 from fourm_kfp.evaluation import task_metrics as tm
 from fourm_kfp.evaluation.model_gate import SCENE_SCORES, beats, champion_info, register_and_gate, scene_scores
+from tests.local_s3 import stop_process
 
 LINEAGE = {"data.uri": "s3://bucket/prepare-data/123", "pipeline_run_id": "p1"}
 
@@ -293,12 +294,7 @@ def tracking_server(tmp_path_factory):
                 time.sleep(0.2)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 @pytest.mark.skipif(_server_missing() is not None, reason=_server_missing() or "")
