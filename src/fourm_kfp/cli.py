@@ -218,7 +218,7 @@ def _run_context(args: argparse.Namespace, root: Path):
     command has it)."""
     from fourm_kfp.launchers.stage import RunContext, resolve_store_uri
 
-    return RunContext(args.preset, tuple(args.overrides), resolve_store_uri(root, args.store, args.s3_endpoint),
+    return RunContext(args.preset, args.overrides, resolve_store_uri(root, args.store, args.s3_endpoint),
                       args.s3_endpoint or "", args.mlflow_tracking_uri or "", getattr(args, "parent_run_id", "") or "")
 
 

@@ -73,11 +73,17 @@ SCORERS: dict[str, Scorer] = {
                       primary_for=tm.caption_primary),
 }
 
-#: Tasks scored through a chain rather than their target's family: task → (the modalities the chain needs besides
-#: the task's own, primary metric, higher is better).
-CHAINED_TASKS: dict[str, tuple[tuple[str, ...], str, bool]] = {
-    "caption-to-rgb": (("semseg",), "shape_presence_f1", True),
-}
+@dataclass(frozen=True)
+class ChainedTask:
+    """A task scored through a chain rather than its target's family: the modalities the chain reads besides the
+    task's own, and its primary metric and direction."""
+
+    needs: tuple[str, ...]
+    primary: str
+    higher_is_better: bool
+
+
+CHAINED_TASKS: dict[str, ChainedTask] = {"caption-to-rgb": ChainedTask(("semseg",), "shape_presence_f1", True)}
 
 
 def split_task(task: str) -> tuple[str, str]:
@@ -86,6 +92,12 @@ def split_task(task: str) -> tuple[str, str]:
     if not sep or not source or not target:
         raise ValueError(f"task {task!r}: expected <source>-to-<target>")
     return source, target
+
+
+def task_modalities(task: str) -> set[str]:
+    """Every modality ``task`` reads: its source and target, and what its chain needs."""
+    chained = CHAINED_TASKS.get(task)
+    return set(split_task(task)) | set(chained.needs if chained else ())
 
 
 def scorer(modality: str) -> Scorer:
@@ -98,8 +110,9 @@ def scorer(modality: str) -> Scorer:
 
 def task_primary(task: str) -> tuple[str, bool]:
     """``(primary metric, higher is better)`` of a task (for captions, the metric the synthetic truth uses)."""
-    if task in CHAINED_TASKS:
-        return CHAINED_TASKS[task][1:]
+    chained = CHAINED_TASKS.get(task)
+    if chained:
+        return chained.primary, chained.higher_is_better
     family = scorer(split_task(task)[1])
     return family.primary, family.higher_is_better
 

@@ -142,9 +142,12 @@ def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, 
         return _caption_to_rgb(engine, scenes, inputs, baselines, sampling, map_sampling, seed, batch_size, shown,
                                task_primary(task)[0])
     family = scorer(target)
-    reads_a_map = engine.specs[source].kind == "image" and engine.specs[target].kind == "image"
-    how = map_sampling if reads_a_map else (text_sampling or sampling) if engine.specs[target].kind == "sequence" \
-        else sampling
+    if engine.specs[target].kind == "sequence":
+        how = text_sampling or sampling
+    elif engine.specs[source].kind == "image":  # a map read off an image
+        how = map_sampling
+    else:
+        how = sampling
     generated = engine.generate_tokens(inputs, target, how, seed, batch_size)
     predicted = engine.detokenize(target, [g.tokens for g in generated])
     ceiling_values = engine.detokenize(target, scenes.tokens[target]) if target in scenes.tokens else None

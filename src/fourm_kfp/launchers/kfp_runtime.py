@@ -80,7 +80,7 @@ def run_stage_component(stage: str, preset: str, config_overrides: Sequence[str]
     """Run one stage as a pipeline step; its Markdown report and metrics also become KFP output artifacts
     (``report_path``: a Markdown artifact's path; ``metrics``: a ``dsl.Metrics`` artifact; ``html_path``: an HTML
     artifact's path, for a stage with an HTML report), which the UI shows."""
-    run = RunContext(preset, tuple(config_overrides), store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
+    run = RunContext(preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
     outcome = launch_stage(stage, run, force=force, input_uris=input_uris, parts=parts)
     return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
 
@@ -142,7 +142,7 @@ def run_pretrain_component(preset: str, config_overrides: Sequence[str], store_u
     from fourm_kfp.launchers.kubernetes_job import launch_pretrain_job
     from fourm_kfp.components.images import GPU_IMAGE
 
-    run = RunContext(preset, tuple(config_overrides), store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
+    run = RunContext(preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
     outcome = launch_pretrain_job(run, force=force, input_uris=input_uris, params=job, image=GPU_IMAGE,
                                   kfp_run_id=kfp_run_id, spec_path=job_spec_path)
     return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
@@ -152,5 +152,5 @@ def run_stage_part_component(stage: str, part: int, parts: int, preset: str, con
                              store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str, parent_run_id: str,
                              input_uris: dict[str, str] | None = None) -> str:
     """Run one fan-out worker of a stage as a pipeline step (``dsl.ParallelFor``); returns the output URI."""
-    run = RunContext(preset, tuple(config_overrides), store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
+    run = RunContext(preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
     return launch_stage_part(stage, run, part, parts, input_uris=input_uris)

@@ -47,11 +47,11 @@ def stage_command(stage: str, run: RunContext, input_uris: dict[str, str], root:
 
 class RemoteBackend:
     """Where a stage's processes run. ``prefix`` starts the launcher's lines, ``what`` names what it starts (for
-    "creating no ..."), ``root`` is the remote processes' local folder."""
+    "creating no ..."), ``root`` is the remote processes' local folder; each backend sets all three."""
 
-    prefix = "[launcher]"
-    what = "job"
-    root = "/scratch/run"
+    prefix: str
+    what: str
+    root: str
 
     def check(self, plan: LaunchPlan) -> None:
         """Fail before anything starts when the plan cannot work with this backend."""

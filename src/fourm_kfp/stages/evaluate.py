@@ -36,7 +36,7 @@ from fourm_kfp.evaluation.any_to_any import AnyToAny
 from fourm_kfp.evaluation.learning_curve import curve_png, score_curve
 from fourm_kfp.evaluation.model_gate import scene_scores
 from fourm_kfp.evaluation.report import gate_markdown, report_html, report_markdown, task_grid
-from fourm_kfp.evaluation.targets import CHAINED_TASKS, split_task
+from fourm_kfp.evaluation.targets import task_modalities
 from fourm_kfp.evaluation.tasks import Baselines, Scenes, TaskResult, run_task
 from fourm_kfp.model.generation import SamplingArgs
 from fourm_kfp.progress import progress
@@ -87,8 +87,7 @@ def runnable_tasks(requested: tuple[str, ...], scenes: Scenes, modalities: list[
     """Tasks whose modalities the model and the data both have; the others with the reason."""
     run, skipped = [], []
     for task in requested:
-        needed = set(split_task(task)) | set(CHAINED_TASKS.get(task, ((),))[0])
-        missing = sorted(needed - (set(modalities) & set(scenes.truth)))
+        missing = sorted(task_modalities(task) - (set(modalities) & set(scenes.truth)))
         if missing:
             skipped.append(f"{task} (no {', '.join(missing)})")
         else:

@@ -87,7 +87,7 @@ def train_vqvae(
     sums: dict[str, torch.Tensor] = {}
     start = time.monotonic()
     samples, batches = 0, _batches(train_batches, config.modality)
-    with flush_denormals(device):  # the losses drift into subnormals on the CPU: several-fold slower
+    with flush_denormals(device):  # weights and gradients drift into subnormals: several-fold slower on the CPU
         for step in range(1, steps + 1):
             arrays = next(batches)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
