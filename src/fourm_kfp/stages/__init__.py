@@ -41,7 +41,8 @@ TRAIN_TOKENIZERS = StageSpec(
     code_version=5,  # 2: reproducible bytes (deterministic WordPiece, no timings or absolute URIs)
     # 3: the conv VQ-VAE's encoder is patch-local (a token is a function of its own patch)
     # 4: the report's usage target is a collapse check (>= 10%), not >= 50%
-    # 5: subnormal floats flushed to zero while training on the CPU (2.5x faster edge tokenizer, rounding-level change)
+    # 5: subnormal floats flushed to zero while training on the CPU (a rounding-level change; the speed-up reaches
+    # only threads started after the flag, see hardware.flush_denormals)
 )
 PRETOKENIZE = StageSpec(
     name="pretokenize",
