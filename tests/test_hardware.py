@@ -57,11 +57,22 @@ def test_available_cpus_honours_the_pods_cpu_request(tmp_path, monkeypatch):
     assert available_cpus(tmp_path) == len(os.sched_getaffinity(0))
 
 
-def test_subnormals_count_as_zero_on_the_cpu_inside_flush_denormals_and_not_after():
-    from fourm_kfp.hardware import flush_denormals
+def test_subnormals_count_as_zero_in_every_thread_of_a_flushed_run_and_ieee_resumes_after():
+    from fourm_kfp.hardware import run_flushing_denormals
 
-    tiny = torch.tensor([1e-40])  # subnormal in float32
-    assert float(tiny * 1.0) != 0.0
-    with flush_denormals("cpu"):
-        assert float(tiny * 1.0) == 0.0
-    assert float(tiny * 1.0) != 0.0  # restored
+    many = torch.full((1 << 18,), 1e-40)  # subnormal in float32; large enough for torch to split across threads
+    torch.mul(many, 1.0)  # torch's worker threads of this thread exist before the flushed run starts
+    assert bool((many * 1.0 != 0).all())
+    flushed = run_flushing_denormals(lambda: many * 1.0, "cpu")
+    assert bool((flushed == 0).all()), "some thread kept IEEE subnormals"
+    assert bool((many * 1.0 != 0).all())  # the caller's threads are untouched
+
+
+def test_a_flushed_run_hands_back_its_exception():
+    from fourm_kfp.hardware import run_flushing_denormals
+
+    def fails() -> None:
+        raise KeyError("inside")
+
+    with pytest.raises(KeyError, match="inside"):
+        run_flushing_denormals(fails, "cpu")

@@ -1,6 +1,6 @@
-"""The device a rank trains on, the precision ``auto`` resolves to there, its peak FLOP/s for MFU, and how many
+"""The device a rank trains on, the precision ``auto`` resolves to there, its peak FLOP/s for MFU, how many
 loader workers it gets (the CPUs a process may use, and the rule every ``-1`` worker count follows, serve the
-pretokenize stage's decode workers too).
+pretokenize stage's decode workers too), and a CPU thread that treats subnormal floats as zero for training.
 
 bf16 autocast on CUDA and on CPUs with native bf16 (AVX512-BF16 or AMX); fp32 elsewhere: on AVX2-only CPUs a bf16
 matmul runs ~50x slower than fp32 (DESIGN.md §5). Peak FLOP/s: the vendor's dense bf16/fp32 figure for known
@@ -9,14 +9,16 @@ GPUs, else a short matmul measured on this device (so CPU MFU is "fraction of wh
 
 from __future__ import annotations
 
-import contextlib
 import os
+import threading
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 #: Dense peak FLOP/s by device-name fragment: (bf16, fp32 via TF32).
 GPU_PEAKS = {"H200": (989e12, 494e12), "H100": (989e12, 494e12), "A100": (312e12, 156e12),
@@ -140,18 +142,31 @@ def training_nondeterminism(device: torch.device | str) -> list[str]:
     return [CUDA_TRAINING_NONDETERMINISM] if torch.device(device).type == "cuda" else []
 
 
-@contextlib.contextmanager
-def flush_denormals(device: str | torch.device) -> Iterator[None]:
-    """On the CPU, treat subnormal floats as zero while the block runs, then restore IEEE behaviour: a training
-    whose values drift into the subnormal range otherwise slows down several-fold on x86 (the demo's edge tokenizer
-    alone, 2400 steps, with the flag set before torch started its worker threads: 120 s without, 47 s with, the same
-    losses to four digits). The flag is per thread and new threads inherit it: worker threads torch started earlier
-    keep IEEE behaviour (in the demo's train-tokenizers stage, after the rgb tokenizer, this gained 16 s, not 70).
-    CUDA flushes in its own kernels as compiled; this does nothing there."""
-    if torch.device(device).type != "cpu" or not torch.set_flush_denormal(True):
-        yield
-        return
-    try:
-        yield
-    finally:
-        torch.set_flush_denormal(False)
+def run_flushing_denormals(work: Callable[[], T], device: str | torch.device) -> T:
+    """Return ``work()``, on the CPU run in a fresh thread that treats subnormal floats as zero.
+
+    A training whose values drift into the subnormal range otherwise slows down several-fold on x86 (the demo's
+    edge tokenizer alone, 2400 steps: 120 s without, 47 s with, the same losses to four digits). The flag is per
+    thread and threads inherit it when they are created, so setting it on the calling thread would miss the OpenMP
+    workers torch already started there; a fresh thread gets a worker team of its own, created after the flag.
+    IEEE behaviour everywhere else is untouched. CUDA flushes in its own kernels as compiled: there ``work`` runs
+    here as it is. Exceptions propagate; the thread is a daemon so an interrupt of the caller ends the process."""
+    if torch.device(device).type != "cpu":
+        return work()
+    threads = torch.get_num_threads()
+    outcome: dict[str, Any] = {}
+
+    def flushed() -> None:
+        torch.set_num_threads(threads)
+        torch.set_flush_denormal(True)
+        try:
+            outcome["value"] = work()
+        except BaseException as error:  # handed to the caller, which re-raises it
+            outcome["error"] = error
+
+    worker = threading.Thread(target=flushed, name="flush-denormals", daemon=True)
+    worker.start()
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

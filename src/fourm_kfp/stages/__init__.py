@@ -38,11 +38,11 @@ TRAIN_TOKENIZERS = StageSpec(
     run=_body("train_tokenizers"),
     config_keys=("data.image_size", "train_tokenizers"),
     upstream=(PREPARE_DATA,),
-    code_version=5,  # 2: reproducible bytes (deterministic WordPiece, no timings or absolute URIs)
+    code_version=6,  # 2: reproducible bytes (deterministic WordPiece, no timings or absolute URIs)
     # 3: the conv VQ-VAE's encoder is patch-local (a token is a function of its own patch)
     # 4: the report's usage target is a collapse check (>= 10%), not >= 50%
-    # 5: subnormal floats flushed to zero while training on the CPU (a rounding-level change; the speed-up reaches
-    # only threads started after the flag, see hardware.flush_denormals)
+    # 5: subnormal floats flushed to zero on the thread that trains on the CPU
+    # 6: ... and on all of torch's worker threads (hardware.run_flushing_denormals): a rounding-level change
 )
 PRETOKENIZE = StageSpec(
     name="pretokenize",
