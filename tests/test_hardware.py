@@ -57,22 +57,23 @@ def test_available_cpus_honours_the_pods_cpu_request(tmp_path, monkeypatch):
     assert available_cpus(tmp_path) == len(os.sched_getaffinity(0))
 
 
-def test_subnormals_count_as_zero_in_every_thread_of_a_flushed_run_and_ieee_resumes_after():
-    from fourm_kfp.hardware import run_flushing_denormals
+def test_subnormals_count_as_zero_in_every_thread_inside_the_block_and_ieee_resumes_after():
+    from fourm_kfp.hardware import flush_denormals
 
     many = torch.full((1 << 18,), 1e-40)  # subnormal in float32; large enough for torch to split across threads
-    torch.mul(many, 1.0)  # torch's worker threads of this thread exist before the flushed run starts
+    torch.mul(many, 1.0)  # torch's worker threads exist before the block starts
     assert bool((many * 1.0 != 0).all())
-    flushed = run_flushing_denormals(lambda: many * 1.0, "cpu")
-    assert bool((flushed == 0).all()), "some thread kept IEEE subnormals"
-    assert bool((many * 1.0 != 0).all())  # the caller's threads are untouched
+    with flush_denormals("cpu"):
+        flushed = many * 1.0
+    assert int((flushed == 0).sum()) == many.numel(), "some of torch's threads kept IEEE subnormals"
+    assert bool((many * 1.0 != 0).all())  # every thread is back to IEEE after the block
 
 
-def test_a_flushed_run_hands_back_its_exception():
-    from fourm_kfp.hardware import run_flushing_denormals
+def test_the_flush_ends_when_the_block_raises():
+    from fourm_kfp.hardware import flush_denormals
 
-    def fails() -> None:
-        raise KeyError("inside")
-
+    many = torch.full((1 << 18,), 1e-40)
     with pytest.raises(KeyError, match="inside"):
-        run_flushing_denormals(fails, "cpu")
+        with flush_denormals("cpu"):
+            raise KeyError("inside")
+    assert bool((many * 1.0 != 0).all())

@@ -1,6 +1,6 @@
 """The device a rank trains on, the precision ``auto`` resolves to there, its peak FLOP/s for MFU, how many
 loader workers it gets (the CPUs a process may use, and the rule every ``-1`` worker count follows, serve the
-pretokenize stage's decode workers too), and a CPU thread that treats subnormal floats as zero for training.
+pretokenize stage's decode workers too), and a block in which the CPU treats subnormal floats as zero for training.
 
 bf16 autocast on CUDA and on CPUs with native bf16 (AVX512-BF16 or AMX); fp32 elsewhere: on AVX2-only CPUs a bf16
 matmul runs ~50x slower than fp32 (DESIGN.md §5). Peak FLOP/s: the vendor's dense bf16/fp32 figure for known
@@ -9,16 +9,15 @@ GPUs, else a short matmul measured on this device (so CPU MFU is "fraction of wh
 
 from __future__ import annotations
 
+import ctypes
 import os
-import threading
 import time
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Iterator
 
 import torch
-
-T = TypeVar("T")
 
 #: Dense peak FLOP/s by device-name fragment: (bf16, fp32 via TF32).
 GPU_PEAKS = {"H200": (989e12, 494e12), "H100": (989e12, 494e12), "A100": (312e12, 156e12),
@@ -142,31 +141,52 @@ def training_nondeterminism(device: torch.device | str) -> list[str]:
     return [CUDA_TRAINING_NONDETERMINISM] if torch.device(device).type == "cuda" else []
 
 
-def run_flushing_denormals(work: Callable[[], T], device: str | torch.device) -> T:
-    """Return ``work()``, on the CPU run in a fresh thread that treats subnormal floats as zero.
+def _libgomp_path() -> str | None:
+    """The GNU OpenMP runtime torch's CPU kernels run their worker team on, when this process loaded it."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and "libgomp" in Path(fields[5]).name:
+            return fields[5]
+    return None
+
+
+def _set_flush_denormal_on_every_thread(flag: bool) -> bool:
+    """Set the subnormals-as-zero flag on the calling thread and on every thread of its OpenMP team (where torch's
+    intra-op kernels run). True where the team was reached; False where only the calling thread was (torch not
+    built on libgomp)."""
+    torch.set_flush_denormal(flag)
+    path = _libgomp_path()
+    if path is None or torch.get_num_threads() <= 1:
+        return path is not None
+    gomp = ctypes.CDLL(path)
+    body_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    body = body_type(lambda _data: torch.set_flush_denormal(flag))
+    gomp.GOMP_parallel.argtypes = [body_type, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+    gomp.GOMP_parallel.restype = None
+    gomp.GOMP_parallel(body, None, torch.get_num_threads(), 0)  # the same team torch's kernels run on
+    return True
+
+
+@contextmanager
+def flush_denormals(device: str | torch.device) -> Iterator[None]:
+    """On the CPU, treat subnormal floats as zero inside the block, on this thread and all of torch's workers.
 
     A training whose values drift into the subnormal range otherwise slows down several-fold on x86 (the demo's
     edge tokenizer alone, 2400 steps: 120 s without, 47 s with, the same losses to four digits). The flag is per
-    thread and threads inherit it when they are created, so setting it on the calling thread would miss the OpenMP
-    workers torch already started there; a fresh thread gets a worker team of its own, created after the flag.
-    IEEE behaviour everywhere else is untouched. CUDA flushes in its own kernels as compiled: there ``work`` runs
-    here as it is. Exceptions propagate; the thread is a daemon so an interrupt of the caller ends the process."""
+    thread, and torch's OpenMP workers already exist, so setting it on the calling thread alone would leave half
+    of every kernel IEEE; it is set through one OpenMP parallel region on the team torch's kernels run on, and
+    cleared the same way on exit (IEEE behaviour everywhere else is untouched). The work stays on the calling
+    thread: OpenMP regions launched from any other thread cost several times more. CUDA flushes in its own kernels
+    as compiled: there the block runs as it is."""
     if torch.device(device).type != "cpu":
-        return work()
-    threads = torch.get_num_threads()
-    outcome: dict[str, Any] = {}
-
-    def flushed() -> None:
-        torch.set_num_threads(threads)
-        torch.set_flush_denormal(True)
-        try:
-            outcome["value"] = work()
-        except BaseException as error:  # handed to the caller, which re-raises it
-            outcome["error"] = error
-
-    worker = threading.Thread(target=flushed, name="flush-denormals", daemon=True)
-    worker.start()
-    worker.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+        yield
+        return
+    _set_flush_denormal_on_every_thread(True)
+    try:
+        yield
+    finally:
+        _set_flush_denormal_on_every_thread(False)

@@ -42,7 +42,7 @@ TRAIN_TOKENIZERS = StageSpec(
     # 3: the conv VQ-VAE's encoder is patch-local (a token is a function of its own patch)
     # 4: the report's usage target is a collapse check (>= 10%), not >= 50%
     # 5: subnormal floats flushed to zero on the thread that trains on the CPU
-    # 6: ... and on all of torch's worker threads (hardware.run_flushing_denormals): a rounding-level change
+    # 6: ... and on all of torch's OpenMP worker threads (hardware.flush_denormals): a rounding-level change
 )
 PRETOKENIZE = StageSpec(
     name="pretokenize",
