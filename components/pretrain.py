@@ -1,6 +1,6 @@
 """The pretrain component: the 4M trainer in this pod (``launcher="in-pod"``), or the launcher of a multi-node
 PyTorchJob / TrainJob that follows the job and reports its committed output (``pytorchjob`` / ``trainjob``). Its job
-parameters (``launcher`` ... ``delete_job``) are the fields of :class:`fourm_kfp.cluster.job_spec.JobParams`, their
+parameters (``launcher`` ... ``delete_job``) are the fields of :class:`fourm_kfp.cluster.job_spec.JobParams`, its
 defaults written out (KFP runs the function's own source, without this module's imports)."""
 
 from typing import NamedTuple
@@ -26,12 +26,12 @@ def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
     from collections import namedtuple
 
     from fourm_kfp.cluster.job_spec import JobParams
-    from fourm_kfp.launchers.kfp_runtime import run_pretrain_component, with_stage_overrides
+    from fourm_kfp.launchers.kfp_runtime import run_job_component, with_stage_overrides
 
     job = JobParams.of(locals())  # launcher, nodes, ..., delete_job: the parameters named like its fields
     overrides = with_stage_overrides(config_overrides, stage_overrides)
-    outcome = run_pretrain_component(
-        preset, overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id, force,
+    outcome = run_job_component(
+        "pretrain", preset, overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id, force,
         input_uris={"pretokenize": pretokenized_uri, "train-tokenizers": tokenizers_uri}, job=job,
         kfp_run_id=kfp_run_id, report_path=report.path, metrics=metrics, job_spec_path=job_spec.path,
         html_path=report_html.path)

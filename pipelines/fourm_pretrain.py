@@ -7,9 +7,11 @@ handler closes the parent run with the pipeline's final state.
 Parameters are flat. The shared ones configure every stage; the ``<stage>_*`` ones touch one stage only.
 """
 
+from dataclasses import fields
+
 from kfp import dsl, kubernetes
 
-from fourm_kfp.cluster.job_spec import IN_POD, PYTORCHJOB
+from fourm_kfp.cluster.job_spec import IN_POD, PYTORCHJOB, JobParams, param_prefix
 from fourm_kfp.components.evaluate import evaluate
 from fourm_kfp.components.lineage import close_lineage_run, open_lineage_run
 from fourm_kfp.components.prepare_data import prepare_data
@@ -24,7 +26,7 @@ S3_SECRET_ENV = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KE
 #: Optional ConfigMap with cluster-wide defaults (MLflow server, S3 endpoint).
 SETTINGS_CONFIG_MAP = "fourm-settings"
 SETTINGS_ENV = {"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL"}
-#: The pretrain launcher's own pod, through the downward API (fourm_kfp.launchers.kubernetes_job reads these).
+#: A job stage's launcher pod, through the downward API (fourm_kfp.launchers.kubernetes_job reads these).
 LAUNCHER_POD_FIELDS = {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_UID": "metadata.uid",
                        "FOURM_POD_NAMESPACE": "metadata.namespace"}
 
@@ -42,6 +44,24 @@ def _with_shared_memory(task: dsl.PipelineTask) -> dsl.PipelineTask:
     token loader's workers, pretokenize's decode workers): the container default is 64 MiB. Counted against the
     step's memory limit."""
     kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory")
+    return task
+
+
+def _job_args(stage: str, params: dict) -> dict:
+    """The job fields of ``stage``'s component (:class:`JobParams`), from the pipeline's ``<stage>_<field>``
+    parameters, and the KFP run id the job is labelled with."""
+    prefix = param_prefix(stage)
+    return {**{f.name: params[f"{prefix}_{f.name}"] for f in fields(JobParams)},
+            "kfp_run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}
+
+
+def _job_launcher(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """A job stage's step in the job modes: a light CPU pod (the training runs in the job's pods) that knows its
+    own name, uid and namespace through the downward API, so the job can be owned by it (a stopped KFP run
+    deletes the job) and created in its namespace."""
+    _with_cluster_env(task).set_cpu_limit("1").set_memory_limit("2Gi")
+    for env_name, field_path in LAUNCHER_POD_FIELDS.items():
+        kubernetes.use_field_path_as_env(task, env_name=env_name, field_path=field_path)
     return task
 
 
@@ -63,6 +83,17 @@ def fourm_pretrain(
     mlflow_parent_run_id: str = "",
     prepare_data_force: bool = False,
     train_tokenizers_force: bool = False,
+    train_tokenizers_accelerator: str = "nvidia.com/gpu",
+    train_tokenizers_launcher: str = IN_POD,
+    train_tokenizers_nodes: int = 1,
+    train_tokenizers_procs_per_node: int = 1,
+    train_tokenizers_cpu_per_node: str = "",
+    train_tokenizers_memory_per_node: str = "",
+    train_tokenizers_node_selector: dict = {},
+    train_tokenizers_tolerations: list = [],
+    train_tokenizers_deadline_s: int = 259200,
+    train_tokenizers_min_nodes: int = 0,
+    train_tokenizers_delete_job: bool = True,
     pretokenize_force: bool = False,
     pretokenize_width: int = 1,
     pretrain_force: bool = False,
@@ -95,6 +126,21 @@ def fourm_pretrain(
             then also closes it; default empty = the pipeline opens and closes its own parent run.
         prepare_data_force: Recompute prepare-data even if its output is committed; default false.
         train_tokenizers_force: Recompute train-tokenizers even if its output is committed; default false.
+        train_tokenizers_accelerator: "nvidia.com/gpu" (default) or "cpu": the kind of node the tokenizers train
+            on, as pretrain_accelerator.
+        train_tokenizers_launcher: "in-pod" (default: train in the step's own pod on one accelerator),
+            "pytorchjob" or "trainjob" (the step, a light CPU pod, launches and follows a multi-node job, as
+            pretrain_launcher; worth it for large presets, whose ViT VQ-VAEs train for days on one GPU).
+        train_tokenizers_nodes: Job modes: pods (nodes) of the tokenizer job; default 1.
+        train_tokenizers_procs_per_node: Job modes: training processes per node = accelerators per node; default 1.
+        train_tokenizers_cpu_per_node: Job modes: CPU request per node; default empty = the template's.
+        train_tokenizers_memory_per_node: Job modes: memory per node; default empty = the template's.
+        train_tokenizers_node_selector: Job modes: node selector of the tokenizer job's pods; default none.
+        train_tokenizers_tolerations: Job modes: tolerations added to the tokenizer job's pods; default none.
+        train_tokenizers_deadline_s: Job modes: the tokenizer job's activeDeadlineSeconds; default 3 days.
+        train_tokenizers_min_nodes: PyTorchJob only: above 0, the tokenizer job is elastic between this many and
+            train_tokenizers_nodes nodes; default 0 = fixed size.
+        train_tokenizers_delete_job: Job modes: delete the tokenizer job when it is over; default true.
         pretokenize_force: Recompute pretokenize even if its output is committed (in the collect step, serially);
             default false.
         pretokenize_width: Pretokenize workers running in parallel, each on every width-th shard; default 1 (the
@@ -130,6 +176,7 @@ def fourm_pretrain(
         evaluate_force: Re-evaluate even if this model's evaluation is committed (registers a new model version
             and applies the gate again); default false.
     """
+    params = dict(locals())  # the parameters by name: the job stages' <stage>_<field> ones (_job_args)
     closer = _with_cluster_env(close_lineage_run(run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                                                  mlflow_tracking_uri=mlflow_tracking_uri,
                                                  mlflow_parent_run_id=mlflow_parent_run_id))
@@ -145,12 +192,22 @@ def fourm_pretrain(
         data = _with_cluster_env(prepare_data(force=prepare_data_force, **shared))
         data.set_display_name("prepare-data")
         data.set_cpu_limit("8").set_memory_limit("16Gi")
-        tokenizers = _with_cluster_env(train_tokenizers(force=train_tokenizers_force,
-                                                        data_uri=data.outputs["output_uri"], **shared))
-        tokenizers.set_display_name("train-tokenizers")
-        tokenizers.set_cpu_limit("8").set_memory_limit("32Gi").set_accelerator_type("nvidia.com/gpu")
-        tokenizers.set_accelerator_limit(1)
-        stage_inputs = dict(data_uri=data.outputs["output_uri"], tokenizers_uri=tokenizers.outputs["output_uri"])
+        tokenizer_args = dict(force=train_tokenizers_force, data_uri=data.outputs["output_uri"], **shared)
+        with dsl.If(train_tokenizers_launcher != IN_POD, name="train-tokenizers-as-job"):
+            tokenizers_job = _job_launcher(train_tokenizers(**_job_args("train-tokenizers", params),
+                                                            **tokenizer_args))
+        with dsl.Elif(train_tokenizers_accelerator == "cpu", name="train-tokenizers-on-cpu"):
+            tokenizers_cpu = _with_cluster_env(train_tokenizers(launcher=IN_POD, **tokenizer_args))
+            tokenizers_cpu.set_cpu_limit("8").set_memory_limit("32Gi")
+        with dsl.Else(name="train-tokenizers-on-accelerator"):
+            tokenizers_gpu = _with_cluster_env(train_tokenizers(launcher=IN_POD, **tokenizer_args))
+            tokenizers_gpu.set_cpu_limit("8").set_memory_limit("32Gi")
+            tokenizers_gpu.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
+        for task in (tokenizers_job, tokenizers_cpu, tokenizers_gpu):
+            task.set_display_name("train-tokenizers")
+        tokenizers_uri = dsl.OneOf(*(t.outputs["output_uri"] for t in (tokenizers_job, tokenizers_cpu,
+                                                                       tokenizers_gpu)))
+        stage_inputs = dict(data_uri=data.outputs["output_uri"], tokenizers_uri=tokenizers_uri)
         parts = fan_out(width=pretokenize_width, parent_run_id=opener.output, **stage_inputs)
         parts.set_display_name("pretokenize-fan-out")
         with dsl.ParallelFor(parts.output, name="pretokenize-parts") as item:
@@ -165,34 +222,23 @@ def fourm_pretrain(
                                                part_uris=dsl.Collected(worker.output), **stage_inputs, **shared))
         tokens.set_display_name("pretokenize")
         train_args = dict(force=pretrain_force, pretokenized_uri=tokens.outputs["output_uri"],
-                          tokenizers_uri=tokenizers.outputs["output_uri"], stage_overrides=pretrain_config_overrides,
+                          tokenizers_uri=tokenizers_uri, stage_overrides=pretrain_config_overrides,
                           **shared)
         eval_args = dict(force=evaluate_force, pretokenized_uri=tokens.outputs["output_uri"], **stage_inputs,
                          stage_overrides=pretrain_config_overrides, **shared)
-        # Each branch trains and then evaluates on its kind of node (KFP has no single task after an If/Else).
-        with dsl.If(pretrain_launcher == IN_POD, name="pretrain-in-pod"):
-            with dsl.If(pretrain_accelerator == "cpu", name="pretrain-on-cpu"):
-                on_cpu = _with_shared_memory(_with_cluster_env(pretrain(launcher=IN_POD, **train_args)))
-                on_cpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
-                _evaluate_on(evaluate(model_uri=on_cpu.outputs["output_uri"], **eval_args), accelerator=False)
-            with dsl.Else(name="pretrain-on-accelerator"):
-                on_gpu = _with_shared_memory(_with_cluster_env(pretrain(launcher=IN_POD, **train_args)))
-                on_gpu.set_display_name("pretrain").set_cpu_limit("16").set_memory_limit("64Gi")
-                on_gpu.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
-                _evaluate_on(evaluate(model_uri=on_gpu.outputs["output_uri"], **eval_args), accelerator=True)
-        with dsl.Else(name="pretrain-as-job"):
-            launcher = _with_cluster_env(pretrain(
-                launcher=pretrain_launcher, nodes=pretrain_nodes, procs_per_node=pretrain_procs_per_node,
-                accelerator=pretrain_accelerator, cpu_per_node=pretrain_cpu_per_node,
-                memory_per_node=pretrain_memory_per_node, node_selector=pretrain_node_selector,
-                tolerations=pretrain_tolerations, deadline_s=pretrain_deadline_s, min_nodes=pretrain_min_nodes,
-                delete_job=pretrain_delete_job, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **train_args))
-            # A light CPU pod: the training runs in the job's pods. The downward API names this pod, so the job can
-            # be owned by it (a stopped KFP run deletes the job) and created in this namespace.
-            launcher.set_display_name("pretrain").set_cpu_limit("1").set_memory_limit("2Gi")
-            for env_name, field_path in LAUNCHER_POD_FIELDS.items():
-                kubernetes.use_field_path_as_env(launcher, env_name=env_name, field_path=field_path)
-            with dsl.If(pretrain_accelerator == "cpu", name="evaluate-on-cpu"):
-                _evaluate_on(evaluate(model_uri=launcher.outputs["output_uri"], **eval_args), accelerator=False)
-            with dsl.Else(name="evaluate-on-accelerator"):
-                _evaluate_on(evaluate(model_uri=launcher.outputs["output_uri"], **eval_args), accelerator=True)
+        with dsl.If(pretrain_launcher != IN_POD, name="pretrain-as-job"):
+            pretrain_job = _job_launcher(pretrain(**_job_args("pretrain", params), **train_args))
+        with dsl.Elif(pretrain_accelerator == "cpu", name="pretrain-on-cpu"):
+            pretrain_cpu = _with_shared_memory(_with_cluster_env(pretrain(launcher=IN_POD, **train_args)))
+            pretrain_cpu.set_cpu_limit("16").set_memory_limit("64Gi")
+        with dsl.Else(name="pretrain-on-accelerator"):
+            pretrain_gpu = _with_shared_memory(_with_cluster_env(pretrain(launcher=IN_POD, **train_args)))
+            pretrain_gpu.set_cpu_limit("16").set_memory_limit("64Gi")
+            pretrain_gpu.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
+        for task in (pretrain_job, pretrain_cpu, pretrain_gpu):
+            task.set_display_name("pretrain")
+        model_uri = dsl.OneOf(*(t.outputs["output_uri"] for t in (pretrain_job, pretrain_cpu, pretrain_gpu)))
+        with dsl.If(pretrain_accelerator == "cpu", name="evaluate-on-cpu"):  # on the kind of node pretrain used
+            _evaluate_on(evaluate(model_uri=model_uri, **eval_args), accelerator=False)
+        with dsl.Else(name="evaluate-on-accelerator"):
+            _evaluate_on(evaluate(model_uri=model_uri, **eval_args), accelerator=True)

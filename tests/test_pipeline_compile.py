@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from fourm_kfp.launchers.compile import compile_pipeline, default_output
@@ -29,28 +30,33 @@ def test_pipeline_parameters_are_flat_and_documented(tmp_path):
     assert all(e["secretAsEnv"][0]["secretName"] == "fourm-s3-credentials" for e in secrets.values())
 
 
-def test_pretrain_launcher_parameters_and_the_light_launcher_pod(tmp_path):
-    """The job modes' pretrain step is a 1-CPU pod without accelerators that knows its own name, uid and namespace
-    (downward API: the job's owner and namespace); the in-pod steps keep their training resources."""
+@pytest.mark.parametrize("stage, default", [("pretrain", "pytorchjob"), ("train-tokenizers", "in-pod")])
+def test_job_stage_launcher_parameters_and_the_light_launcher_pod(tmp_path, stage, default):
+    """A job stage's step in the job modes is a 1-CPU pod without accelerators that knows its own name, uid and
+    namespace (downward API: the job's owner and namespace); the in-pod steps keep their training resources, one
+    of them on an accelerator."""
+    import re
+
     spec, platform = yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text())
+    prefix = stage.replace("-", "_")
     params = spec["root"]["inputDefinitions"]["parameters"]
-    defaults = {name: params[name].get("defaultValue") for name in params if name.startswith("pretrain_")}
-    assert defaults["pretrain_launcher"] == "pytorchjob"
-    assert {"pretrain_nodes", "pretrain_procs_per_node", "pretrain_cpu_per_node", "pretrain_memory_per_node",
-            "pretrain_node_selector", "pretrain_tolerations", "pretrain_deadline_s", "pretrain_min_nodes",
-            "pretrain_delete_job"} <= set(defaults)
+    defaults = {name: params[name].get("defaultValue") for name in params if name.startswith(f"{prefix}_")}
+    assert defaults[f"{prefix}_launcher"] == default
+    assert {f"{prefix}_{name}" for name in ("nodes", "procs_per_node", "cpu_per_node", "memory_per_node",
+                                            "node_selector", "tolerations", "deadline_s", "min_nodes",
+                                            "delete_job")} <= set(defaults)
     executors = spec["deploymentSpec"]["executors"]
-    pretrain = {name: e["container"]["resources"] for name, e in executors.items()
-                if name.startswith("exec-pretrain") and "pretokenize" not in name}
+    steps = {name: e["container"]["resources"] for name, e in executors.items()
+             if re.fullmatch(rf"exec-{stage}(-\d+)?", name)}
     field_envs = {name: {f["name"]: f["fieldPath"] for f in e.get("fieldPathAsEnv", [])}
                   for name, e in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].items()}
-    launchers = [name for name in pretrain if field_envs.get(name)]
-    assert len(pretrain) == 3 and len(launchers) == 1
+    launchers = [name for name in steps if field_envs.get(name)]
+    assert len(steps) == 3 and len(launchers) == 1, sorted(steps)
     [launcher] = launchers
-    assert pretrain[launcher]["resourceCpuLimit"] == "1" and "accelerator" not in pretrain[launcher]
+    assert steps[launcher]["resourceCpuLimit"] == "1" and "accelerator" not in steps[launcher]
     assert field_envs[launcher] == {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_UID": "metadata.uid",
                                     "FOURM_POD_NAMESPACE": "metadata.namespace"}
-    assert sum("accelerator" in r for r in pretrain.values()) == 1  # the in-pod GPU branch
+    assert sum("accelerator" in r for r in steps.values()) == 1  # the in-pod GPU branch
 
 
 def test_steps_with_worker_processes_get_an_in_memory_dev_shm(tmp_path):
@@ -60,29 +66,36 @@ def test_steps_with_worker_processes_get_an_in_memory_dev_shm(tmp_path):
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     shm = {"volumeName": "dshm", "mountPath": "/dev/shm", "medium": "Memory"}
     with_shm = sorted(name for name, e in executors.items() if shm in e.get("emptyDirMounts", []))
-    assert with_shm == ["exec-pretokenize-part", "exec-pretrain", "exec-pretrain-2"], with_shm
+    in_pod_pretrain = sorted(name for name, e in executors.items()
+                             if name.startswith("exec-pretrain") and "pretokenize" not in name
+                             and not e.get("fieldPathAsEnv"))  # the job launcher knows its pod; in-pod steps do not
+    assert len(in_pod_pretrain) == 2 and with_shm == ["exec-pretokenize-part", *in_pod_pretrain], with_shm
 
 
-def test_the_pretrain_job_is_declared_once():
-    """The job's fields live in JobParams: the pipeline's ``pretrain_<field>`` parameters and the pretrain
-    component's ``<field>`` parameters are exactly its fields, with its defaults and types."""
+@pytest.mark.parametrize("stage", ["pretrain", "train-tokenizers"])
+def test_a_stage_s_job_is_declared_once(stage):
+    """The job's fields live in JobParams: the pipeline's ``<stage>_<field>`` parameters and the stage component's
+    ``<field>`` parameters are exactly its fields, with the stage's defaults (JOB_STAGES) and JobParams' types."""
     import inspect
-    from dataclasses import MISSING, fields
+    from dataclasses import fields
 
-    from fourm_kfp.cluster.job_spec import JobParams
+    from fourm_kfp.cluster.job_spec import JOB_STAGES, JobParams
     from fourm_kfp.components.pretrain import pretrain
+    from fourm_kfp.components.train_tokenizers import train_tokenizers
     from fourm_kfp.pipelines.fourm_pretrain import fourm_pretrain
 
+    prefix = stage.replace("-", "_")
     pipeline = inspect.signature(fourm_pretrain.pipeline_func).parameters
-    component = inspect.signature(pretrain.python_func).parameters
+    component = inspect.signature({"pretrain": pretrain, "train-tokenizers": train_tokenizers}[stage]
+                                  .python_func).parameters
     for f in fields(JobParams):
-        default = f.default if f.default is not MISSING else f.default_factory()
+        default = getattr(JOB_STAGES[stage], f.name)
         kind = {"dict[str, str]": dict, "list[dict[str, Any]]": list}.get(f.type, {"str": str, "int": int,
                                                                                   "bool": bool}.get(f.type))
-        for name, params in ((f"pretrain_{f.name}", pipeline), (f.name, component)):
+        for name, params in ((f"{prefix}_{f.name}", pipeline), (f.name, component)):
             assert name in params, f"{name}: a JobParams field missing from the signature"
             assert params[name].default == default, f"{name}: default {params[name].default!r}, JobParams {default!r}"
             assert params[name].annotation in (kind, kind.__name__), f"{name}: type {params[name].annotation!r}"
-    job_like = {n.removeprefix("pretrain_") for n in pipeline if n.startswith("pretrain_")}
-    others = {"force", "config_overrides"}  # pretrain_force, pretrain_config_overrides: the stage's, not the job's
+    job_like = {n.removeprefix(f"{prefix}_") for n in pipeline if n.startswith(f"{prefix}_")}
+    others = {"force", "config_overrides"}  # <stage>_force, pretrain_config_overrides: the stage's, not the job's
     assert job_like - others == {f.name for f in fields(JobParams)}

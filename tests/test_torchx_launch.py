@@ -20,7 +20,7 @@ from fourm_kfp.contract.manifest import MANIFEST_NAME, IncompleteOutputError
 from fourm_kfp.launchers.remote import stage_command
 from fourm_kfp.launchers.stage import RunContext
 from fourm_kfp.storage import open_store
-from fourm_kfp.launchers.torchx_job import (KUBERNETES_ROOT, TorchxParams, build_app, free_port, launch_pretrain,
+from fourm_kfp.launchers.torchx_job import (KUBERNETES_ROOT, TorchxParams, build_app, free_port, launch_torchx,
                                      rendezvous_port, scheduler_config)
 from tests.train.pretrain_helpers import input_args, smoke_upstream
 
@@ -85,7 +85,7 @@ def test_local_cwd_ddp_commits_what_torchrun_commits_and_a_relaunch_creates_no_a
     # Plan first: the output is committed, so a relaunch creates no torchx app (no_torchx_app) and reports it.
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "none")
     lines: list[str] = []
-    again = launch_pretrain(RunContext("smoke", SETS, str(tmp_path / "tx")), root=tmp_path / "tx",
+    again = launch_torchx("pretrain", RunContext("smoke", SETS, str(tmp_path / "tx")), root=tmp_path / "tx",
                             input_uris=upstream, params=TorchxParams(scheduler="local_cwd", j="2x1"),
                             out=lines.append)
     assert lines == [f"[torchx] pretrain {outcome['output_uri'].rsplit('/', 1)[1]} is committed at "
@@ -97,9 +97,9 @@ def test_local_cwd_ddp_commits_what_torchrun_commits_and_a_relaunch_creates_no_a
 def test_missing_inputs_fail_before_anything_is_scheduled(tmp_path, monkeypatch, no_torchx_app):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "none")
     with pytest.raises(IncompleteOutputError, match="input 'pretokenize' of stage 'pretrain'"):
-        launch_pretrain(RunContext("smoke", SETS, str(tmp_path)), root=tmp_path, out=print)
+        launch_torchx("pretrain", RunContext("smoke", SETS, str(tmp_path)), root=tmp_path, out=print)
     with pytest.raises(ConfigError, match="local folder the pods cannot see"):
-        launch_pretrain(RunContext("smoke", SETS, str(tmp_path)), root=tmp_path,
+        launch_torchx("pretrain", RunContext("smoke", SETS, str(tmp_path)), root=tmp_path,
                         params=TorchxParams(scheduler="kubernetes"), out=print)
 
 

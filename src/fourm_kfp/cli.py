@@ -67,14 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--parts", type=int, default=1, help="fan-out stages: number of workers (default 1)")
     stage.add_argument("--part", type=int, help="fan-out stages: run only this worker (0..parts-1), no collect")
 
+    from fourm_kfp.cluster.job_spec import JOB_STAGES
     from fourm_kfp.launchers.torchx_job import SCHEDULERS
 
     launch = sub.add_parser(
-        "launch", help="run pretrain as a torchx dist.ddp job (local_cwd, slurm, kubernetes), without Kubeflow",
+        "launch", help="run pretrain or train-tokenizers as a torchx dist.ddp job (local_cwd, slurm, kubernetes), "
+                       "without Kubeflow",
         description="Plan first (a committed output is reported, nothing is launched; the inputs must be "
-                    "committed), then run `fourm-kfp stage pretrain` under torchrun in every replica of torchx's "
+                    "committed), then run `fourm-kfp stage STAGE` under torchrun in every replica of torchx's "
                     "dist.ddp on the scheduler, stream replica 0's log, wait, and print the stage outcome JSON.")
-    launch.add_argument("name", choices=["pretrain"], metavar="STAGE", help="pretrain (the one multi-node stage)")
+    launch.add_argument("name", choices=list(JOB_STAGES), metavar="STAGE",
+                        help=f"the stage: {' or '.join(JOB_STAGES)} (the multi-node stages)")
     _add_config_args(launch)
     _add_store_args(launch)
     launch.add_argument("--scheduler", choices=SCHEDULERS, default="local_cwd", help="torchx scheduler")
@@ -244,13 +247,13 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     from fourm_kfp.launchers.stage import local_root
-    from fourm_kfp.launchers.torchx_job import TorchxParams, launch_pretrain
+    from fourm_kfp.launchers.torchx_job import TorchxParams, launch_torchx
 
     env = _pairs(args.env, "--env", empty_ok=True)
     root = local_root(args.root)
     params = TorchxParams(scheduler=args.scheduler, j=args.j, scheduler_args=args.scheduler_arg, image=args.image,
                           cpu=args.cpu, gpu=args.gpu, mem_mb=args.mem_mb, env=env, rdzv_port=args.rdzv_port)
-    outcome = launch_pretrain(_run_context(args, root), root=root, force=args.force,
+    outcome = launch_torchx(args.name, _run_context(args, root), root=root, force=args.force,
                               input_uris=_input_uris(args.input), params=params)
     text = json.dumps(outcome.to_dict(), indent=2)
     if args.json:

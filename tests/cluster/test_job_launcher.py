@@ -40,7 +40,7 @@ def cluster():
 
 
 def _job(launcher: str = "pytorchjob", run_id: str = RUN_ID, nodes: int = 2) -> dict:
-    return render_job(JobRequest(launcher=launcher, address=ADDRESS, stage_args=["stage", "pretrain"],
+    return render_job(JobRequest(launcher=launcher, stage="pretrain", address=ADDRESS, stage_args=["stage", "pretrain"],
                                  image="fourm", nodes=nodes, kfp_run_id=run_id, owner=OwnerPod("launcher", "uid-1")))
 
 
@@ -262,21 +262,29 @@ BIN = Path(sys.executable).parent
 
 
 @pytest.mark.slow
-def test_the_pretrain_step_in_job_mode_plans_launches_and_reports(cluster, tmp_path):
+@pytest.mark.parametrize("stage", ["pretrain", "train-tokenizers"])
+def test_a_job_stage_in_job_mode_plans_launches_and_reports(cluster, tmp_path, stage):
+    """The same launch function and job object for both job stages: the step renders the stage's job, the pod runs
+    the rendered container (the one ``fourm-kfp stage`` entry point), and the step reports what it committed."""
     from fourm_kfp.cluster.job_spec import job_name
     from fourm_kfp.cluster.job_spec import JobParams
-    from fourm_kfp.launchers.kubernetes_job import launch_pretrain_job
+    from fourm_kfp.launchers.kubernetes_job import launch_stage_job
     from fourm_kfp.config.loader import load_config
     from fourm_kfp.contract.addressing import stage_address
+    from fourm_kfp.contract.runner import run_stage
     from fourm_kfp.stages import get_stage
     from fourm_kfp.storage import open_store
     from tests.train.pretrain_helpers import smoke_upstream
 
     store = str(tmp_path / "store")
-    inputs = smoke_upstream(open_store(store, create=True))
-    overrides = ["train.steps=2", "train.checkpoint_every=1", "train.log_every=1"]
-    address = stage_address(get_stage("pretrain"), load_config("smoke", overrides=overrides))
-    name, pod = job_name(address), f"{job_name(address)}-master-0"
+    if stage == "pretrain":
+        inputs = smoke_upstream(open_store(store, create=True))
+        overrides = ["train.steps=2", "train.checkpoint_every=1", "train.log_every=1"]
+    else:
+        data = run_stage(get_stage("prepare-data"), load_config("smoke"), open_store(store, create=True))
+        inputs, overrides = {"prepare-data": data.output_uri}, []
+    address = stage_address(get_stage(stage), load_config("smoke", overrides=overrides))
+    name, pod = job_name(stage, address), f"{job_name(stage, address)}-master-0"
     params = JobParams(launcher="pytorchjob", nodes=1, procs_per_node=1, accelerator="cpu", deadline_s=600)
 
     def operator():
@@ -302,20 +310,23 @@ def test_the_pretrain_step_in_job_mode_plans_launches_and_reports(cluster, tmp_p
     lines: list[str] = []
     script = Operator(operator)
     run = RunContext("smoke", overrides, store, tracking_uri="none")
-    outcome = launch_pretrain_job(run, force=False, input_uris=inputs, params=params, image="fourm", kfp_run_id=RUN_ID,
-                                  spec_path=str(tmp_path / "job.yaml"),
-                                  api=cluster.api(), settings=FAST, out=lines.append)
+    outcome = launch_stage_job(stage, run, force=False, input_uris=inputs, params=params, image="fourm",
+                               kfp_run_id=RUN_ID, spec_path=str(tmp_path / "job.yaml"), api=cluster.api(),
+                               settings=FAST, out=lines.append)
     script.finish()
-    assert outcome.status == "ran" and outcome.output_uri.endswith(f"pretrain/{address}")
-    assert outcome.metrics["steps"] == 2.0
+    assert outcome.status == "ran" and outcome.output_uri.endswith(f"{stage}/{address}")
+    if stage == "pretrain":
+        assert outcome.metrics["steps"] == 2.0
+    else:
+        assert {"tokenizers.json", "image/rgb/model.safetensors"} <= set(open_store(outcome.output_uri).list(""))
     assert (tmp_path / "job.yaml").read_text().startswith("apiVersion: kubeflow.org/v1")
-    assert any("pretrain: committed" in line for line in lines), lines[-20:]  # the pod's log reached the step's
+    assert any(f"{stage}: committed" in line for line in lines), lines[-20:]  # the pod's log reached the step's
     assert cluster.api().get(PYTORCHJOB.resource, name) is None
 
     # Plan first: the same step again finds the output committed and creates no job.
     lines.clear()
-    again = launch_pretrain_job(run, force=False, input_uris=inputs, params=params, image="fourm", kfp_run_id="run-2",
-                                api=cluster.api(), settings=FAST, out=lines.append)
+    again = launch_stage_job(stage, run, force=False, input_uris=inputs, params=params, image="fourm",
+                             kfp_run_id="run-2", api=cluster.api(), settings=FAST, out=lines.append)
     assert again.status == "skipped" and again.output_uri == outcome.output_uri
     assert any("creating no job" in line for line in lines)
     assert cluster.api().get(PYTORCHJOB.resource, name) is None

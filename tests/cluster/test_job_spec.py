@@ -1,16 +1,17 @@
-"""Rendered pre-training jobs, checked against the real schemas: the PyTorchJob and TrainJob CRDs as the operators
-ship them (strict: an unknown field fails) and, for PyTorchJob pod templates, Kubernetes' own PodTemplate schema;
-plus the contract the launcher and the operators rely on (replicas, integer processes per node, run policy, owner,
-labels, the one training entry point, no credentials in the spec)."""
+"""Rendered stage jobs (pretrain and train-tokenizers), checked against the real schemas: the PyTorchJob and
+TrainJob CRDs as the operators ship them (strict: an unknown field fails) and, for PyTorchJob pod templates,
+Kubernetes' own PodTemplate schema; plus the contract the launcher and the operators rely on (replicas, integer
+processes per node, run policy, owner, labels, the one training entry point, no credentials in the spec)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from fourm_kfp.cluster.job_spec import (ADDRESS_LABEL, POD_ROOT, RUN_ID_LABEL, JobRequest, OwnerPod, job_name,
-                                        load_template, render_job, to_yaml)
+from fourm_kfp.cluster.job_spec import (ADDRESS_LABEL, JOB_STAGES, POD_ROOT, RUN_ID_LABEL, STAGE_LABEL, JobRequest,
+                                        OwnerPod, job_name, load_template, render_job, to_yaml)
 from fourm_kfp.components.images import GPU_IMAGE
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.launchers.remote import stage_command
@@ -18,14 +19,17 @@ from fourm_kfp.launchers.stage import RunContext
 from tests.k8s_schemas import PYTORCHJOB_CRD, TRAINJOB_CRD, crd_errors, crd_validator, pod_template_errors
 
 ADDRESS = "0123456789abcdef"
-INPUTS = {"pretokenize": "s3://fourm-kfp/pretokenize/aaaa", "train-tokenizers": "s3://fourm-kfp/train-tokenizers/bbbb"}
+INPUTS = {"pretrain": {"pretokenize": "s3://fourm-kfp/pretokenize/aaaa",
+                      "train-tokenizers": "s3://fourm-kfp/train-tokenizers/bbbb"},
+          "train-tokenizers": {"prepare-data": "s3://fourm-kfp/prepare-data/cccc"}}
 
 
-def _request(launcher: str, nodes: int = 2, **overrides) -> JobRequest:
+def _request(launcher: str, nodes: int = 2, stage: str = "pretrain", **overrides) -> JobRequest:
     run = RunContext("4m-b", ["train.steps=10", "data.caption=a b c"], "s3://fourm-kfp",
                      tracking_uri="http://mlflow:5000", parent_run_id="parent123")
-    args = stage_command("pretrain", run, INPUTS, POD_ROOT)
-    fields = dict(launcher=launcher, address=ADDRESS, stage_args=args, image=GPU_IMAGE, nodes=nodes, procs_per_node=8,
+    args = stage_command(stage, run, INPUTS[stage], POD_ROOT)
+    fields = dict(launcher=launcher, stage=stage, address=ADDRESS, stage_args=args, image=GPU_IMAGE, nodes=nodes,
+                  procs_per_node=8,
                   node_selector={"nvidia.com/gpu.product": "H100"},
                   tolerations=[{"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"}],
                   deadline_s=7200, kfp_run_id="3f1c0a52-8d1e-4f7e-9b1a-0c2d3e4f5a6b",
@@ -38,10 +42,11 @@ def validators():
     return {"pytorchjob": crd_validator(PYTORCHJOB_CRD), "trainjob": crd_validator(TRAINJOB_CRD)}
 
 
+@pytest.mark.parametrize("stage", list(JOB_STAGES))
 @pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])
 @pytest.mark.parametrize("nodes", [1, 2, 4])
-def test_rendered_job_matches_the_operator_crd(validators, launcher, nodes):
-    job = render_job(_request(launcher, nodes))
+def test_rendered_job_matches_the_operator_crd(validators, launcher, nodes, stage):
+    job = render_job(_request(launcher, nodes, stage))
     errors = crd_errors(validators[launcher], job)
     assert not errors, "\n".join(errors)
     if launcher == "pytorchjob":
@@ -76,12 +81,13 @@ def test_pytorchjob_shape(nodes):
     assert {t["key"] for t in pod["spec"]["tolerations"]} == {"nvidia.com/gpu", "dedicated"}
 
 
-def test_metadata_names_owner_and_labels_for_adoption():
+@pytest.mark.parametrize("stage", list(JOB_STAGES))
+def test_metadata_names_owner_and_labels_for_adoption(stage):
     for launcher in ("pytorchjob", "trainjob"):
-        job = render_job(_request(launcher, 2))
+        job = render_job(_request(launcher, 2, stage))
         meta = job["metadata"]
-        assert meta["name"] == job_name(ADDRESS) == f"fourm-pretrain-{ADDRESS}"
-        assert meta["labels"][ADDRESS_LABEL] == ADDRESS
+        assert meta["name"] == job_name(stage, ADDRESS) == f"fourm-{stage}-{ADDRESS}"
+        assert meta["labels"][STAGE_LABEL] == stage and meta["labels"][ADDRESS_LABEL] == ADDRESS
         assert meta["labels"][RUN_ID_LABEL] == "3f1c0a52-8d1e-4f7e-9b1a-0c2d3e4f5a6b"
         assert meta["labels"]["app.kubernetes.io/part-of"] == "fourm-kfp"
         [owner] = meta["ownerReferences"]
@@ -90,20 +96,20 @@ def test_metadata_names_owner_and_labels_for_adoption():
         assert owner["blockOwnerDeletion"] is False  # True would need update on pods/finalizers (not granted)
 
 
-def test_container_runs_the_one_training_entry_point_through_torchrun():
+@pytest.mark.parametrize("stage", list(JOB_STAGES))
+def test_container_runs_the_one_training_entry_point_through_torchrun(stage):
     for launcher in ("pytorchjob", "trainjob"):
-        job = render_job(_request(launcher, 2))
+        job = render_job(_request(launcher, 2, stage))
         if launcher == "pytorchjob":
             [container] = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
             argv = container["command"] + container["args"]
         else:
             argv = job["spec"]["trainer"]["command"] + job["spec"]["trainer"]["args"]
-        assert argv[:6] == ["torchrun", "--no-python", "fourm-kfp", "stage", "pretrain", "--preset"]
+        assert argv[:6] == ["torchrun", "--no-python", "fourm-kfp", "stage", stage, "--preset"]
         text = " ".join(argv)
         for expected in ("--set train.steps=10", f"--root {POD_ROOT}", "--store s3://fourm-kfp",
                          "--mlflow-tracking-uri http://mlflow:5000", "--parent-run-id parent123",
-                         f"--input pretokenize={INPUTS['pretokenize']}",
-                         f"--input train-tokenizers={INPUTS['train-tokenizers']}"):
+                         *(f"--input {name}={uri}" for name, uri in INPUTS[stage].items())):
             assert expected in text, expected
         assert argv[argv.index("--set", argv.index("train.steps=10")) + 1] == "data.caption=a b c"  # one argument
         assert "--force" not in argv  # a restarted pod resumes, never clears
@@ -152,15 +158,19 @@ def test_no_credentials_in_the_spec():
             assert "value" not in env and "secretKeyRef" in env["valueFrom"]
 
 
-def test_bad_parameters_name_the_pipeline_parameter():
-    cases = {"pretrain_nodes": dict(nodes=0, min_nodes=0), "pretrain_procs_per_node": dict(procs_per_node=0),
-             "pretrain_min_nodes": dict(min_nodes=5), "pretrain_memory_per_node": dict(memory_per_node="lots"),
-             "pretrain_node_selector": dict(node_selector=["gpu"]), "pretrain_launcher": dict(launcher="slurm")}
+@pytest.mark.parametrize("stage", list(JOB_STAGES))
+def test_bad_parameters_name_the_stage_s_pipeline_parameter(stage):
+    prefix = stage.replace("-", "_")
+    cases = {"nodes": dict(nodes=0, min_nodes=0), "procs_per_node": dict(procs_per_node=0),
+             "min_nodes": dict(min_nodes=5), "memory_per_node": dict(memory_per_node="lots"),
+             "node_selector": dict(node_selector=["gpu"]), "launcher": dict(launcher="slurm")}
     for param, change in cases.items():
-        with pytest.raises(ConfigError, match=param):
-            render_job(_request(**{"launcher": "pytorchjob", **change}))
-    with pytest.raises(ConfigError, match="pytorchjob"):
-        render_job(_request("trainjob", 2, min_nodes=1))
+        with pytest.raises(ConfigError, match=rf"^{prefix}_{param}\b"):
+            render_job(_request(**{"launcher": "pytorchjob", "stage": stage, **change}))
+    with pytest.raises(ConfigError, match=f"{prefix}_launcher=pytorchjob"):
+        render_job(_request("trainjob", 2, stage, min_nodes=1))
+    with pytest.raises(ConfigError, match="'prepare-data' does not run as a job"):
+        render_job(dataclasses.replace(_request("pytorchjob", 2), stage="prepare-data"))
 
 
 def test_the_template_is_the_file_users_submit():

@@ -92,8 +92,8 @@ def render(store_uri: str, input_uris: dict[str, str]) -> RenderedJob:
     config = load_config("smoke", overrides=OVERRIDES)
     address = stage_address(get_stage("pretrain"), config)
     job = render_job(JobRequest(
-        launcher="pytorchjob", address=address, image="unused-here", nodes=2, procs_per_node=1, accelerator="cpu",
-        kfp_run_id="test-run",
+        launcher="pytorchjob", stage="pretrain", address=address, image="unused-here", nodes=2, procs_per_node=1,
+        accelerator="cpu", kfp_run_id="test-run",
         stage_args=stage_command("pretrain", RunContext("smoke", OVERRIDES, store_uri), input_uris, POD_ROOT)))
     commands, pods, kubelet_env = {}, [], {}
     for role, replica in job["spec"]["pytorchReplicaSpecs"].items():

@@ -1,16 +1,20 @@
-"""Render the pre-training job (a PyTorchJob or a TrainJob) from the manifest templates shipped with the package.
+"""Render a stage's multi-node job (a PyTorchJob or a TrainJob) from the manifest templates shipped with the package.
+
+Two stages can run as a job (:data:`JOB_STAGES`): pretrain (by default) and train-tokenizers (``in-pod`` by default;
+at 4m-b its ViT VQ-VAEs train for days on one GPU). Both render from the same templates through the same
+:class:`JobParams`, whose fields are each stage's ``<stage>_<field>`` pipeline parameters.
 
 The templates are ``manifests/base/pytorchjob-template.yaml`` and ``manifests/base/trainjob-template.yaml``, the very
 files a user may submit by hand (package data of ``fourm_kfp.manifests``); nothing here repeats their pod spec.
 :func:`render_job` fills in what changes per run:
 
-- the name ``fourm-pretrain-<content address>`` (:func:`job_name`), so a restarted launcher finds its own job;
-- labels with the address and the KFP run id, and an ownerReference to the launcher pod (stopping the KFP run
+- the name ``fourm-<stage>-<content address>`` (:func:`job_name`), so a restarted launcher finds its own job;
+- labels with the stage, the address and the KFP run id, and an ownerReference to the launcher pod (stopping the KFP run
   deletes the job); ``blockOwnerDeletion`` stays off, which needs no permission on the pod's finalizers;
 - nodes (PyTorchJob: Master plus ``nodes - 1`` Workers, no Worker spec at all for one node), an integer number of
   processes per node, the accelerator, CPU and memory per node, node selector, tolerations, deadline, and an
   optional ``elasticPolicy`` (PyTorchJob);
-- the container's arguments: ``torchrun --no-python fourm-kfp stage pretrain ...`` (the launcher's
+- the container's arguments: ``torchrun --no-python fourm-kfp stage <stage> ...`` (the launcher's
   :func:`fourm_kfp.launchers.remote.stage_command`);
   torchrun reads the rendezvous from the operator's ``PET_*`` variables. Credentials stay in the Secret.
 """
@@ -27,8 +31,8 @@ import yaml
 
 from fourm_kfp.config.schema import ConfigError
 
-#: Where the pretrain step trains (``pretrain_launcher``): in its own pod, or in a multi-node job it creates and
-#: follows (a Kubeflow Training Operator PyTorchJob, or a Kubeflow Trainer v2 TrainJob).
+#: Where a job stage trains (``<stage>_launcher``): in its own pod, or in a multi-node job it creates and follows
+#: (a Kubeflow Training Operator PyTorchJob, or a Kubeflow Trainer v2 TrainJob).
 IN_POD, PYTORCHJOB, TRAINJOB = "in-pod", "pytorchjob", "trainjob"
 JOB_LAUNCHERS = (PYTORCHJOB, TRAINJOB)
 LAUNCHERS = (IN_POD, *JOB_LAUNCHERS)
@@ -37,18 +41,24 @@ TEMPLATES = {PYTORCHJOB: "pytorchjob-template.yaml", TRAINJOB: "trainjob-templat
 #: Label keys the launcher sets and reads back (adoption checks them).
 ADDRESS_LABEL = "fourm-kfp.org/address"
 RUN_ID_LABEL = "fourm-kfp.org/kfp-run-id"
-JOB_NAME_PREFIX = "fourm-pretrain-"
+STAGE_LABEL = "fourm-kfp.org/stage"
 #: The pod's local folder: ``--root`` of the stage (ranks share no file system; outputs go to the store).
 POD_ROOT = "/scratch/run"
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 
 
-def check_launcher(launcher: str, jobs_only: bool = False) -> str:
-    """``launcher`` if it is a launcher kind (a job kind with ``jobs_only``), else an error naming the parameter."""
+def param_prefix(stage: str) -> str:
+    """The prefix of a stage's pipeline parameters: ``train_tokenizers`` for ``train-tokenizers``."""
+    return stage.replace("-", "_")
+
+
+def check_launcher(launcher: str, stage: str, jobs_only: bool = False) -> str:
+    """``launcher`` if it is a launcher kind (a job kind with ``jobs_only``), else an error naming the stage's
+    parameter."""
     allowed = JOB_LAUNCHERS if jobs_only else LAUNCHERS
     if launcher not in allowed:
-        raise ConfigError(f"pretrain_launcher={launcher!r}: expected one of {', '.join(LAUNCHERS)}"
+        raise ConfigError(f"{param_prefix(stage)}_launcher={launcher!r}: expected one of {', '.join(LAUNCHERS)}"
                           + (" (a job kind here)" if jobs_only else ""))
     return launcher
 
@@ -63,9 +73,9 @@ class OwnerPod:
 
 @dataclass(frozen=True)
 class JobParams:
-    """The pretrain step's cluster job, declared once: the pipeline's ``pretrain_<field>`` parameters and the pretrain
-    component's ``<field>`` parameters are these fields with these defaults (``tests/test_pipeline_compile.py``
-    checks both), and the component builds one with :meth:`of`."""
+    """A job stage's cluster job, declared once: the pipeline's ``<stage>_<field>`` parameters and the stage
+    component's ``<field>`` parameters are these fields with the stage's defaults (:data:`JOB_STAGES`;
+    ``tests/test_pipeline_compile.py`` checks both), and the component builds one with :meth:`of`."""
 
     launcher: str = PYTORCHJOB  # IN_POD, PYTORCHJOB or TRAINJOB
     nodes: int = 1
@@ -85,10 +95,17 @@ class JobParams:
         return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
 
+#: The stages that can run as a cluster job, each with its job's defaults: pretrain launches a PyTorchJob unless
+#: told otherwise; train-tokenizers trains in its own pod unless told otherwise.
+JOB_STAGES = {"train-tokenizers": JobParams(launcher=IN_POD), "pretrain": JobParams()}
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobRequest(JobParams):
-    """A job to render: its parameters and what varies per run (address, the pods' command, image, KFP run, owner)."""
+    """A job to render: its parameters and what varies per run (stage, address, the pods' command, image, KFP run,
+    owner)."""
 
+    stage: str
     address: str
     stage_args: Sequence[str]
     image: str
@@ -97,49 +114,54 @@ class JobRequest(JobParams):
 
     @property
     def name(self) -> str:
-        return job_name(self.address)
+        return job_name(self.stage, self.address)
 
     @property
     def gpus_per_node(self) -> int:
         return self.procs_per_node if self.accelerator not in ("", "cpu") else 0
 
 
-def job_name(address: str) -> str:
-    """The job's name: one per content address (a valid DNS-1035 label, so also a valid Service name)."""
-    if not re.fullmatch(r"[0-9a-f]{1,40}", address):
+def job_name(stage: str, address: str) -> str:
+    """The job's name: one per stage and content address (a valid DNS-1035 label, so also a valid Service name)."""
+    if stage not in JOB_STAGES:
+        raise ValueError(f"{stage!r} does not run as a job (one of {', '.join(JOB_STAGES)})")
+    if not re.fullmatch(r"[0-9a-f]{1,32}", address):
         raise ValueError(f"not a content address: {address!r}")
-    return JOB_NAME_PREFIX + address
+    return f"fourm-{stage}-{address}"
 
 
 def load_template(launcher: str) -> dict[str, Any]:
     """The template as shipped (a fresh copy: YAML anchors become shared objects, so nothing is edited in place)."""
-    check_launcher(launcher, jobs_only=True)
+    if launcher not in JOB_LAUNCHERS:
+        raise ValueError(f"no job template for launcher {launcher!r} (one of {', '.join(JOB_LAUNCHERS)})")
     text = resources.files("fourm_kfp.manifests").joinpath("base", TEMPLATES[launcher]).read_text()
     return copy.deepcopy(yaml.safe_load(text))
 
 
 def validate_request(req: JobRequest) -> None:
-    """Fail on a parameter the API server or the operator would reject, naming the pipeline parameter."""
-    check_launcher(req.launcher, jobs_only=True)
+    """Fail on a parameter the API server or the operator would reject, naming the stage's pipeline parameter."""
+    if req.stage not in JOB_STAGES:
+        raise ConfigError(f"stage {req.stage!r} does not run as a job (one of {', '.join(JOB_STAGES)})")
+    p = param_prefix(req.stage)
+    check_launcher(req.launcher, req.stage, jobs_only=True)
     if req.nodes < 1:
-        raise ConfigError(f"pretrain_nodes={req.nodes}: at least 1")
+        raise ConfigError(f"{p}_nodes={req.nodes}: at least 1")
     if req.procs_per_node < 1:
-        raise ConfigError(f"pretrain_procs_per_node={req.procs_per_node}: at least 1 (an integer, never 'auto')")
+        raise ConfigError(f"{p}_procs_per_node={req.procs_per_node}: at least 1 (an integer, never 'auto')")
     if req.min_nodes and not 1 <= req.min_nodes <= req.nodes:
-        raise ConfigError(f"pretrain_min_nodes={req.min_nodes}: 0 (fixed size) or 1..pretrain_nodes ({req.nodes})")
+        raise ConfigError(f"{p}_min_nodes={req.min_nodes}: 0 (fixed size) or 1..{p}_nodes ({req.nodes})")
     if req.min_nodes and req.launcher != PYTORCHJOB:
-        raise ConfigError("pretrain_min_nodes: elastic training needs pretrain_launcher=pytorchjob")
+        raise ConfigError(f"{p}_min_nodes: elastic training needs {p}_launcher=pytorchjob")
     if req.deadline_s < 1:
-        raise ConfigError(f"pretrain_deadline_s={req.deadline_s}: at least 1 second")
-    for param, value in (("pretrain_cpu_per_node", req.cpu_per_node), ("pretrain_memory_per_node",
-                                                                       req.memory_per_node)):
+        raise ConfigError(f"{p}_deadline_s={req.deadline_s}: at least 1 second")
+    for param, value in (("cpu_per_node", req.cpu_per_node), ("memory_per_node", req.memory_per_node)):
         if value and not _QUANTITY.match(value):
-            raise ConfigError(f"{param}={value!r} is not a Kubernetes quantity (e.g. 16, 500m, 64Gi)")
+            raise ConfigError(f"{p}_{param}={value!r} is not a Kubernetes quantity (e.g. 16, 500m, 64Gi)")
     if not isinstance(req.node_selector, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in req.node_selector.items()):
-        raise ConfigError(f"pretrain_node_selector={req.node_selector!r}: expected a JSON object of strings")
+        raise ConfigError(f"{p}_node_selector={req.node_selector!r}: expected a JSON object of strings")
     if not isinstance(req.tolerations, list) or not all(isinstance(t, dict) for t in req.tolerations):
-        raise ConfigError(f"pretrain_tolerations={req.tolerations!r}: expected a JSON list of toleration objects")
+        raise ConfigError(f"{p}_tolerations={req.tolerations!r}: expected a JSON list of toleration objects")
     if not _LABEL_VALUE.match(req.kfp_run_id) or len(req.kfp_run_id) > 63:
         raise ConfigError(f"KFP run id {req.kfp_run_id!r} cannot be a label value")
 
@@ -175,14 +197,18 @@ def _tolerations(template: list[dict[str, Any]], req: JobRequest) -> list[dict[s
 def _metadata(obj: dict[str, Any], req: JobRequest) -> None:
     meta = obj["metadata"]
     meta["name"] = req.name
-    meta.setdefault("labels", {}).update({ADDRESS_LABEL: req.address, RUN_ID_LABEL: req.kfp_run_id})
+    meta.setdefault("labels", {}).update(_labels(req))
     if req.owner is not None:
         meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": req.owner.name, "uid": req.owner.uid,
                                     "controller": False, "blockOwnerDeletion": False}]
 
 
+def _labels(req: JobRequest) -> dict[str, str]:
+    return {STAGE_LABEL: req.stage, ADDRESS_LABEL: req.address, RUN_ID_LABEL: req.kfp_run_id}
+
+
 def _pod_labels(pod_metadata: dict[str, Any], req: JobRequest) -> None:
-    pod_metadata.setdefault("labels", {}).update({ADDRESS_LABEL: req.address, RUN_ID_LABEL: req.kfp_run_id})
+    pod_metadata.setdefault("labels", {}).update(_labels(req))
 
 
 def render_pytorchjob(req: JobRequest) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import json
 import math
 from typing import Sequence
 
-from fourm_kfp.cluster.job_spec import IN_POD, JobParams, check_launcher
+from fourm_kfp.cluster.job_spec import IN_POD, JobParams, check_launcher, param_prefix
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import ConfigError, to_dict
 from fourm_kfp.contract import StageOutcome, lineage
@@ -125,26 +125,27 @@ def html_report(output, stage: str) -> str:
     return "\n".join(parts)
 
 
-def run_pretrain_component(preset: str, config_overrides: Sequence[str], store_uri: str, s3_endpoint: str,
-                           mlflow_tracking_uri: str, parent_run_id: str, force: bool, input_uris: dict[str, str],
-                           job: JobParams, kfp_run_id: str, report_path: str | None = None,
-                           metrics=None, job_spec_path: str | None = None,
-                           html_path: str | None = None) -> StageOutcome:
-    """The pretrain step: train in this pod (``job.launcher`` ``in-pod``), or launch and follow a PyTorchJob /
-    TrainJob (:mod:`fourm_kfp.launchers.kubernetes_job`) and report its committed output the same way."""
-    if check_launcher(job.launcher) == IN_POD:
+def run_job_component(stage: str, preset: str, config_overrides: Sequence[str], store_uri: str, s3_endpoint: str,
+                      mlflow_tracking_uri: str, parent_run_id: str, force: bool, input_uris: dict[str, str],
+                      job: JobParams, kfp_run_id: str, report_path: str | None = None,
+                      metrics=None, job_spec_path: str | None = None,
+                      html_path: str | None = None) -> StageOutcome:
+    """A job stage's step (pretrain, train-tokenizers): train in this pod (``job.launcher`` ``in-pod``), or launch
+    and follow a PyTorchJob / TrainJob (:mod:`fourm_kfp.launchers.kubernetes_job`) and report its committed output
+    the same way."""
+    if check_launcher(job.launcher, stage) == IN_POD:
         if job_spec_path:
             with open(job_spec_path, "w") as fh:
-                fh.write("# pretrain_launcher=in-pod: trained in the step's own pod, no job\n")
-        return run_stage_component("pretrain", preset, config_overrides, store_uri, s3_endpoint,
+                fh.write(f"# {param_prefix(stage)}_launcher=in-pod: trained in the step's own pod, no job\n")
+        return run_stage_component(stage, preset, config_overrides, store_uri, s3_endpoint,
                                    mlflow_tracking_uri, parent_run_id, force, input_uris=input_uris,
                                    report_path=report_path, metrics=metrics, html_path=html_path)
-    from fourm_kfp.launchers.kubernetes_job import launch_pretrain_job
+    from fourm_kfp.launchers.kubernetes_job import launch_stage_job
     from fourm_kfp.components.images import GPU_IMAGE
 
     run = RunContext(preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
-    outcome = launch_pretrain_job(run, force=force, input_uris=input_uris, params=job, image=GPU_IMAGE,
-                                  kfp_run_id=kfp_run_id, spec_path=job_spec_path)
+    outcome = launch_stage_job(stage, run, force=force, input_uris=input_uris, params=job, image=GPU_IMAGE,
+                               kfp_run_id=kfp_run_id, spec_path=job_spec_path)
     return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
 
 

@@ -2,9 +2,10 @@
 TrainJob from the shipped templates (:mod:`fourm_kfp.cluster.job_spec`), creates or adopts it, streams the master's
 log, waits and deletes it (:mod:`fourm_kfp.cluster.job_launcher`).
 
-:func:`launch_pretrain_job` is what the KFP pretrain step runs with ``pretrain_launcher`` ``pytorchjob`` or
-``trainjob`` (the step itself is a light CPU pod). The rendered job is saved (``spec_path``: a KFP artifact) and
-attached to the MLflow parent run before the job starts, and to the child run the training pod opened after it.
+:func:`launch_stage_job` is what the KFP pretrain and train-tokenizers steps run with ``<stage>_launcher``
+``pytorchjob`` or ``trainjob`` (the step itself is then a light CPU pod). The rendered job is saved (``spec_path``:
+a KFP artifact) and attached to the MLflow parent run before the job starts, and to the child run the training
+pod opened after it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from fourm_kfp.launchers.remote import RemoteBackend, launch_remote
 from fourm_kfp.launchers.stage import LaunchPlan, RunContext
 
 log = logging.getLogger(__name__)
-JOB_ARTIFACT_DIR = "pretrain-job"
 
 
 def owner_from_environment() -> OwnerPod | None:
@@ -51,12 +51,13 @@ class KubernetesJob(RemoteBackend):
 
     def start(self, plan: LaunchPlan, command: Sequence[str], clear_output: Callable[[], None]) -> str:
         params = self.params
-        request = JobRequest(**{f.name: getattr(params, f.name) for f in fields(JobParams)}, address=plan.address,
-                             stage_args=command, image=self.image, kfp_run_id=self.kfp_run_id, owner=self.owner)
+        request = JobRequest(**{f.name: getattr(params, f.name) for f in fields(JobParams)}, stage=plan.stage,
+                             address=plan.address, stage_args=command, image=self.image,
+                             kfp_run_id=self.kfp_run_id, owner=self.owner)
         job = render_job(request)
         self.text = to_yaml(job)
         _write(self.spec_path, self.text)
-        self.artifact = f"{JOB_ARTIFACT_DIR}/{request.name}.yaml"
+        self.artifact = f"{plan.stage}-job/{request.name}.yaml"
         if self.tracking and self.run.parent_run_id:
             lineage.attach_artifact(self.tracking, self.run.parent_run_id, self.artifact, self.text.encode())
         self.out(f"{self.prefix} {plan.stage} {plan.address}: {params.launcher} {request.name}, {params.nodes} "
@@ -77,14 +78,15 @@ class KubernetesJob(RemoteBackend):
             lineage.attach_artifact(self.tracking, outcome.mlflow_run_id, self.artifact, self.text.encode())
 
 
-def launch_pretrain_job(run: RunContext, *, force: bool, input_uris: dict[str, str], params: JobParams, image: str,
-                        kfp_run_id: str = "", spec_path: str | None = None, api=None,
-                        settings: FollowSettings | None = None, owner: OwnerPod | None = None,
-                        out: Callable[[str], None] = print) -> StageOutcome:
-    """The pretrain stage as a PyTorchJob / TrainJob; see the module docstring."""
+def launch_stage_job(stage: str, run: RunContext, *, force: bool, input_uris: dict[str, str], params: JobParams,
+                     image: str, kfp_run_id: str = "", spec_path: str | None = None, api=None,
+                     settings: FollowSettings | None = None, owner: OwnerPod | None = None,
+                     out: Callable[[str], None] = print) -> StageOutcome:
+    """Stage ``stage`` (one of :data:`fourm_kfp.cluster.job_spec.JOB_STAGES`) as a PyTorchJob / TrainJob; see the
+    module docstring."""
     backend = KubernetesJob(run, params, image, kfp_run_id=kfp_run_id, spec_path=spec_path, api=api,
                             settings=settings, owner=owner, out=out)
-    return launch_remote("pretrain", run, backend, force=force, input_uris=input_uris, out=out)
+    return launch_remote(stage, run, backend, force=force, input_uris=input_uris, out=out)
 
 
 def _write(path: str | None, text: str) -> None:

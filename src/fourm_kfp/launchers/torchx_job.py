@@ -1,11 +1,12 @@
-"""``fourm-kfp launch pretrain``: the pretrain stage as a torchx ``dist.ddp`` job, for teams without Kubeflow.
+"""``fourm-kfp launch pretrain`` (or ``train-tokenizers``): a job stage as a torchx ``dist.ddp`` job, for teams
+without Kubeflow.
 
-:func:`launch_pretrain` runs the one remote-launch skeleton (:func:`fourm_kfp.launchers.remote.launch_remote`:
+:func:`launch_torchx` runs the one remote-launch skeleton (:func:`fourm_kfp.launchers.remote.launch_remote`:
 plan, skip when committed, open the inputs, start, report the committed output) with :class:`TorchxApp` as its
 backend, which does:
 
 1. **build** the app from torchx's ``dist.ddp`` component: ``-j NNODESxNPROC`` replicas each running
-   ``torchrun -m fourm_kfp.cli stage pretrain ...``, the one training entry point PyTorchJob pods run too
+   ``torchrun -m fourm_kfp.cli stage <stage> ...``, the one training entry point PyTorchJob pods run too
    (:func:`fourm_kfp.launchers.remote.stage_command`), with the resolved input URIs and no ``--force`` (a
    retried replica resumes; a forced output is cleared once, just before the app is scheduled). Every job gets
    its own rendezvous port (dist.ddp's default, 29500, is fixed): a free port here for ``local_cwd``, one derived
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCHEDULERS = ("local_cwd", "slurm", "kubernetes")
-#: The module every replica's torchrun starts: the CLI's ``stage pretrain``, as in the cluster's pods.
+#: The module every replica's torchrun starts: the CLI's ``stage <stage>``, as in the cluster's pods.
 ENTRY_MODULE = "fourm_kfp.cli"
 #: ``--root`` of the kubernetes replicas: writable in the image (torchx's Volcano pods have no /scratch volume, the
 #: PyTorchJob template's ``job_spec.POD_ROOT``); only the default SQLite MLflow store would go there.
@@ -59,7 +60,7 @@ PORT_BASE, PORT_SPAN = 20000, 10000
 
 
 class LaunchFailed(UserError):
-    """The torchx app failed or was cancelled, or it succeeded without committing pretrain's output."""
+    """The torchx app failed or was cancelled, or it succeeded without committing the stage's output."""
 
 
 @dataclass
@@ -97,7 +98,8 @@ def rendezvous_port(scheduler: str, address: str, requested: int = 0) -> int:
 
 
 def build_app(stage_args: Sequence[str], address: str, params: TorchxParams, rdzv_port: int):
-    """The torchx ``AppDef``: ``dist.ddp`` running ``torchrun -m fourm_kfp.cli <stage_args>`` on ``params.j``."""
+    """The torchx ``AppDef``: ``dist.ddp`` running ``torchrun -m fourm_kfp.cli <stage_args>`` (``stage <stage> ...``)
+    on ``params.j``."""
     from torchx.components.dist import ddp
 
     from fourm_kfp.cluster.job_spec import job_name
@@ -118,8 +120,9 @@ def build_app(stage_args: Sequence[str], address: str, params: TorchxParams, rdz
             image = GPU_IMAGE
         else:
             image = os.getcwd()  # local_cwd and slurm run in a folder, not an image
-    return ddp(*stage_args, m=ENTRY_MODULE, j=params.j, name=job_name(address), image=image, cpu=params.cpu,
-               gpu=params.gpu, memMB=params.mem_mb, env=env, rdzv_port=rdzv_port, max_retries=params.max_retries)
+    return ddp(*stage_args, m=ENTRY_MODULE, j=params.j, name=job_name(stage_args[1], address), image=image,
+               cpu=params.cpu, gpu=params.gpu, memMB=params.mem_mb, env=env, rdzv_port=rdzv_port,
+               max_retries=params.max_retries)
 
 
 def scheduler_config(runner, scheduler: str, items: Sequence[str], defaults: dict[str, Any] | None = None
@@ -226,9 +229,10 @@ class TorchxApp(RemoteBackend):
         return f"torchx app {handle}"
 
 
-def launch_pretrain(run: RunContext, *, root: str | os.PathLike, force: bool = False,
-                    input_uris: dict[str, str] | None = None, params: TorchxParams | None = None, runner=None,
-                    out: Callable[[str], None] = print) -> StageOutcome:
-    """The pretrain stage as a torchx app; see the module docstring."""
+def launch_torchx(stage: str, run: RunContext, *, root: str | os.PathLike, force: bool = False,
+                  input_uris: dict[str, str] | None = None, params: TorchxParams | None = None, runner=None,
+                  out: Callable[[str], None] = print) -> StageOutcome:
+    """Stage ``stage`` (one of :data:`fourm_kfp.cluster.job_spec.JOB_STAGES`) as a torchx app; see the module
+    docstring."""
     backend = TorchxApp(params or TorchxParams(), root, runner, out)
-    return launch_remote("pretrain", run, backend, force=force, input_uris=input_uris, root=str(root), out=out)
+    return launch_remote(stage, run, backend, force=force, input_uris=input_uris, root=str(root), out=out)
