@@ -4,7 +4,9 @@ Emulated (``/apis/v2beta1``): healthz; pipelines list (with the ``display_name``
 upload and upload_version (multipart, the file must be a compiled pipeline spec) and version list; experiments list
 (by name filter) and create; runs create and get; recurring runs create. Every JSON request body is validated
 against the ``kfp-server-api`` models of the same version the client uses: an unknown field anywhere, a value the
-model rejects (e.g. an enum), or a run parameter the uploaded pipeline does not declare is answered with HTTP 400.
+model rejects (e.g. an enum), a run parameter the uploaded pipeline does not declare, or one whose JSON kind is not
+the declared ``parameterType`` (``validatePipelineJobInputs``: a number for a STRING parameter) is answered with HTTP
+400.
 
 Not emulated: execution. A created run moves through the ``frames`` the test gives (one per ``get``: the run's state
 and its tasks' states); ``on_run_created`` lets the test do what the pipeline would have done (e.g. record the
@@ -56,6 +58,24 @@ def model_errors(data: Any, klass: str, path: str = "") -> list[str]:
         except ValueError as exc:
             errors.append(f"{klass}: {exc}")
     return errors
+
+
+#: ``validatePipelineJobInputs`` (backend/src/apiserver/template/v2_template.go): the JSON kind each declared
+#: ``parameterType`` accepts for a run's parameter value (a protobuf ``Value``: numbers are one kind, int or not).
+_KINDS = {"NUMBER_DOUBLE": ("double or integer", (int, float)), "NUMBER_INTEGER": ("double or integer", (int, float)),
+          "STRING": ("string", (str,)), "BOOLEAN": ("bool", (bool,)), "LIST": ("list", (list,)),
+          "STRUCT": ("struct", (dict,))}
+
+
+def parameter_type_error(name: str, value: Any, parameter_type: str) -> str | None:
+    """The server's message when ``value`` does not have the kind ``parameter_type`` requires, else None."""
+    if parameter_type not in _KINDS:
+        return f"input parameter {name} requires type {parameter_type or 'unspecified'}, which a run cannot be given"
+    word, kinds = _KINDS[parameter_type]
+    is_bool = isinstance(value, bool)
+    if isinstance(value, kinds) and (is_bool == (parameter_type == "BOOLEAN")):
+        return None
+    return f"input parameter {name} requires type {word}, but the input parameter is not of {word} value type"
 
 
 def _now() -> str:
@@ -225,10 +245,20 @@ class KfpApiEmulator:
         spec = self.specs.get(reference.get("pipeline_version_id", ""))
         if spec is None or reference.get("pipeline_id") not in self.pipelines:
             raise BadRequest(f"unknown pipeline version {reference}")
-        declared = set(spec["root"]["inputDefinitions"]["parameters"])
-        given = set((body.get("runtime_config") or {}).get("parameters") or {})
-        if given - declared:
-            raise BadRequest(f"parameters not declared by the pipeline: {sorted(given - declared)}")
+        declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
+        given = (body.get("runtime_config") or {}).get("parameters") or {}
+        if set(given) - set(declared):
+            extra = sorted(set(given) - set(declared))
+            raise BadRequest(f"parameter(s) provided are not required by pipeline: {', '.join(extra)}")
+        for name, param in declared.items():
+            if name not in given:
+                if not param.get("isOptional") and "defaultValue" not in param:
+                    raise BadRequest(f"parameter {name} is not optional, yet has neither default value nor user "
+                                     "provided value")
+                continue
+            error = parameter_type_error(name, given[name], param.get("parameterType", ""))
+            if error:
+                raise BadRequest(error)
         if body.get("experiment_id") and body["experiment_id"] not in self.experiments:
             raise BadRequest(f"unknown experiment {body['experiment_id']}")
 

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from fourm_kfp.contract import lineage
-from fourm_kfp.launchers.kfp_submit import (EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_SUCCEEDED, SubmitRequest, make_client,
-                                  submit)
+from fourm_kfp.cli import main as cli_main
+from fourm_kfp.errors import UserError
+from fourm_kfp.launchers.kfp_submit import (EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_SUCCEEDED, SubmitRequest,
+                                            coerce_parameter, make_client, submit)
 from tests.kfp_api_emulator import KfpApiEmulator, model_errors
 
 STAGES = ("prepare-data", "train-tokenizers", "pretokenize", "pretrain", "evaluate")
@@ -163,3 +165,59 @@ def test_the_cli_exit_status_says_how_the_run_went(tracking):
         emulator.close()
     assert proc.returncode == EXIT_GATE_REFUSED, proc.stderr[-2000:]
     assert "model gate: refused" in proc.stdout and "/#/runs/details/" in proc.stdout
+
+
+def test_param_values_are_typed_as_the_pipeline_declares_them(capsys):
+    """`--param pretrain_cpu_per_node=32` is a STRING parameter: sent as the text "32" (a number is a 400)."""
+    emulator = KfpApiEmulator()
+    try:
+        code = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--param", "pretrain_cpu_per_node=32",
+                         "--param", "pretrain_nodes=2", "--param", "pretrain_force=true",
+                         "--param", 'pretrain_node_selector={"pool": "a100"}', "--param", "run_label=7"])
+        bad = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--param", "pretrain_nodes=two"])
+    finally:
+        emulator.close()
+    assert code == EXIT_SUCCEEDED and not emulator.rejected, emulator.rejected
+    [run] = emulator.runs.values()
+    params = run["runtime_config"]["parameters"]
+    assert params["pretrain_cpu_per_node"] == "32" and params["run_label"] == "7"
+    assert params["pretrain_nodes"] == 2 and params["pretrain_force"] is True
+    assert params["pretrain_node_selector"] == {"pool": "a100"}
+    err = capsys.readouterr().err
+    assert bad == 2 and "--param pretrain_nodes=two" in err and "NUMBER_INTEGER" in err and "an integer" in err
+    assert "Traceback" not in err and len(emulator.runs) == 1
+
+
+@pytest.mark.parametrize("kind,text,expected", [
+    ("STRING", "32", "32"), ("STRING", 32, "32"), ("NUMBER_INTEGER", "3", 3), ("NUMBER_INTEGER", 3.0, 3),
+    ("NUMBER_DOUBLE", "0.5", 0.5), ("NUMBER_DOUBLE", "2", 2.0), ("BOOLEAN", "True", True), ("BOOLEAN", False, False),
+    ("LIST", '["train.steps=3"]', ["train.steps=3"]), ("STRUCT", "{}", {})])
+def test_coerce_parameter_accepts(kind, text, expected):
+    value = coerce_parameter("p", text, kind)
+    assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize("kind,text", [("NUMBER_INTEGER", "2.5"), ("NUMBER_INTEGER", "true"), ("NUMBER_DOUBLE", "x"),
+                                       ("BOOLEAN", "1"), ("BOOLEAN", "yes"), ("LIST", "a,b"), ("LIST", "{}"),
+                                       ("STRUCT", "[]"), ("STRING", True), ("STRING", ["a"])])
+def test_coerce_parameter_rejects_with_the_name_and_the_type(kind, text):
+    with pytest.raises(UserError, match=rf"--param p=.*declares p {kind}; expected"):
+        coerce_parameter("p", text, kind)
+
+
+def test_the_emulator_rejects_a_mistyped_parameter_as_the_server_does():
+    """validatePipelineJobInputs: a number for a STRING parameter, a string for a BOOLEAN one, a bool for a number."""
+    emulator = KfpApiEmulator()
+    try:
+        client = make_client(emulator.url)
+        submit(_request(emulator), client=client, out=lambda line: None)
+        run = next(iter(emulator.runs.values()))
+        reference = run["pipeline_version_reference"]
+        for params in ({"pretrain_cpu_per_node": 32}, {"pretrain_force": "true"}, {"pretrain_nodes": True}):
+            with pytest.raises(Exception, match="400"):
+                client.run_pipeline(run["experiment_id"], "bad", params=params,
+                                    pipeline_id=reference["pipeline_id"], version_id=reference["pipeline_version_id"])
+    finally:
+        emulator.close()
+    assert [m.split(" requires")[0] for m in emulator.rejected] == [
+        "input parameter pretrain_cpu_per_node", "input parameter pretrain_force", "input parameter pretrain_nodes"]

@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--experiment", default="fourm-pretrain", help="experiment name (created if missing)")
     submit.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="another pipeline parameter, e.g. --param pretrain_nodes=2 --param "
-                             "pretrain_launcher=trainjob (values parse as JSON when they can)")
+                             "pretrain_launcher=trainjob (each value is typed as the pipeline declares it: "
+                             "text, integer, number, true/false, or a JSON list/object)")
     submit.add_argument("--package", default="", help="compiled pipeline YAML (default: the committed one)")
     submit.add_argument("--run-name", default="", help="run name, also the MLflow run label (default: dated)")
     submit.add_argument("--schedule", default="", metavar="CRON",
@@ -345,7 +346,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     import os
 
-    from fourm_kfp.launchers.kfp_submit import SubmitRequest, parse_parameters, submit
+    from fourm_kfp.launchers.kfp_submit import SubmitRequest, split_parameters, submit
     from fourm_kfp.launchers.stage import setup_logging
 
     setup_logging()
@@ -355,7 +356,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
         raise UserError("--host (or $KFP_HOST): the KFP API endpoint to submit to")
     request = SubmitRequest(host=host, preset=args.preset, overrides=args.overrides,
-                            parameters=parse_parameters(args.param), namespace=args.namespace,
+                            parameters=split_parameters(args.param), namespace=args.namespace,
                             experiment=args.experiment, package=args.package, run_name=args.run_name,
                             schedule=args.schedule, wait=args.wait, timeout_s=args.timeout, poll_s=args.poll,
                             tracking_uri=args.mlflow_tracking_uri or "")

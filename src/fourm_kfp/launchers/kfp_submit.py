@@ -109,11 +109,68 @@ def pipeline_package(path: str = "") -> Path:
     return package
 
 
-def pipeline_parameter_names(package: Path) -> set[str]:
+def pipeline_parameter_types(package: Path) -> dict[str, str]:
+    """The compiled pipeline's parameters and their declared ``parameterType`` (``STRING``, ``NUMBER_INTEGER``, ...)."""
     import yaml
 
     spec = next(yaml.safe_load_all(package.read_text()))
-    return set(spec["root"]["inputDefinitions"]["parameters"])
+    return {name: str(declared.get("parameterType", ""))
+            for name, declared in spec["root"]["inputDefinitions"]["parameters"].items()}
+
+
+_TYPE_WORDS = {"STRING": "a string", "NUMBER_INTEGER": "an integer", "NUMBER_DOUBLE": "a number",
+               "BOOLEAN": "true or false", "LIST": "a JSON list, e.g. [\"a\", \"b\"]",
+               "STRUCT": "a JSON object, e.g. {\"key\": \"value\"}"}
+
+
+def coerce_parameter(name: str, value: Any, parameter_type: str) -> Any:
+    """``value`` (the text after ``--param NAME=``, or a Python value) as the JSON type KFP's run creation accepts
+    for ``parameter_type`` (it rejects e.g. a number for a STRING parameter); a :class:`UserError` otherwise."""
+    text = value if isinstance(value, str) else None
+    decoded: Any = value
+    if text is not None and parameter_type != "STRING":
+        try:
+            decoded = json.loads(text)
+        except json.JSONDecodeError:
+            decoded = text
+    coerced: Any = None
+    if parameter_type == "STRING":
+        if isinstance(value, str):
+            coerced = value
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            coerced = json.dumps(value)
+    elif parameter_type == "NUMBER_INTEGER":
+        if isinstance(decoded, (int, float)) and not isinstance(decoded, bool) and float(decoded).is_integer():
+            coerced = int(decoded)
+    elif parameter_type == "NUMBER_DOUBLE":
+        if isinstance(decoded, (int, float)) and not isinstance(decoded, bool):
+            coerced = float(decoded)
+    elif parameter_type == "BOOLEAN":
+        if isinstance(decoded, bool):
+            coerced = decoded
+        elif isinstance(decoded, str) and decoded.lower() in ("true", "false"):
+            coerced = decoded.lower() == "true"
+    elif parameter_type == "LIST":
+        coerced = decoded if isinstance(decoded, list) else None
+    elif parameter_type == "STRUCT":
+        coerced = decoded if isinstance(decoded, dict) else None
+    else:
+        raise UserError(f"--param {name}: the compiled pipeline declares it {parameter_type or 'without a type'}, "
+                        "which a run cannot be given")
+    if coerced is None:
+        shown = text if text is not None else json.dumps(value)
+        raise UserError(f"--param {name}={shown}: the pipeline declares {name} {parameter_type}; expected "
+                        f"{_TYPE_WORDS[parameter_type]}")
+    return coerced
+
+
+def coerce_parameters(parameters: dict[str, Any], declared: dict[str, str]) -> dict[str, Any]:
+    """Every parameter checked against the pipeline (unknown names and mistyped values are user errors)."""
+    unknown = sorted(set(parameters) - set(declared))
+    if unknown:
+        raise UserError(f"--param {', '.join(unknown)}: not a parameter of the pipeline; it has "
+                        f"{', '.join(sorted(declared))}")
+    return {name: coerce_parameter(name, value, declared[name]) for name, value in parameters.items()}
 
 
 def upload(client, package: Path, name: str) -> tuple[str, str]:
@@ -150,17 +207,13 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
 
     load_config(request.preset, overrides=list(request.overrides))  # a bad config fails here, not in the cluster
     package = pipeline_package(request.package)
-    known = pipeline_parameter_names(package)
-    unknown = sorted(set(request.parameters) - known)
-    if unknown:
-        raise UserError(f"--param {', '.join(unknown)}: not a parameter of the pipeline; it has "
-                        f"{', '.join(sorted(known))}")
+    parameters = coerce_parameters(request.parameters, pipeline_parameter_types(package))
     client = client if client is not None else make_client(request.host, request.namespace)
     pipeline_id, version_id = upload(client, package, request.pipeline_name)
     experiment = client.create_experiment(request.experiment, namespace=request.namespace or None)
     label = request.run_name or f"{request.pipeline_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     params: dict[str, Any] = {"preset": request.preset, "config_overrides": list(request.overrides),
-                              **request.parameters}
+                              **parameters}
     if request.schedule:
         recurring = client.create_recurring_run(experiment.experiment_id, label, cron_expression=request.schedule,
                                                 pipeline_id=pipeline_id, version_id=version_id, params=params)
@@ -255,13 +308,21 @@ def describe(result: SubmitResult) -> str:
     return "\n".join(lines)
 
 
-def parse_parameters(items: Sequence[str]) -> dict[str, Any]:
-    """``--param name=value``: the value as JSON when it parses (numbers, booleans, lists, objects), else text."""
-    parameters: dict[str, Any] = {}
+def split_parameters(items: Sequence[str]) -> dict[str, str]:
+    """``--param name=value`` as ``{name: "value"}``, the text as given (``submit`` types it by the pipeline)."""
+    parameters: dict[str, str] = {}
     for item in items:
         name, sep, text = item.partition("=")
         if not sep or not name:
             raise UserError(f"--param {item!r}: expected NAME=VALUE")
+        parameters[name] = text
+    return parameters
+
+
+def parse_parameters(items: Sequence[str]) -> dict[str, Any]:
+    """``--param name=value``: the value as JSON when it parses (numbers, booleans, lists, objects), else text."""
+    parameters: dict[str, Any] = {}
+    for name, text in split_parameters(items).items():
         try:
             parameters[name] = json.loads(text)
         except json.JSONDecodeError:
