@@ -98,3 +98,17 @@ def test_cli_start_up_stays_light():
             "print(sorted(m for m in ('torch', 'kfp', 'mlflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_mlflow_ui_serves_one_browser_with_one_worker_and_no_job_consumers():
+    """`fourm-kfp ui` on a 2-core machine: MLflow's defaults start four web workers and several GenAI job consumers
+    (MLflow 3.17 `mlflow ui --help`: workers default 4; MLFLOW_SERVER_ENABLE_JOB_EXECUTION defaults to true)."""
+    from fourm_kfp.cli import build_parser, ui_server_command
+
+    argv, env = ui_server_command("mlflow", "sqlite:////r/mlflow.db", "127.0.0.1", 5000)
+    assert argv[argv.index("--workers") + 1] == "1" and argv[argv.index("--backend-store-uri") + 1].endswith(".db")
+    assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    from mlflow.environment_variables import MLFLOW_SERVER_ENABLE_JOB_EXECUTION
+
+    assert MLFLOW_SERVER_ENABLE_JOB_EXECUTION.name == "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"  # the name MLflow reads
+    assert build_parser().parse_args(["ui", "--root", "runs/x"]).root == "runs/x"

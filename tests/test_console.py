@@ -54,11 +54,15 @@ def test_console_log_sends_subprocess_output_to_the_file(tmp_path, capfd):
 
 
 def test_closing_summary_names_every_stage_and_where_things_are():
-    summary = {"mlflow": {"tracking_uri": "sqlite:////r/mlflow.db", "parent_run_id": "abc"}, "kfp_log": "/r/l.log",
+    summary = {"mlflow": {"tracking_uri": "sqlite:////r/mlflow.db", "parent_run_id": "abc",
+                          "parent_run_page": "#/experiments/1/runs/abc"}, "kfp_log": "/r/l.log",
                "stages": [{"name": "prepare-data", "status": "skipped", "seconds": 1.25, "output_uri": "/r/p/1"}]}
     text = closing_summary(summary)
     assert "prepare-data  skipped" in text and "/r/p/1" in text and "/r/l.log" in text
-    assert "make ui DEMO_ROOT=/r " in text  # the full mlflow serves the UI; mlflow-skinny has none
+    # `fourm-kfp ui` works for any root, in or out of a checkout (`make ui` only installs the extra), and the
+    # closing lines point at this run's page, not the UI's front page
+    assert "fourm-kfp ui --root /r " in text and "make ui DEMO_ROOT" not in text
+    assert "http://127.0.0.1:5000/#/experiments/1/runs/abc" in text
 
 
 def test_closing_summary_prints_the_run_time_beside_the_machines_matmul_rate():

@@ -384,11 +384,23 @@ def cmd_ui(args: argparse.Namespace) -> int:
     except PackageNotFoundError:
         raise UserError("the MLflow UI needs the full mlflow package: make ui (or pip install -e '.[ui]')") from None
     exe = Path(sys.executable).parent / "mlflow"
-    argv = [str(exe) if exe.exists() else shutil.which("mlflow") or "mlflow", "ui", "--backend-store-uri", tracking,
-            "--host", args.host, "--port", str(args.port)]
+    argv, env = ui_server_command(str(exe) if exe.exists() else shutil.which("mlflow") or "mlflow", tracking,
+                                  args.host, args.port)
     print(f"MLflow UI on http://{args.host}:{args.port} for {tracking} (Ctrl-C stops it)", flush=True)
-    os.execv(argv[0], argv)
+    latest = lineage.latest_pipeline_run(tracking)
+    if latest:
+        print(f"newest pipeline run: http://{args.host}:{args.port}/{lineage.run_page(tracking, latest)}", flush=True)
+    os.execve(argv[0], argv, env)
     return 0  # not reached
+
+
+def ui_server_command(mlflow: str, tracking: str, host: str, port: int) -> tuple[list[str], dict[str, str]]:
+    """The MLflow server's command and environment for one person's browser: one web worker (MLflow's default
+    starts four) and no background job consumers (MLflow 3 starts several for GenAI jobs this store never has)."""
+    import os
+
+    argv = [mlflow, "ui", "--backend-store-uri", tracking, "--host", host, "--port", str(port), "--workers", "1"]
+    return argv, {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def cmd_compile(args: argparse.Namespace) -> int:

@@ -146,6 +146,8 @@ def closing_summary(summary: dict[str, Any]) -> str:
                          f"registry: {gate['reason']}")
     if tracking.startswith("sqlite:"):
         root = tracking.removeprefix("sqlite:///").removesuffix("/mlflow.db")
-        lines.append(f"MLflow UI:  make ui DEMO_ROOT={root}  (installs the `ui` extra once, then serves "
-                     "http://127.0.0.1:5000)")
+        page = summary["mlflow"].get("parent_run_page", "")
+        lines.append(f"MLflow UI:  fourm-kfp ui --root {root}  (needs the `ui` extra: `make ui` installs it in a "
+                     "checkout, else pip install 'fourm-kfp[ui]'), then")
+        lines.append(f"            http://127.0.0.1:5000/{page}  (this run)")
     return "\n".join(lines)

@@ -101,6 +101,26 @@ def test_lineage_records_ran_and_reused_runs(tmp_path, config):
     assert [a.path for a in client.list_artifacts(ran.mlflow_run_id, "reports")] == ["reports/report.md"]
 
 
+def test_the_mlflow_ui_opens_the_experiment_on_its_runs_and_finds_the_newest_pipeline_run(tmp_path):
+    """MLflow 3's UI shows an experiment without a kind as a GenAI app (an empty traces page): ours says it is model
+    training, also when the store was made before (a kind someone chose in the UI is kept)."""
+    tracking = lineage.default_tracking_uri(tmp_path)
+    assert lineage.latest_pipeline_run(tracking) is None
+    first = lineage.start_pipeline_run(tracking, "first", {})
+    newest = lineage.start_pipeline_run(tracking, "newest", {})
+    client = lineage._client(tracking)
+    experiment = client.get_experiment_by_name(lineage.EXPERIMENT)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert lineage.latest_pipeline_run(tracking) == newest != first
+    assert lineage.run_page(tracking, newest) == f"#/experiments/{experiment.experiment_id}/runs/{newest}"
+    client.delete_experiment_tag(experiment.experiment_id, "mlflow.experimentKind")  # a store from before
+    lineage.start_pipeline_run(tracking, "later", {})
+    assert client.get_experiment(experiment.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    client.set_experiment_tag(experiment.experiment_id, "mlflow.experimentKind", "finetuning")  # chosen in the UI
+    lineage.start_pipeline_run(tracking, "again", {})
+    assert client.get_experiment(experiment.experiment_id).tags["mlflow.experimentKind"] == "finetuning"
+
+
 def _reads(path: str):
     def run(ctx):
         node = ctx.config

@@ -136,18 +136,30 @@ def _client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
+#: MLflow 3's UI opens an experiment on its GenAI traces page unless the experiment says it is model training.
+EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+
+
 def _experiment_id(client, tracking_uri: str) -> str:
     experiment = client.get_experiment_by_name(EXPERIMENT)
     if experiment is not None:
+        if EXPERIMENT_KIND_TAG not in experiment.tags:  # a kind chosen in the UI is left alone
+            client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
         return experiment.experiment_id
     location = None
     if tracking_uri.startswith("sqlite:///"):
         # Keep artifacts beside the database instead of in ./mlruns of whatever the current directory is.
         location = (Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
     try:
-        return client.create_experiment(EXPERIMENT, artifact_location=location)
+        return client.create_experiment(EXPERIMENT, artifact_location=location,
+                                        tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
     except Exception:  # created concurrently by another process
         return client.get_experiment_by_name(EXPERIMENT).experiment_id
+
+
+def run_page(tracking_uri: str, run_id: str) -> str:
+    """The MLflow UI's path of a run, relative to the UI's address: ``#/experiments/<id>/runs/<run id>``."""
+    return f"#/experiments/{_client(tracking_uri).get_run(run_id).info.experiment_id}/runs/{run_id}"
 
 
 def start_pipeline_run(tracking_uri: str | None, run_name: str, params: Mapping[str, Any],
@@ -217,6 +229,12 @@ def child_runs(tracking_uri: str, parent_run_id: str, kind: str = "stage") -> li
     runs = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' "
                                                               f"and tags.`{TAG_KIND}` = '{kind}'")
     return sorted(runs, key=lambda r: r.info.start_time)
+
+
+def latest_pipeline_run(tracking_uri: str) -> str | None:
+    """The id of the newest pipeline (parent) run in the store, if any."""
+    run = find_run_by_tag(tracking_uri, TAG_KIND, "pipeline")
+    return run.info.run_id if run is not None else None
 
 
 def find_run_by_tag(tracking_uri: str, key: str, value: str):
