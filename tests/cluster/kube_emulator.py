@@ -2,14 +2,19 @@
 
 The launcher talks to it through the real ``kubernetes`` client over HTTP, exactly as in a cluster. The test plays
 the operator and the kubelet: it creates the job's pods, moves their status along, writes their logs, and sets the
-job's conditions, all through the same API.
+job's conditions, all through the same API. :class:`TrainingOperatorV1` holds the Training Operator v1 controller's
+failure rules for those scripts (``pkg/core/job.go``, ``pkg/controller.v1/common/job.go``): the backoff limit
+compared with the container restarts summed over all running pods, and on a backoff or deadline failure the pods
+deleted before the job's ``Failed`` status is written.
 
 What the emulator does not do (so the tests do it, or do without it):
 - no controllers: nothing creates pods or sets conditions on its own (the test's operator script does);
 - no label selectors: a list returns every pod of the namespace (the tests create only the job's pods);
 - no watch for the client's ``watch=True`` (the launcher polls anyway);
 - no pod logs: :class:`Kubelet` serves ``pods/<name>/log`` from lines the test appends, honouring ``timestamps``,
-  ``sinceSeconds``, ``tailLines`` and ``previous`` like the kubelet, and can fail a read on purpose;
+  ``sinceSeconds``, ``tailLines`` and ``previous`` like the kubelet (404 once the pod is deleted), and can fail a
+  read on purpose;
+- no grace period: a deleted pod is gone at once (a real one is listed, terminating, for its grace period);
 - no uids, resourceVersions, admission, RBAC or schema validation (the rendered objects are checked against the
   real CRD schemas in test_job_spec.py).
 """
@@ -41,6 +46,7 @@ class Kubelet:
     instance: dict[tuple[str, str], int] = field(default_factory=dict)
     fail_next: int = 0  # make this many log reads fail with HTTP 500 (a dropped connection)
     reads: int = 0
+    gone: set[str] = field(default_factory=set)  # deleted pods: their logs went with them
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def write(self, pod: str, container: str, *lines: str) -> None:
@@ -60,6 +66,8 @@ class Kubelet:
             if self.fail_next:
                 self.fail_next -= 1
                 raise RuntimeError("connection dropped (injected)")
+            if pod in self.gone:
+                raise kmock.KubernetesObjectNotFoundError()
             container = params.get("container", "")
             current = self.instance.get((pod, container), 0)
             instance = current - 1 if params.get("previous") == "True" else current
@@ -113,6 +121,7 @@ class EmulatedCluster:
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
                 "spec": {"containers": [{"name": container, "image": "fourm"}]}, "status": status}
         self.api().core.create_namespaced_pod(self.namespace, body)
+        self.kubelet.gone.discard(name)
         path = f"get /api/v1/namespaces/{self.namespace}/pods/{name}/log"
 
         def install():
@@ -121,6 +130,13 @@ class EmulatedCluster:
         done = threading.Event()
         self.loop.call_soon_threadsafe(lambda: (install(), done.set()))
         done.wait(10)
+
+    def delete_pod(self, name: str) -> None:
+        self.api().core.delete_namespaced_pod(name, self.namespace)
+        self.kubelet.gone.add(name)
+
+    def pods(self) -> list[dict]:
+        return self.api().pods("")
 
     def set_pod_status(self, name: str, status: dict) -> None:
         self.api().core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
@@ -148,3 +164,50 @@ def running_status(container: str, restarts: int = 0, last_exit: dict | None = N
     if last_exit:
         status["lastState"] = {"terminated": last_exit}
     return {"phase": "Running", "conditions": [], "containerStatuses": [status]}
+
+
+@dataclass
+class TrainingOperatorV1:
+    """The Training Operator v1 controller's failure rules, for a test's operator script to apply.
+
+    - :meth:`past_backoff_limit` is ``PastBackoffLimit`` (``pkg/core/job.go``): the restart counts of every container
+      of every *running* pod, summed over all replicas, against ``runPolicy.backoffLimit`` (reached: ``>=``);
+    - :meth:`fail` is the order of ``ReconcileJobs`` (``pkg/controller.v1/common/job.go``) on a backoff or deadline
+      failure: the pods are deleted (``cleanPodPolicy``), and the status with ``Failed`` is written after that.
+    """
+
+    cluster: EmulatedCluster
+    resource: object
+    name: str
+
+    def job(self) -> dict:
+        return self.cluster.api().get(self.resource, self.name)
+
+    def restarts(self) -> int:
+        total = 0
+        for pod in self.cluster.pods():
+            status = pod.get("status") or {}
+            if status.get("phase") != "Running":
+                continue
+            for group in ("initContainerStatuses", "containerStatuses"):
+                total += sum(int(cs.get("restartCount") or 0) for cs in status.get(group) or [])
+        return total
+
+    def past_backoff_limit(self) -> bool:
+        limit = self.job()["spec"]["runPolicy"].get("backoffLimit")
+        if limit is None:
+            return False
+        return self.restarts() > 0 if limit == 0 else self.restarts() >= limit
+
+    def fail(self, message: str) -> None:
+        for pod in self.cluster.pods():
+            self.cluster.delete_pod(pod["metadata"]["name"])
+        self.cluster.set_job_conditions(self.resource, self.name, ("Created", "", ""), ("Running", "", ""),
+                                        ("Failed", "PyTorchJobFailed", message))
+
+    def reconcile(self) -> bool:
+        """Fail the job when the restarts reached the backoff limit; whether it did."""
+        if self.past_backoff_limit():
+            self.fail(f"PyTorchJob {self.name} has failed because it has reached the specified backoff limit")
+            return True
+        return False

@@ -23,7 +23,7 @@ from fourm_kfp.cluster.job_launcher import (PYTORCHJOB, TRAINJOB, FollowSettings
 from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, RUN_ID_LABEL, JobRequest, OwnerPod, render_job
 from fourm_kfp.cluster.kube import JobConflict
 from fourm_kfp.launchers.stage import RunContext
-from tests.cluster.kube_emulator import EmulatedCluster, running_status
+from tests.cluster.kube_emulator import EmulatedCluster, TrainingOperatorV1, running_status
 
 ADDRESS = "00aa11bb22cc33dd"
 RUN_ID = "run-1"
@@ -146,6 +146,45 @@ def test_a_crash_loop_then_failure_raises_with_conditions_and_last_lines(cluster
     assert restarted and "137" in restarted[0] and "OOMKilled" in restarted[0]
     assert lines.index("RuntimeError: CUDA out of memory") < lines.index(restarted[0])
     assert cluster.api().get(PYTORCHJOB.resource, name) is None
+
+
+def _pod_labels(name: str, role: str, index: int) -> dict[str, str]:
+    return {"training.kubeflow.org/job-name": name, "training.kubeflow.org/replica-type": role,
+            "training.kubeflow.org/replica-index": str(index)}
+
+
+def test_a_multi_node_job_survives_its_restart_budget_of_whole_job_crashes(cluster):
+    """The operator sums restarts over all pods, and one crash restarts every node: a 4-node job must survive
+    RESTARTS crashes (each resuming from its checkpoint), as a 1-node job does; the next crash fails it."""
+    from fourm_kfp.cluster.job_spec import RESTARTS
+
+    nodes = 4
+    job = _job(nodes=nodes)
+    name = job["metadata"]["name"]
+    pods = [f"{name}-master-0", *(f"{name}-worker-{i}" for i in range(nodes - 1))]
+    controller = TrainingOperatorV1(cluster, PYTORCHJOB.resource, name)
+    lines, survived = [], []
+
+    def operator():
+        cluster.wait_for_job(PYTORCHJOB.resource, name)
+        for i, pod in enumerate(pods):
+            cluster.add_pod(pod, _pod_labels(name, "master" if i == 0 else "worker", max(0, i - 1)), "pytorch")
+            cluster.set_pod_status(pod, running_status("pytorch"))
+        for crash in range(1, RESTARTS + 2):  # a node is lost: every node's container restarts once
+            for pod in pods:
+                cluster.kubelet.restart(pod, "pytorch")
+                cluster.set_pod_status(pod, running_status("pytorch", restarts=crash, last_exit={
+                    "exitCode": 1, "reason": "Error", "finishedAt": f"2026-11-25T10:00:0{crash}Z"}))
+            cluster.kubelet.write(pods[0], "pytorch", f"resumed after crash {crash}")
+            if controller.reconcile():
+                return
+            survived.append(crash)
+
+    script = Operator(operator)
+    with pytest.raises(JobFailed, match="backoff limit"):
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lines.append)
+    script.finish()
+    assert survived == list(range(1, RESTARTS + 1))  # the configured crashes were survived, the next one was not
 
 
 def test_a_job_that_outlives_its_deadline_fails_and_is_deleted(cluster):

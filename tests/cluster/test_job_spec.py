@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from fourm_kfp.cluster.job_spec import (ADDRESS_LABEL, JOB_STAGES, POD_ROOT, RUN_ID_LABEL, STAGE_LABEL, JobRequest,
-                                        OwnerPod, job_name, load_template, render_job, to_yaml)
+from fourm_kfp.cluster.job_spec import (ADDRESS_LABEL, JOB_STAGES, POD_ROOT, RESTARTS, RUN_ID_LABEL, STAGE_LABEL,
+                                        JobRequest, OwnerPod, job_name, load_template, render_job, to_yaml)
 from fourm_kfp.components.images import GPU_IMAGE
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.launchers.remote import stage_command
@@ -69,7 +69,9 @@ def test_pytorchjob_shape(nodes):
     assert spec["nprocPerNode"] == "8" and spec["nprocPerNode"].isdigit()  # never "auto" (= CPU count on CPUs)
     run_policy = spec["runPolicy"]
     assert run_policy["cleanPodPolicy"] == "All" and run_policy["activeDeadlineSeconds"] == 7200
-    assert run_policy["backoffLimit"] >= 1 and run_policy["ttlSecondsAfterFinished"] > 0
+    assert run_policy["ttlSecondsAfterFinished"] > 0
+    # restarts are summed over all pods and a crash restarts every node: RESTARTS crashes must stay under the limit
+    assert run_policy["backoffLimit"] == RESTARTS * nodes + 1
     assert "elasticPolicy" not in spec
     pod = replicas["Master"]["template"]
     assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
@@ -145,7 +147,8 @@ def test_cpu_nodes_request_no_accelerator():
 def test_elastic_pytorchjob(validators):
     job = render_job(_request("pytorchjob", 4, min_nodes=2))
     assert job["spec"]["elasticPolicy"] == {"minReplicas": 2, "maxReplicas": 4, "rdzvBackend": "c10d",
-                                            "maxRestarts": job["spec"]["runPolicy"]["backoffLimit"]}
+                                            "maxRestarts": RESTARTS}  # torchrun counts per node
+    assert job["spec"]["runPolicy"]["backoffLimit"] == RESTARTS * 4 + 1
     assert not crd_errors(validators["pytorchjob"], job)
 
 
@@ -182,3 +185,8 @@ def test_the_template_is_the_file_users_submit():
     repo = Path(__file__).resolve().parents[2]
     for launcher, name in (("pytorchjob", "pytorchjob-template.yaml"), ("trainjob", "trainjob-template.yaml")):
         assert load_template(launcher) == yaml.safe_load((repo / "manifests" / "base" / name).read_text())
+    # as written (Master + 1 Worker) the template has the restart budget the launcher renders for 2 nodes
+    template = load_template("pytorchjob")
+    nodes = sum(r["replicas"] for r in template["spec"]["pytorchReplicaSpecs"].values())
+    assert template["spec"]["runPolicy"]["backoffLimit"] == render_job(_request("pytorchjob", nodes))["spec"][
+        "runPolicy"]["backoffLimit"]

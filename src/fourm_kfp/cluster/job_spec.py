@@ -14,6 +14,8 @@ files a user may submit by hand (package data of ``fourm_kfp.manifests``); nothi
 - nodes (PyTorchJob: Master plus ``nodes - 1`` Workers, no Worker spec at all for one node), an integer number of
   processes per node, the accelerator, CPU and memory per node, node selector, tolerations, deadline, and an
   optional ``elasticPolicy`` (PyTorchJob);
+- the PyTorchJob's restart budget, scaled with the nodes (:func:`backoff_limit`): the operator counts restarts summed
+  over all pods, and one crash restarts every node;
 - the container's arguments: ``torchrun --no-python fourm-kfp stage <stage> ...`` (the launcher's
   :func:`fourm_kfp.launchers.remote.stage_command`);
   torchrun reads the rendezvous from the operator's ``PET_*`` variables. Credentials stay in the Secret.
@@ -44,6 +46,8 @@ RUN_ID_LABEL = "fourm-kfp.org/kfp-run-id"
 STAGE_LABEL = "fourm-kfp.org/stage"
 #: The pod's local folder: ``--root`` of the stage (ranks share no file system; outputs go to the store).
 POD_ROOT = "/scratch/run"
+#: Crashes a PyTorchJob survives, each followed by a resume from the newest complete checkpoint; the next one fails it.
+RESTARTS = 3
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 
@@ -128,6 +132,15 @@ def job_name(stage: str, address: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{1,32}", address):
         raise ValueError(f"not a content address: {address!r}")
     return f"fourm-{stage}-{address}"
+
+
+def backoff_limit(nodes: int) -> int:
+    """``runPolicy.backoffLimit`` that lets a job of ``nodes`` pods survive :data:`RESTARTS` crashes.
+
+    Training Operator v1 (``PastBackoffLimit`` in ``pkg/core/job.go``) fails the job once the container restart counts
+    summed over all running pods reach the limit, and one crash costs every node a restart (a node's loss makes its
+    peers' torchrun exit too): ``RESTARTS`` crashes cost ``RESTARTS * nodes``, which must stay below the limit."""
+    return RESTARTS * nodes + 1
 
 
 def load_template(launcher: str) -> dict[str, Any]:
@@ -218,6 +231,7 @@ def render_pytorchjob(req: JobRequest) -> dict[str, Any]:
     spec = job["spec"]
     spec["nprocPerNode"] = str(req.procs_per_node)
     spec["runPolicy"]["activeDeadlineSeconds"] = req.deadline_s
+    spec["runPolicy"]["backoffLimit"] = backoff_limit(req.nodes)
     pod = copy.deepcopy(spec["pytorchReplicaSpecs"]["Master"]["template"])
     _pod_labels(pod["metadata"], req)
     pod_spec = pod["spec"]
@@ -236,8 +250,9 @@ def render_pytorchjob(req: JobRequest) -> dict[str, Any]:
         replicas["Worker"] = {**worker, "replicas": req.nodes - 1, "template": copy.deepcopy(pod)}
     spec["pytorchReplicaSpecs"] = replicas
     if req.min_nodes:
+        # torchrun's --max-restarts counts per node (each agent restarts its own workers once per crash): no scaling
         spec["elasticPolicy"] = {"minReplicas": req.min_nodes, "maxReplicas": req.nodes, "rdzvBackend": "c10d",
-                                 "maxRestarts": spec["runPolicy"]["backoffLimit"]}
+                                 "maxRestarts": RESTARTS}
     return job
 
 
