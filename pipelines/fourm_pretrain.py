@@ -148,8 +148,10 @@ def fourm_pretrain(
         pretrain_force: Recompute pretrain even if its output is committed (else a committed run is reused and an
             interrupted one resumes from its newest checkpoint); default false.
         pretrain_config_overrides: ``train.*`` and ``evaluate.*`` overrides for pretrain and evaluate only, e.g.
-            ``["train.steps=2000"]``; default none. A rerun that changes only these (or other pretrain_*
-            parameters) recomputes pretrain and evaluate and reuses every upstream output by its content address.
+            ``["train.steps=2000"]``; default none. A rerun that changes only these recomputes pretrain and
+            evaluate and reuses every upstream output by its content address. The other pretrain_* parameters
+            say where and on what pretrain runs, not what it computes: changing only them reuses a committed
+            pretrain output (pretrain_force recomputes it).
         pretrain_accelerator: "nvidia.com/gpu" (default: pretraining requests GPUs) or "cpu" (no accelerator
             request, so a CPU-only cluster can run it; the image runs on CPUs too, and precision "auto" then trains
             in fp32); the evaluate step follows it on the same kind of node.
