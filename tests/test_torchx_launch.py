@@ -21,7 +21,7 @@ from fourm_kfp.launchers.remote import stage_command
 from fourm_kfp.launchers.stage import RunContext
 from fourm_kfp.storage import open_store
 from fourm_kfp.launchers.torchx_job import (KUBERNETES_ROOT, TorchxParams, build_app, free_port, launch_torchx,
-                                     rendezvous_port, scheduler_config)
+                                     replica_resources, rendezvous_port, scheduler_config)
 from tests.train.pretrain_helpers import input_args, smoke_upstream
 
 BIN = Path(sys.executable).parent
@@ -143,6 +143,11 @@ def test_kubernetes_renders_a_volcano_job_of_the_image_and_scheduler_config_is_c
     assert {"name": "AWS_ACCESS_KEY_ID", "value": "k"} in [{"name": e.name, "value": e.value} for e in container.env]
     assert f"--root {KUBERNETES_ROOT} --store s3://b/p" in container.command[2]
     assert container.resources.limits["nvidia.com/gpu"] == "4"
+    # sized for a 4-GPU training replica unless told otherwise (torchx's memMB is the container's memory limit)
+    assert container.resources.limits["memory"] == f"{4 * 64 * 1024}M" \
+        and container.resources.requests["cpu"] == "31900m"  # 32 CPUs less torchx's 100m reserve
+    small = TorchxParams(scheduler="kubernetes", cpu=2, mem_mb=4096)
+    assert replica_resources(small) == (2, 4096) and replica_resources(TorchxParams()) == (8, 32 * 1024)
 
 
 def test_pip_check_reports_only_torchxs_stale_urllib3_bound():

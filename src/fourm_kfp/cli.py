@@ -87,9 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="scheduler run config (repeatable): queue= (required) and namespace= (kubernetes), "
                              "partition=, time=, job_dir= (slurm), log_dir= (local_cwd; default <root>/torchx)")
     launch.add_argument("--image", default="", help="kubernetes: container image (default: the GPU image)")
-    launch.add_argument("--cpu", type=int, default=2, help="CPUs per replica (default 2)")
+    launch.add_argument("--cpu", type=int, default=0, help="CPUs per replica (default: 8 per GPU, 8 without GPUs)")
     launch.add_argument("--gpu", type=int, default=0, help="GPUs per replica (default 0)")
-    launch.add_argument("--mem-mb", type=int, default=1024, help="memory per replica in MB (default 1024)")
+    launch.add_argument("--mem-mb", type=int, default=0,
+                        help="memory per replica in MB, the container's limit on kubernetes (default: 65536 per GPU, "
+                             "32768 without GPUs)")
     launch.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                         help="environment of the replicas (repeatable), e.g. S3 credentials for kubernetes pods "
                              "(local_cwd and slurm replicas also inherit this process's)")

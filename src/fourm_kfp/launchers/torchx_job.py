@@ -71,13 +71,30 @@ class TorchxParams:
     j: str = "1x1"  # [MIN_NODES:]NODESxPROCS_PER_NODE, as torchx's dist.ddp -j
     scheduler_args: Sequence[str] = ()  # KEY=VALUE items of the scheduler's run config (queue=, partition=, ...)
     image: str = ""  # kubernetes: the container image (default: the pretrain GPU image); slurm/local_cwd ignore it
-    cpu: int = 2
+    cpu: int = 0  # per replica; 0: see replica_resources
     gpu: int = 0
-    mem_mb: int = 1024
+    mem_mb: int = 0  # per replica; 0: see replica_resources
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the replicas
     rdzv_port: int = 0  # 0: a free port (local_cwd) or one derived from the address
     max_retries: int = 0
     wait_interval_s: float = 0.0  # 0: 1 s for local_cwd, 10 s elsewhere
+
+
+#: Per-replica defaults off this machine (``cpu``/``mem_mb`` 0): per GPU, and for a replica without GPUs. On
+#: Kubernetes torchx makes ``mem_mb`` the container's memory limit (its request is 0), on Slurm ``--mem``: what a
+#: training replica must live within, loader workers and pinned host buffers included.
+CPU_PER_GPU, MEM_MB_PER_GPU = 8, 64 * 1024
+CPU_REPLICA_CPU, CPU_REPLICA_MEM_MB = 8, 32 * 1024
+
+
+def replica_resources(params: TorchxParams) -> tuple[int, int]:
+    """``(cpu, mem_mb)`` of each replica: the ones asked for, else sized by the replica's GPUs (8 CPUs and 64 GiB
+    per GPU; 8 CPUs and 32 GiB without GPUs). ``local_cwd`` runs on this machine and enforces neither."""
+    if params.gpu:
+        defaults = (CPU_PER_GPU * params.gpu, MEM_MB_PER_GPU * params.gpu)
+    else:
+        defaults = (CPU_REPLICA_CPU, CPU_REPLICA_MEM_MB)
+    return params.cpu or defaults[0], params.mem_mb or defaults[1]
 
 
 def free_port() -> int:
@@ -120,9 +137,9 @@ def build_app(stage_args: Sequence[str], address: str, params: TorchxParams, rdz
             image = GPU_IMAGE
         else:
             image = os.getcwd()  # local_cwd and slurm run in a folder, not an image
+    cpu, mem_mb = replica_resources(params)
     return ddp(*stage_args, m=ENTRY_MODULE, j=params.j, name=job_name(stage_args[1], address), image=image,
-               cpu=params.cpu, gpu=params.gpu, memMB=params.mem_mb, env=env, rdzv_port=rdzv_port,
-               max_retries=params.max_retries)
+               cpu=cpu, gpu=params.gpu, memMB=mem_mb, env=env, rdzv_port=rdzv_port, max_retries=params.max_retries)
 
 
 def scheduler_config(runner, scheduler: str, items: Sequence[str], defaults: dict[str, Any] | None = None
