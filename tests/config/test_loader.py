@@ -115,3 +115,30 @@ def test_modalities_the_data_lacks_get_no_budget():
 def test_unknown_preset_lists_the_available_ones():
     with pytest.raises(ConfigError, match="unknown preset 'huge'.*smoke"):
         load_config("huge")
+
+
+@pytest.mark.parametrize("preset", available_presets())
+def test_pinned_overrides_rebuild_the_config_and_its_addresses(preset):
+    from fourm_kfp.config.loader import pinned_overrides
+    from fourm_kfp.contract.addressing import stage_address
+    from fourm_kfp.stages import STAGES
+
+    # a float PyYAML would read back as text if written as JSON writes it (1e-08), a string YAML would split
+    config = load_config(preset, overrides=["train.optimizer.base_lr=1.0e-8", "evaluate.gate.model_name='m: v2'"])
+    again = load_config(preset, overrides=pinned_overrides(config))
+    assert again == config
+    assert [stage_address(s, again) for s in STAGES.values()] == [stage_address(s, config) for s in STAGES.values()]
+
+
+def test_pinned_overrides_beat_an_older_preset(tmp_path):
+    """The pods' image may hold an older preset: the submitter's pinned config is what they load."""
+    from fourm_kfp.config.loader import pinned_overrides
+
+    submitted = load_config("smoke", overrides=["train.steps=7"])
+    old = tmp_path / "smoke"
+    shutil.copytree(PRESETS_DIR / "smoke", old)
+    train = old / "train.yaml"
+    train.write_text(train.read_text().replace("steps: 2", "steps: 3"))
+    assert load_config(config_dir=old).train.steps == 3
+    in_pod = load_config(config_dir=old, overrides=pinned_overrides(submitted))
+    assert to_dict(dataclasses.replace(in_pod, preset="smoke")) == to_dict(submitted)

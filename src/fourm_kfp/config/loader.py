@@ -124,6 +124,24 @@ def load_config(preset: str | None = "smoke", config_dir: str | Path | None = No
         raise ConfigError(f"{where}: {exc}") from None
 
 
+def pinned_overrides(config: FourMConfig) -> list[str]:
+    """``section.key=value`` overrides that pin every value of ``config``: loaded on top of the same preset from any
+    version of the package whose schema has these keys, they give this very config, whatever that version's preset
+    files say. ``fourm-kfp submit`` sends them, so the pods run the config the submitter resolved (and recorded in
+    the lineage) even when their image's presets differ; a key the pods' schema lacks fails there by name. The links
+    between files (``train.data``, ``data.alphas``) are left out: the overrides beat whatever the links read."""
+    from fourm_kfp.config.schema import to_dict
+
+    links = {f"{holder}.{key}" for holder, key in LINKS.values()}
+    pins = []
+    for section in SECTIONS:
+        for key, value in to_dict(getattr(config, section)).items():
+            if f"{section}.{key}" not in links:
+                text = yaml.safe_dump(value, default_flow_style=True, width=1 << 30, sort_keys=False)
+                pins.append(f"{section}.{key}={text.removesuffix(chr(10) + '...' + chr(10)).strip()}")
+    return pins
+
+
 def config_from_dict(data: dict) -> FourMConfig:
     """Rebuild a resolved config from :func:`fourm_kfp.config.schema.to_dict` output (e.g. a manifest)."""
     sections = {name: from_dict(cls, data[name], f"resolved config: {name}") for name, cls in SECTIONS.items()}
