@@ -142,7 +142,7 @@ def test_a_crash_loop_then_failure_raises_with_conditions_and_last_lines(cluster
     assert "backoff limit" in message and "PyTorchJobFailed" in message
     assert "RuntimeError: CUDA out of memory" in message  # the last log lines travel with the error
     assert lines.count("RuntimeError: CUDA out of memory") == 2  # the crashed container's last line too
-    restarted = [line for line in lines if "restarted" in line]
+    restarted = [line for line in lines if "ended (restart" in line]
     assert restarted and "137" in restarted[0] and "OOMKilled" in restarted[0]
     assert lines.index("RuntimeError: CUDA out of memory") < lines.index(restarted[0])
     assert cluster.api().get(PYTORCHJOB.resource, name) is None
@@ -185,6 +185,77 @@ def test_a_multi_node_job_survives_its_restart_budget_of_whole_job_crashes(clust
         run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lines.append)
     script.finish()
     assert survived == list(range(1, RESTARTS + 1))  # the configured crashes were survived, the next one was not
+
+
+def _crashed_status(container: str, restarts: int, finished: str) -> dict:
+    """A container in CrashLoopBackOff after a crash: waiting, with the crashed instance as its last state."""
+    status = running_status(container, restarts, last_exit={"exitCode": 1, "reason": "Error", "finishedAt": finished,
+                                                            "containerID": f"containerd://{restarts}"})
+    status["containerStatuses"][0]["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
+    return status
+
+
+def test_a_crash_seen_first_after_it_happened_is_read_before_the_operator_deletes_the_pod(cluster):
+    """A pod that crashed before the launcher first saw it (a start-up error, an adopted job): its restart count never
+    rises under the launcher's eyes, and the operator deletes the pod before it writes Failed. The traceback must be
+    read from the crashed instance while the pod is still listed (its termination grace period)."""
+    job = _job(nodes=1)
+    name = job["metadata"]["name"]
+    pod = f"{name}-master-0"
+    controller = TrainingOperatorV1(cluster, PYTORCHJOB.resource, name)
+    lines = []
+
+    def operator():
+        cluster.wait_for_job(PYTORCHJOB.resource, name)
+        cluster.add_pod(pod, MASTER_LABELS, "pytorch", phase="Running")
+        cluster.kubelet.write(pod, "pytorch", "Traceback (most recent call last):",
+                              "KeyError: 'caption' in shard 00017")
+        cluster.kubelet.restart(pod, "pytorch")
+        cluster.set_pod_status(pod, _crashed_status("pytorch", 1, "2026-11-25T10:00:01Z"))
+        time.sleep(0.5)  # the pods' termination grace period: still listed, ten of the launcher's polls
+        controller.fail(f"PyTorchJob {name} has failed because it was active longer than specified deadline")
+
+    script = Operator(operator)
+    with pytest.raises(JobFailed) as failure:
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lines.append)
+    script.finish()
+    assert "KeyError: 'caption' in shard 00017" in lines  # in the step's log
+    assert "KeyError: 'caption' in shard 00017" in str(failure.value)  # and in the error
+    assert lines.count("KeyError: 'caption' in shard 00017") == 1
+
+
+def test_a_worker_s_crash_reaches_the_step_s_log_and_error(cluster):
+    """A worker hits the error, the master only sees its peer vanish; both restart until the operator fails the job
+    (summed restarts, pods deleted before Failed). The worker's traceback is what the user needs."""
+    job = _job(nodes=2)
+    name = job["metadata"]["name"]
+    master, worker = f"{name}-master-0", f"{name}-worker-0"
+    controller = TrainingOperatorV1(cluster, PYTORCHJOB.resource, name)
+    lines = []
+
+    def operator():
+        cluster.wait_for_job(PYTORCHJOB.resource, name)
+        cluster.add_pod(master, MASTER_LABELS, "pytorch", phase="Running")
+        cluster.add_pod(worker, _pod_labels(name, "worker", 0), "pytorch", phase="Running")
+        for crash in range(1, 10):
+            for pod, error in ((worker, f"ValueError: shard 00042 is truncated (crash {crash})"),
+                               (master, "torch.distributed.DistNetworkError: connection reset by peer")):
+                cluster.kubelet.write(pod, "pytorch", "step 3/20", error)
+                cluster.kubelet.restart(pod, "pytorch")
+                cluster.set_pod_status(pod, running_status("pytorch", restarts=crash, last_exit={
+                    "exitCode": 1, "reason": "Error", "finishedAt": f"2026-11-25T10:00:0{crash}Z"}))
+            time.sleep(0.3)  # the kubelet's restart back-off; the last time the pods' grace period
+            if controller.reconcile():
+                return
+
+    script = Operator(operator)
+    with pytest.raises(JobFailed, match="backoff limit") as failure:
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lines.append)
+    script.finish()
+    last = "ValueError: shard 00042 is truncated (crash 4)"  # 4 crashes x 2 pods reach the limit of 7
+    assert f"  {worker} | {last}" in lines
+    assert last in str(failure.value) and f"{worker}'s crashed container" in str(failure.value)
+    assert "torch.distributed.DistNetworkError: connection reset by peer" in lines  # the master's own lines too
 
 
 def test_a_job_that_outlives_its_deadline_fails_and_is_deleted(cluster):

@@ -6,9 +6,12 @@
    id (a restarted launcher step); an adopted job that already failed is deleted and created afresh (a retry). Any
    other name conflict fails and names the job, never adopting a stranger's or a stale job;
 2. **follows** it by polling (every ``poll_s``): the master pod's log goes to ``out`` line by line (read with
-   timestamps, so a dropped connection or a launcher restart loses and repeats nothing), the crashed container's
-   last lines are read with ``previous=True`` after a restart, and while pods are Pending the reason is printed
-   (unschedulable, image pull, init containers) when it changes and once a minute while it does not;
+   timestamps, so a dropped connection or a launcher restart loses and repeats nothing); whenever a container of
+   any pod shows a terminated instance (``lastState.terminated``) newer than the one last read, that instance's log
+   is read with ``previous=True`` at once (the master's in full, another pod's last lines), since on a backoff or
+   deadline failure the operator deletes the pods before it marks the job Failed; while pods are Pending the
+   reason is printed (unschedulable, image pull, init containers) when it changes and once a minute while it does
+   not;
 3. stops at the job's terminal condition (PyTorchJob ``Succeeded``/``Failed``, TrainJob ``Complete``/``Failed``)
    or at the deadline, and raises :class:`JobFailed` with the conditions and the last log lines on failure or
    timeout;
@@ -87,6 +90,7 @@ class JobResult:
     conditions: list[dict[str, Any]]
     adopted: bool
     log_tail: list[str] = field(default_factory=list)
+    peer_crashes: dict[str, list[str]] = field(default_factory=dict)  # other pods' last crashed lines
 
 
 def conditions_of(job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -130,8 +134,10 @@ class LogFollower:
         self.api, self.container, self.out = api, container, out
         self.last_ns: int | None = None
         self.seen_at_last: set[str] = set()
-        self.restarts: dict[str, int] = {}
+        self.ended: dict[str, tuple] = {}  # pod uid -> the terminated container instance whose log was read
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self.peer_crashes: dict[str, list[str]] = {}  # another pod -> the last lines of its last crashed container
+        self.tail_lines = tail_lines
 
     def _emit(self, text: str, prefix: str = "") -> None:
         for raw in text.splitlines():
@@ -154,21 +160,56 @@ class LogFollower:
             return None
         return max(1, int(time.time() - self.last_ns / 1e9) + self.SKEW_S)
 
-    def poll(self, pod: dict[str, Any]) -> None:
-        name, uid = pod["metadata"]["name"], pod["metadata"].get("uid", pod["metadata"]["name"])
+    def _status(self, pod: dict[str, Any]) -> dict[str, Any]:
         statuses = {s.get("name"): s for s in (pod.get("status") or {}).get("containerStatuses") or []}
-        status = statuses.get(self.container, {})
-        restarts = int(status.get("restartCount") or 0)
-        if uid in self.restarts and restarts > self.restarts[uid]:
-            self._emit(self.api.log(name, self.container, previous=True, since_seconds=self._since()))
-            ended = (status.get("lastState") or {}).get("terminated") or {}
-            self.out(f"[launcher] {name}: container {self.container!r} restarted (restart {restarts}; last exit "
-                     f"code {ended.get('exitCode', '?')}, {ended.get('reason', 'unknown reason')}); training "
-                     "resumes from the newest complete checkpoint")
-        self.restarts[uid] = restarts
+        return statuses.get(self.container, {})
+
+    def _new_termination(self, pod: dict[str, Any], status: dict[str, Any]) -> dict[str, Any] | None:
+        """The container's last terminated instance if its log has not been read yet (and mark it read)."""
+        ended = (status.get("lastState") or {}).get("terminated")
+        if not ended:
+            return None
+        uid = pod["metadata"].get("uid", pod["metadata"]["name"])
+        key = (ended.get("containerID"), ended.get("startedAt"), ended.get("finishedAt"), status.get("restartCount"))
+        if self.ended.get(uid) == key:
+            return None
+        self.ended[uid] = key
+        return ended
+
+    def _crash_line(self, name: str, status: dict[str, Any], ended: dict[str, Any]) -> str:
+        return (f"[launcher] {name}: container {self.container!r} ended (restart "
+                f"{int(status.get('restartCount') or 0)}; exit code {ended.get('exitCode', '?')}, "
+                f"{ended.get('reason', 'unknown reason')}); training resumes from the newest complete checkpoint "
+                "unless the job fails")
+
+    def poll(self, pod: dict[str, Any]) -> None:
+        """The master pod: the log of a newly terminated instance first (``previous``), then the running one's."""
+        name = pod["metadata"]["name"]
+        status = self._status(pod)
+        ended = self._new_termination(pod, status)
+        if ended is not None:
+            tail = 1000 if self.last_ns is None else None
+            self._emit(self.api.log(name, self.container, previous=True, since_seconds=self._since(),
+                                    tail_lines=tail))
+            self.out(self._crash_line(name, status, ended))
         if status.get("state", {}).get("running") or status.get("state", {}).get("terminated"):
             tail = 1000 if self.last_ns is None else None
             self._emit(self.api.log(name, self.container, since_seconds=self._since(), tail_lines=tail))
+
+    def poll_peer(self, pod: dict[str, Any]) -> None:
+        """Another pod: the last lines of each newly terminated instance (where a multi-node crash often starts)."""
+        name = pod["metadata"]["name"]
+        status = self._status(pod)
+        ended = self._new_termination(pod, status)
+        if ended is None:
+            return
+        text = self.api.log(name, self.container, previous=True, tail_lines=self.tail_lines)
+        lines = [raw.partition(" ")[2] if raw[:1].isdigit() else raw for raw in text.splitlines()]
+        self.out(self._crash_line(name, status, ended) + (": its last lines" if lines else ""))
+        for line in lines:
+            self.out(f"  {name} | {line}")
+        if lines:
+            self.peer_crashes[name] = lines
 
 
 def pending_reason(pods: list[dict[str, Any]]) -> str | None:
@@ -257,9 +298,13 @@ def follow(api: KubeApi, kind: JobKind, name: str, deadline_s: float, settings: 
             raise JobFailed(f"{kind.resource.kind} {name!r} disappeared from namespace {api.namespace!r} before it "
                             "finished (deleted by someone else?)")
         pods = api.pods(kind.pod_selector(name))
-        for pod in [p for p in pods if kind.is_master(p)][:1]:
+        master = [p for p in pods if kind.is_master(p)][:1]
+        for pod in master + [p for p in pods if p not in master]:
             try:
-                logs.poll(pod)
+                if pod in master:
+                    logs.poll(pod)
+                else:
+                    logs.poll_peer(pod)
             except UserError:
                 raise
             except Exception as exc:  # a dropped connection: the next poll reads on from the last timestamp
@@ -274,18 +319,22 @@ def follow(api: KubeApi, kind: JobKind, name: str, deadline_s: float, settings: 
             pending_said_at = now
         last_pending = pending
         if state is not None:
-            result = JobResult(name, state == "succeeded", conditions_of(job), adopted, list(logs.tail))
+            result = JobResult(name, state == "succeeded", conditions_of(job), adopted, list(logs.tail),
+                               dict(logs.peer_crashes))
             out(f"[launcher] {kind.resource.kind} {name}: {state} ({describe_conditions(job)})")
             return result
         if now - started > deadline_s + settings.grace_s:
             raise JobFailed(f"{kind.resource.kind} {name!r} did not finish within its deadline of {deadline_s:.0f}s "
                             f"(+{settings.grace_s:.0f}s grace); conditions: {describe_conditions(job)}"
-                            + _tail_text(list(logs.tail)))
+                            + _tail_text(list(logs.tail), logs.peer_crashes))
         time.sleep(settings.poll_s)
 
 
-def _tail_text(lines: list[str]) -> str:
-    return ("\nlast log lines of the master:\n  " + "\n  ".join(lines)) if lines else ""
+def _tail_text(lines: list[str], peer_crashes: dict[str, list[str]] | None = None) -> str:
+    text = ("\nlast log lines of the master:\n  " + "\n  ".join(lines)) if lines else ""
+    for pod, crashed in sorted((peer_crashes or {}).items()):
+        text += f"\nlast lines of {pod}'s crashed container:\n  " + "\n  ".join(crashed)
+    return text
 
 
 class _Stopped(BaseException):
@@ -309,7 +358,7 @@ def run_job(api: KubeApi, kind: JobKind, job: dict[str, Any], deadline_s: float,
         if not result.succeeded:
             raise JobFailed(f"{kind.resource.kind} {name!r} failed: "
                             f"{describe_conditions({'status': {'conditions': result.conditions}})}"
-                            + _tail_text(result.log_tail))
+                            + _tail_text(result.log_tail, result.peer_crashes))
         return result
     except _Stopped:
         delete = True  # a stopped run leaves nothing running; a rerun resumes from the last checkpoint
