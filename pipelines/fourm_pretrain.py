@@ -13,6 +13,7 @@ from kfp import dsl, kubernetes
 
 from fourm_kfp.cluster.job_spec import IN_POD, PYTORCHJOB, JobParams, param_prefix
 from fourm_kfp.components.evaluate import evaluate
+from fourm_kfp.components.images import IMAGE_TAG, IMAGE_TAG_ENV
 from fourm_kfp.components.lineage import close_lineage_run, open_lineage_run
 from fourm_kfp.components.prepare_data import prepare_data
 from fourm_kfp.components.pretokenize import fan_out, pretokenize, pretokenize_part
@@ -58,10 +59,11 @@ def _job_args(stage: str, params: dict) -> dict:
 def _job_launcher(task: dsl.PipelineTask) -> dsl.PipelineTask:
     """A job stage's step in the job modes: a light CPU pod (the training runs in the job's pods) that knows its
     own name, uid and namespace through the downward API, so the job can be owned by it (a stopped KFP run
-    deletes the job) and created in its namespace."""
+    deletes the job) and created in its namespace, and its own image tag, so the job runs the same image."""
     _with_cluster_env(task).set_cpu_limit("1").set_memory_limit("2Gi")
     for env_name, field_path in LAUNCHER_POD_FIELDS.items():
         kubernetes.use_field_path_as_env(task, env_name=env_name, field_path=field_path)
+    task.set_env_variable(IMAGE_TAG_ENV, IMAGE_TAG)  # the job's pods run the image this step runs
     return task
 
 

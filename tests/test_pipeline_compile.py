@@ -99,3 +99,31 @@ def test_a_stage_s_job_is_declared_once(stage):
     job_like = {n.removeprefix(f"{prefix}_") for n in pipeline if n.startswith(f"{prefix}_")}
     others = {"force", "config_overrides"}  # <stage>_force, pretrain_config_overrides: the stage's, not the job's
     assert job_like - others == {f.name for f in fields(JobParams)}
+
+
+def test_an_image_tag_pins_every_step_and_the_jobs_they_launch(tmp_path):
+    """`compile --image-tag` (what submit uses for a commit's images): every executor runs that tag, and the job
+    launchers carry it to the pod, whose job spec then names the same GPU image."""
+    import os
+    import subprocess
+    import sys
+
+    from fourm_kfp import __version__
+    from fourm_kfp.errors import UserError
+
+    spec, platform = yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml", image_tag="0a1b2c3d").read_text())
+    executors = spec["deploymentSpec"]["executors"]
+    images = {e["container"]["image"] for e in executors.values()}
+    assert images == {"ghcr.io/fourm-kfp/fourm-kfp-python:0a1b2c3d", "ghcr.io/fourm-kfp/fourm-kfp-python-gpu:0a1b2c3d"}
+    launchers = [e for e in executors.values() if {"name": "FOURM_IMAGE_TAG", "value": "0a1b2c3d"}
+                 in e["container"].get("env", [])]
+    assert len(launchers) == 2  # the pretrain and train-tokenizers job launchers
+    default, _ = yaml.safe_load_all(compile_pipeline(tmp_path / "d.yaml").read_text())
+    assert {e["container"]["image"].rsplit(":", 1)[1] for e in default["deploymentSpec"]["executors"].values()} \
+        == {__version__}
+    in_pod = subprocess.run([sys.executable, "-c", "from fourm_kfp.components.images import GPU_IMAGE; "
+                             "print(GPU_IMAGE)"], env={**os.environ, "FOURM_IMAGE_TAG": "0a1b2c3d"},
+                            capture_output=True, text=True, check=True)
+    assert in_pod.stdout.strip() == "ghcr.io/fourm-kfp/fourm-kfp-python-gpu:0a1b2c3d"
+    with pytest.raises(UserError, match="--image-tag 'main/x': not a Docker image tag"):
+        compile_pipeline(tmp_path / "bad.yaml", image_tag="main/x")

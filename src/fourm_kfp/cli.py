@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     compile_ = sub.add_parser("compile", help="compile the KFP pipeline to YAML")
     compile_.add_argument("--output", help="default: fourm_pretrain.yaml beside the pipeline definition")
+    compile_.add_argument("--image-tag", default="",
+                          help="tag of the images the steps and their jobs run, e.g. the commit the image workflow "
+                               "built (default: the package version, or $FOURM_IMAGE_TAG)")
 
     config = sub.add_parser("config", help="print the resolved config (or --describe every field)")
     _add_config_args(config)
@@ -408,7 +411,7 @@ def ui_server_command(mlflow: str, tracking: str, host: str, port: int) -> tuple
 def cmd_compile(args: argparse.Namespace) -> int:
     from fourm_kfp.launchers.compile import compile_pipeline
 
-    output = compile_pipeline(args.output)
+    output = compile_pipeline(args.output, image_tag=args.image_tag)
     print(f"wrote {output}")
     return 0
 
