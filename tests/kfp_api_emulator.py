@@ -20,6 +20,8 @@ import email.policy
 import io
 import json
 import re
+import socket
+import struct
 import threading
 import uuid
 from email.parser import BytesParser
@@ -86,9 +88,13 @@ class KfpApiEmulator:
     """The server and its in-memory state; ``url`` is the host to give ``kfp.Client``."""
 
     def __init__(self, frames: list[tuple[str, dict[str, str]]] | None = None,
-                 on_run_created: Callable[[dict[str, Any]], None] | None = None):
+                 on_run_created: Callable[[dict[str, Any]], None] | None = None,
+                 run_faults: list[int | str] | None = None):
         self.frames = frames or [("SUCCEEDED", {})]
         self.on_run_created = on_run_created
+        # What the next run reads (GET /runs/{id}) meet instead of an answer, one each: an HTTP status (e.g. 503
+        # from a proxy, 401 from an expired token) or "reset" (the connection is closed without an answer).
+        self.run_faults = list(run_faults or [])
         self.pipelines: dict[str, dict] = {}
         self.versions: dict[str, list[dict]] = {}
         self.specs: dict[str, dict] = {}  # version id -> pipeline spec
@@ -110,7 +116,11 @@ class KfpApiEmulator:
             def do_POST(self):
                 emulator._dispatch(self, "POST")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address):  # a "reset" fault's closed socket: expected
+                pass
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -125,11 +135,24 @@ class KfpApiEmulator:
         url = urlparse(handler.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         self.requests.append((method, url.path, handler.headers.get("Authorization")))
+        if method == "GET" and re.fullmatch(rf"{API}/runs/[^/:]+", url.path) and self.run_faults:
+            fault = self.run_faults.pop(0)
+            if fault == "reset":
+                handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                handler.connection.close()
+                handler.close_connection = True
+                return
+            self._send(handler, int(fault), {"error": "injected", "code": 14, "message": f"injected {fault}"})
+            return
         try:
             status, body = self._route(method, url.path, query, handler)
         except BadRequest as exc:
             self.rejected.append(str(exc))
             status, body = 400, {"error": str(exc), "code": 3, "message": str(exc)}
+        self._send(handler, status, body)
+
+    @staticmethod
+    def _send(handler: BaseHTTPRequestHandler, status: int, body: Any) -> None:
         data = json.dumps(body).encode()
         handler.send_response(status)
         handler.send_header("Content-Type", "application/json")

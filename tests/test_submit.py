@@ -8,6 +8,7 @@ MLflow (a child run of the parent run ``submit`` opened, with its ``gate.json``)
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,9 @@ import pytest
 from fourm_kfp.contract import lineage
 from fourm_kfp.cli import main as cli_main
 from fourm_kfp.errors import UserError
-from fourm_kfp.launchers.kfp_submit import (EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_SUCCEEDED, SubmitRequest,
-                                            coerce_parameter, make_client, submit)
+from fourm_kfp.launchers.kfp_submit import (EXIT_CODES, EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_NOT_FOLLOWED,
+                                            EXIT_SUCCEEDED, EXIT_USER_ERROR, SubmitRequest, coerce_parameter,
+                                            make_client, submit)
 from tests.kfp_api_emulator import KfpApiEmulator, model_errors
 
 STAGES = ("prepare-data", "train-tokenizers", "pretokenize", "pretrain", "evaluate")
@@ -221,3 +223,83 @@ def test_the_emulator_rejects_a_mistyped_parameter_as_the_server_does():
         emulator.close()
     assert [m.split(" requires")[0] for m in emulator.rejected] == [
         "input parameter pretrain_cpu_per_node", "input parameter pretrain_force", "input parameter pretrain_nodes"]
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("host", [f"http://127.0.0.1:{_closed_port()}", "http://no-such-kfp-host.invalid"])
+def test_an_unreachable_host_is_one_line_and_exit_2(capsys, host):
+    code = cli_main(["submit", "--host", host, "--preset", "smoke"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER_ERROR
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"Error: --host {host}: cannot reach the KFP API: ")
+    assert "Connection refused" in line or "resolve" in line
+
+
+def test_a_refused_request_is_one_line_and_exit_2(capsys):
+    """A 400 at run creation (here: a pipeline that does not take a parameter submit sends) names the server's
+    message, no traceback."""
+    emulator = KfpApiEmulator()
+    try:
+        code = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--run-name", "x"])
+        version = next(iter(emulator.versions.values()))[-1]
+        emulator.specs[version["pipeline_version_id"]]["root"]["inputDefinitions"]["parameters"].pop("preset")
+        again = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--run-name", "y"])
+    finally:
+        emulator.close()
+    err = capsys.readouterr().err
+    assert code == EXIT_SUCCEEDED and again == EXIT_USER_ERROR, err
+    line = err.strip().splitlines()[-1]
+    assert "Traceback" not in err
+    assert line.startswith(f"Error: --host {emulator.url}: the KFP API answered 400 Bad Request: ") and "preset" in line
+
+
+def test_transient_errors_while_following_are_retried(tracking):
+    """A proxy's 503 and 502, a server 500 and connection resets (past urllib3's own 3 retries) during hours of
+    polling: the wait goes on to the run's end."""
+    faults = [503, 502, "reset", "reset", "reset", "reset", 500]
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"), on_run_created=_pipeline_writes_gate(tracking, True),
+                              run_faults=faults)
+    try:
+        lines = []
+        result = submit(_request(emulator, tracking, wait=True), out=lines.append)
+    finally:
+        emulator.close()
+    assert result.state == "SUCCEEDED" and result.exit_code == EXIT_SUCCEEDED, lines
+    retries = [line for line in lines if line.startswith("  (KFP API: ")]
+    assert len(retries) == 4 and "503" in retries[0] and "500" in retries[-1], retries
+    assert lines[-1].endswith(f"exit status 0: {EXIT_CODES[0]}")
+
+
+def test_following_gives_up_after_too_many_errors_in_a_row(tracking):
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"), on_run_created=_pipeline_writes_gate(tracking, True),
+                              run_faults=[503] * 4)
+    try:
+        lines = []
+        result = submit(_request(emulator, tracking, wait=True, max_poll_errors=3), out=lines.append)
+    finally:
+        emulator.close()
+    assert result.exit_code == EXIT_NOT_FOLLOWED and "failed 4 times in a row (last: 503" in result.stopped
+    assert lineage._client(tracking).get_run(result.mlflow_parent_run_id).info.status == "RUNNING"
+    assert f"exit status {EXIT_NOT_FOLLOWED}: " in lines[-1]
+
+
+def test_a_non_transient_error_while_following_is_not_retried():
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"), run_faults=[404])
+    try:
+        with pytest.raises(UserError, match="answered 404"):
+            submit(_request(emulator, wait=True), out=lambda line: None)
+    finally:
+        emulator.close()
+
+
+def test_help_says_what_each_exit_code_means():
+    proc = subprocess.run([str(BIN / "fourm-kfp"), "submit", "--help"], capture_output=True, text=True)
+    for code, meaning in EXIT_CODES.items():
+        assert f"  {code}  {meaning.split()[0]}" in proc.stdout
+    assert "--max-poll-errors" in proc.stdout

@@ -165,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--wait", action="store_true", help="follow the run to its end; exit status says how it went")
     submit.add_argument("--timeout", type=float, default=7 * 24 * 3600, help="--wait: give up after this many seconds")
     submit.add_argument("--poll", type=float, default=10.0, help="--wait: seconds between status reads")
+    submit.add_argument("--max-poll-errors", type=int, default=8, metavar="N",
+                        help="--wait: give up following after N transient API errors in a row (5xx, resets; "
+                             "retried with backoff from --poll up to 5 minutes; default 8)")
     submit.add_argument("--mlflow-tracking-uri", default=None, help="with --wait: open the MLflow parent run here "
                         "(tagged with the CI job), and read the gate's verdict (default: $MLFLOW_TRACKING_URI)")
 
@@ -364,7 +367,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                             parameters=split_parameters(args.param), namespace=args.namespace,
                             experiment=args.experiment, package=args.package, run_name=args.run_name,
                             schedule=args.schedule, wait=args.wait, timeout_s=args.timeout, poll_s=args.poll,
-                            tracking_uri=args.mlflow_tracking_uri or "")
+                            max_poll_errors=args.max_poll_errors, tracking_uri=args.mlflow_tracking_uri or "")
     return submit(request).exit_code
 
 

@@ -14,7 +14,10 @@
    verdict, read from the evaluate stage's MLflow run (``gate.json``).
 
 Exit codes (:data:`EXIT_CODES`): 0 the run succeeded (the model was promoted or the gate kept the champion without
-refusing), 1 the run failed or was cancelled, 3 the run succeeded but the gate refused the model, 2 a user error.
+refusing), 1 the run failed or was cancelled, 2 a user error (bad arguments, or the KFP API unreachable or refusing
+the request: one line, no traceback), 3 the run succeeded but the gate refused the model, 5 following stopped before
+the run ended (the run goes on). While following, transient API errors (5xx, 429, a connection reset, a 401 when
+the token is re-read from a file) are retried with backoff, up to ``max_poll_errors`` in a row.
 
 Authentication is what ``kfp.Client`` users expect: a bearer token from ``KFP_TOKEN`` (e.g. a CI secret), else
 the in-cluster service-account token KFP mounts (``KF_PIPELINES_SA_TOKEN_PATH``), else none; ``--namespace`` is the
@@ -23,6 +26,7 @@ Kubeflow profile namespace of a multi-user install.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,10 +38,17 @@ from typing import Any, Callable, Sequence
 from fourm_kfp.errors import UserError
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_USER_ERROR, EXIT_GATE_REFUSED = 0, 1, 2, 3
-EXIT_CODES = {EXIT_SUCCEEDED: "the run succeeded (and, with --wait, the gate did not refuse the model)",
+EXIT_NOT_FOLLOWED = 5
+EXIT_CODES = {EXIT_SUCCEEDED: "the run was created (with --wait: it succeeded and the gate did not refuse the model)",
               EXIT_FAILED: "the run failed or was cancelled",
-              EXIT_USER_ERROR: "a user error (bad arguments, unreachable server, unknown pipeline parameter)",
-              EXIT_GATE_REFUSED: "the run succeeded but the model gate refused the model (--wait)"}
+              EXIT_USER_ERROR: "a user error: bad arguments or parameters, or the KFP API unreachable or refusing "
+                               "the request (nothing was started)",
+              EXIT_GATE_REFUSED: "the run succeeded but the model gate refused the model (--wait)",
+              EXIT_NOT_FOLLOWED: "following stopped before the run ended (the KFP API failed too many times in a "
+                                 "row); the run goes on"}
+#: While following, API answers worth another try (the server or a proxy in front of it hiccuped).
+TRANSIENT_STATUS = {429, 500, 502, 503, 504}
+MAX_BACKOFF_S = 300.0
 TERMINAL_STATES = {"SUCCEEDED", "FAILED", "SKIPPED", "CANCELED"}
 STAGE_NAMES = ("prepare-data", "train-tokenizers", "pretokenize", "pretrain", "evaluate")
 #: Environment variables naming the CI job that submitted (GitHub Actions, GitLab CI), recorded on the MLflow run.
@@ -61,6 +72,7 @@ class SubmitRequest:
     wait: bool = False
     timeout_s: float = 7 * 24 * 3600
     poll_s: float = 10.0
+    max_poll_errors: int = 8  # consecutive transient API errors tolerated while following (backoff in between)
     tracking_uri: str = ""
 
 
@@ -75,9 +87,12 @@ class SubmitResult:
     recurring_run_id: str = ""
     pipeline_id: str = ""
     version_id: str = ""
+    stopped: str = ""  # why following stopped before the run ended ("" = it was followed to its end, or not at all)
 
     @property
     def exit_code(self) -> int:
+        if self.stopped:
+            return EXIT_NOT_FOLLOWED
         if self.recurring_run_id or not self.state:
             return EXIT_SUCCEEDED
         if self.state != "SUCCEEDED":
@@ -89,6 +104,9 @@ class SubmitResult:
 
 def make_client(host: str, namespace: str = ""):
     """A ``kfp.Client`` for ``host`` with the token from ``KFP_TOKEN`` (else kfp's own in-cluster credentials)."""
+    import logging
+    import warnings
+
     import kfp
 
     kwargs: dict[str, Any] = {"host": host}
@@ -96,7 +114,90 @@ def make_client(host: str, namespace: str = ""):
         kwargs["namespace"] = namespace
     if os.environ.get("KFP_TOKEN"):
         kwargs["existing_token"] = os.environ["KFP_TOKEN"]
-    return kfp.Client(**kwargs)
+    # urllib3 logs each of its own connection retries: the error that ends them says it once.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "This client only works with Kubeflow Pipeline v2", FutureWarning)
+        return kfp.Client(**kwargs)
+
+
+class LostContact(Exception):
+    """The KFP API failed more times in a row than following tolerates."""
+
+
+def _api_message(exc) -> str:
+    """The server's one-line message from a ``kfp_server_api.ApiException`` (its JSON body), else its reason."""
+    try:
+        body = json.loads(exc.body or "{}")
+        message = body.get("message") or body.get("error") if isinstance(body, dict) else None
+    except (TypeError, ValueError):
+        message = None
+    return " ".join(str(message or exc.reason or exc.body or "").split())
+
+
+def _connection_reason(exc) -> str:
+    """What went wrong under a urllib3 error: connection refused, a DNS failure, a reset, a TLS failure."""
+    reason = getattr(exc, "reason", None) or exc
+    return " ".join(str(reason).split())
+
+
+@contextlib.contextmanager
+def kfp_api_errors(host: str):
+    """Talking to the KFP API before anything is followed: an unreachable host or a refused request is a
+    :class:`UserError` (exit 2) in one line, naming the host."""
+    import kfp_server_api
+    import urllib3
+
+    try:
+        yield
+    except urllib3.exceptions.HTTPError as exc:
+        raise UserError(f"--host {host}: cannot reach the KFP API: {_connection_reason(exc)}") from None
+    except kfp_server_api.ApiException as exc:
+        hint = " (set KFP_TOKEN, or run where the KFP service-account token is mounted)" \
+            if exc.status in (401, 403) else ""
+        raise UserError(f"--host {host}: the KFP API answered {exc.status} {exc.reason}: {_api_message(exc)}"
+                        f"{hint}") from None
+    except TimeoutError as exc:  # kfp.Client's healthz check gives up after 5 tries
+        raise UserError(f"--host {host}: the KFP API did not answer: {exc}") from None
+
+
+def transient_error(exc: BaseException, token_refreshes: bool) -> str | None:
+    """Why ``exc`` is worth retrying while following (``None``: it is not). A 401 is retried only when the token
+    is re-read for each request (a service-account token file the kubelet rotates)."""
+    import kfp_server_api
+    import urllib3
+
+    if isinstance(exc, urllib3.exceptions.HTTPError):
+        return _connection_reason(exc)
+    if isinstance(exc, kfp_server_api.ApiException):
+        if exc.status in TRANSIENT_STATUS or (exc.status == 401 and token_refreshes):
+            return f"{exc.status} {exc.reason}"
+    return None
+
+
+def _token_refreshes(client) -> bool:
+    """Whether the client re-reads its token for every request (kfp's credentials hook)."""
+    config = getattr(client, "_existing_config", None)
+    return getattr(config, "refresh_api_key_hook", None) is not None
+
+
+def read_run(client, run_id: str, request: "SubmitRequest", out: Callable[[str], None], deadline: float):
+    """``client.get_run``, retrying transient errors with exponential backoff (from ``poll_s``, at most
+    :data:`MAX_BACKOFF_S`); :class:`LostContact` after ``max_poll_errors`` in a row or past the deadline."""
+    failures = 0
+    while True:
+        try:
+            return client.get_run(run_id)
+        except Exception as exc:
+            reason = transient_error(exc, _token_refreshes(client))
+            if reason is None:
+                raise
+            failures += 1
+            if failures > request.max_poll_errors or time.monotonic() > deadline:
+                raise LostContact(f"the KFP API failed {failures} times in a row (last: {reason})") from None
+            delay = min(max(request.poll_s, 0.001) * 2 ** failures, MAX_BACKOFF_S)
+            out(f"  (KFP API: {reason}; try {failures + 1} of {request.max_poll_errors + 1} in {delay:.0f}s)")
+            time.sleep(delay)
 
 
 def pipeline_package(path: str = "") -> Path:
@@ -208,15 +309,18 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     load_config(request.preset, overrides=list(request.overrides))  # a bad config fails here, not in the cluster
     package = pipeline_package(request.package)
     parameters = coerce_parameters(request.parameters, pipeline_parameter_types(package))
-    client = client if client is not None else make_client(request.host, request.namespace)
-    pipeline_id, version_id = upload(client, package, request.pipeline_name)
-    experiment = client.create_experiment(request.experiment, namespace=request.namespace or None)
+    with kfp_api_errors(request.host):
+        client = client if client is not None else make_client(request.host, request.namespace)
+        pipeline_id, version_id = upload(client, package, request.pipeline_name)
+        experiment = client.create_experiment(request.experiment, namespace=request.namespace or None)
     label = request.run_name or f"{request.pipeline_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     params: dict[str, Any] = {"preset": request.preset, "config_overrides": list(request.overrides),
                               **parameters}
     if request.schedule:
-        recurring = client.create_recurring_run(experiment.experiment_id, label, cron_expression=request.schedule,
-                                                pipeline_id=pipeline_id, version_id=version_id, params=params)
+        with kfp_api_errors(request.host):
+            recurring = client.create_recurring_run(experiment.experiment_id, label,
+                                                    cron_expression=request.schedule, pipeline_id=pipeline_id,
+                                                    version_id=version_id, params=params)
         out(f"recurring run {recurring.recurring_run_id} ({request.schedule}) in experiment {request.experiment}: "
             f"{request.host.rstrip('/')}/#/recurringrun/details/{recurring.recurring_run_id}")
         return SubmitResult("", "", recurring_run_id=recurring.recurring_run_id, pipeline_id=pipeline_id,
@@ -228,8 +332,14 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
                                    str(params.get("store_uri", "s3://fourm-kfp")), tracking,
                                    {"fourm.kfp_host": request.host, **ci_tags()})
         params.update(mlflow_tracking_uri=tracking, mlflow_parent_run_id=parent, run_label=label)
-    run = client.run_pipeline(experiment.experiment_id, label, params=params, pipeline_id=pipeline_id,
-                              version_id=version_id)
+    try:
+        with kfp_api_errors(request.host):
+            run = client.run_pipeline(experiment.experiment_id, label, params=params, pipeline_id=pipeline_id,
+                                      version_id=version_id)
+    except UserError:
+        if parent:
+            lineage.finish_run(tracking, parent, "FAILED")  # no KFP run: nothing will ever close it
+        raise
     result = SubmitResult(run.run_id, run_url(request.host, run.run_id), mlflow_parent_run_id=parent,
                           pipeline_id=pipeline_id, version_id=version_id)
     out(f"run {run.run_id} ({label}) in experiment {request.experiment}: {result.url}")
@@ -238,7 +348,7 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     try:
         follow_run(client, result, request, out)
     finally:
-        if parent:
+        if parent and not result.stopped:  # a run still going keeps its parent run open
             lineage.finish_run(tracking, parent, "FINISHED" if result.state == "SUCCEEDED" else "FAILED")
     if tracking and parent and result.state == "SUCCEEDED":
         result.gate = gate_verdict(tracking, parent)
@@ -251,7 +361,13 @@ def follow_run(client, result: SubmitResult, request: SubmitRequest, out: Callab
     seen: dict[str, str] = {}
     deadline = time.monotonic() + request.timeout_s
     while True:
-        run = client.get_run(result.run_id)
+        try:
+            with kfp_api_errors(request.host):
+                run = read_run(client, result.run_id, request, out, deadline)
+        except LostContact as exc:
+            result.stopped = str(exc)
+            out(f"  stopped following run {result.run_id}: {exc}; it goes on: {result.url}")
+            return
         tasks = (run.run_details.task_details if run.run_details else None) or []
         for task in tasks:
             state = str(task.state or "")
@@ -294,7 +410,9 @@ def gate_verdict(tracking_uri: str, parent_run_id: str) -> dict[str, Any] | None
 
 
 def describe(result: SubmitResult) -> str:
-    lines = [f"run {result.run_id}: {result.state.lower()}", f"{'stage':18s} {'state':10s} seconds"]
+    """The job summary: the run's state, the stage table, the gate's verdict, and what the exit status means."""
+    state = result.state.lower() + (f" (not followed to its end: {result.stopped})" if result.stopped else "")
+    lines = [f"run {result.run_id}: {state}", f"{'stage':18s} {'state':10s} seconds"]
     for stage in result.stages:
         lines.append(f"{stage['name']:18s} {stage['state'].lower():10s} {stage['seconds'] or '-'}")
     gate = result.gate
@@ -305,6 +423,7 @@ def describe(result: SubmitResult) -> str:
     else:
         verdict = "promoted to champion" if gate.get("promoted") else "refused"
         lines.append(f"model gate: {verdict}: {gate.get('reason', '')}".rstrip(": "))
+    lines.append(f"exit status {result.exit_code}: {EXIT_CODES[result.exit_code]}")
     return "\n".join(lines)
 
 
