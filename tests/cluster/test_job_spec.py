@@ -144,9 +144,20 @@ def test_cpu_nodes_request_no_accelerator():
         assert resources["requests"]["cpu"] == "16" and resources["limits"]["memory"] == "64Gi"
 
 
+@pytest.mark.parametrize("nodes,min_nodes", [(2, 1), (2, 2), (4, 2)])
+def test_an_elastic_pytorchjob_has_what_the_operator_s_webhook_requires(validators, nodes, min_nodes):
+    """The webhook (``pkg/webhooks/pytorch/pytorchjob_webhook.go``): an elastic job needs a Worker spec; Master
+    replicas 1, Worker replicas at least 1."""
+    spec = render_job(_request("pytorchjob", nodes, min_nodes=min_nodes))["spec"]
+    replicas = spec["pytorchReplicaSpecs"]
+    assert "elasticPolicy" in spec and replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] >= 1
+    assert spec["elasticPolicy"]["maxReplicas"] == sum(r["replicas"] for r in replicas.values())
+
+
 def test_elastic_pytorchjob(validators):
     job = render_job(_request("pytorchjob", 4, min_nodes=2))
     assert job["spec"]["elasticPolicy"] == {"minReplicas": 2, "maxReplicas": 4, "rdzvBackend": "c10d",
+                                            "rdzvHost": f"{job['metadata']['name']}-master-0",  # not worker-0
                                             "maxRestarts": RESTARTS}  # torchrun counts per node
     assert job["spec"]["runPolicy"]["backoffLimit"] == RESTARTS * 4 + 1
     assert not crd_errors(validators["pytorchjob"], job)
@@ -170,6 +181,9 @@ def test_bad_parameters_name_the_stage_s_pipeline_parameter(stage):
     for param, change in cases.items():
         with pytest.raises(ConfigError, match=rf"^{prefix}_{param}\b"):
             render_job(_request(**{"launcher": "pytorchjob", "stage": stage, **change}))
+    # one node renders no Worker, and the webhook rejects an elastic job without one
+    with pytest.raises(ConfigError, match=rf"^{prefix}_min_nodes=1 with {prefix}_nodes=1: .*{prefix}_min_nodes=0"):
+        render_job(_request("pytorchjob", 1, stage, min_nodes=1))
     with pytest.raises(ConfigError, match=f"{prefix}_launcher=pytorchjob"):
         render_job(_request("trainjob", 2, stage, min_nodes=1))
     with pytest.raises(ConfigError, match="'prepare-data' does not run as a job"):

@@ -12,6 +12,9 @@ What this proves:
 - the nodes need no shared folder: each has its own ``--root`` (the pod's emptyDir), ``HOME`` and ``TMPDIR``; inputs,
   checkpoints and the output go through a real S3 server;
 - two pods commit the same payload as a local ``torchrun --nproc-per-node 2`` run of the same config;
+- an elastic job (``elasticPolicy``, ``<stage>_min_nodes``) trains the same way with the elastic variables the
+  operator adds (``PET_RDZV_ENDPOINT`` from ``rdzvHost``, the Master here; ``PET_RDZV_BACKEND``, ``PET_NNODES`` as
+  ``min:max``, ``PET_MAX_RESTARTS``): the two agents meet at the Master's rendezvous and commit the same payload;
 - a node killed mid-run (SIGKILL to every process of the pod: torchrun starts its worker in a session of its own,
   so killing torchrun's process group alone would leave the worker training) takes its peer down within seconds
   (the job fails instead of hanging), and the pods started again with the same command and master port resume
@@ -19,7 +22,9 @@ What this proves:
 
 What it does not prove: there is no operator, API server, scheduler, DNS or image here (``MASTER_ADDR`` is
 127.0.0.1 where a pod has ``<job>-master-0``; ``fourm-kfp`` and ``torchrun`` come from this venv, not the image; the
-Worker's init container that waits for the Master's DNS is not run); the restart is done by this test where the
+Worker's init container that waits for the Master's DNS is not run; 127.0.0.1 is every node's own address, so in
+the elastic run either agent may host the rendezvous store, where in the cluster the Master's hostname decides it); the
+restart is done by this test where the
 operator would do it (``restartPolicy: OnFailure``, ``backoffLimit``); CPU and gloo only, no NCCL.
 
 Set ``FOURM_POD_CONTRACT_LOGS=1`` to keep every node's log under ``runs/pod-contract/``.
@@ -88,12 +93,12 @@ class RenderedJob:
     kubelet_env: dict[str, str]  # the container's env entries as the kubelet resolves them (downward API)
 
 
-def render(store_uri: str, input_uris: dict[str, str]) -> RenderedJob:
+def render(store_uri: str, input_uris: dict[str, str], min_nodes: int = 0) -> RenderedJob:
     config = load_config("smoke", overrides=OVERRIDES)
     address = stage_address(get_stage("pretrain"), config)
     job = render_job(JobRequest(
         launcher="pytorchjob", stage="pretrain", address=address, image="unused-here", nodes=2, procs_per_node=1,
-        accelerator="cpu", kfp_run_id="test-run",
+        accelerator="cpu", kfp_run_id="test-run", min_nodes=min_nodes,
         stage_args=stage_command("pretrain", RunContext("smoke", OVERRIDES, store_uri), input_uris, POD_ROOT)))
     commands, pods, kubelet_env = {}, [], {}
     for role, replica in job["spec"]["pytorchReplicaSpecs"].items():
@@ -140,7 +145,25 @@ def operator_env(job: RenderedJob, node: int, port: int) -> dict[str, str]:
             "MASTER_ADDR": "127.0.0.1", "PET_MASTER_ADDR": "127.0.0.1",  # <job>-master-0 in the cluster
             "MASTER_PORT": str(port), "PET_MASTER_PORT": str(port),
             "WORLD_SIZE": str(job.world_size), "RANK": str(node), "PET_NODE_RANK": str(node),
-            "PET_NNODES": str(len(job.pods)), "PET_NPROC_PER_NODE": job.nproc_per_node}
+            "PET_NPROC_PER_NODE": job.nproc_per_node, **nnodes_and_elastic_env(job, port)}
+
+
+def nnodes_and_elastic_env(job: RenderedJob, port: int) -> dict[str, str]:
+    """``PET_NNODES``, and with an ``elasticPolicy`` the operator's elastic variables (``pkg/controller.v1/pytorch/
+    elastic.go``): the rendezvous endpoint is ``rdzvHost`` (default ``<job>-worker-0``) at the Worker's port (the
+    defaulted ``pytorchjob-port``, the Master's port too), ``PET_NNODES`` the range ``min:max``."""
+    policy = job.job["spec"].get("elasticPolicy")
+    if policy is None:
+        return {"PET_NNODES": str(len(job.pods))}
+    name = job.job["metadata"]["name"]
+    host = policy.get("rdzvHost", f"{name}-worker-0")
+    assert host == f"{name}-master-0", host  # the Master's Service: 127.0.0.1 here, like MASTER_ADDR
+    env = {"PET_RDZV_ENDPOINT": f"127.0.0.1:{policy.get('rdzvPort', port)}",
+           "PET_RDZV_BACKEND": policy.get("rdzvBackend", "c10d"),
+           "PET_NNODES": f"{policy['minReplicas']}:{policy['maxReplicas']}"}
+    if "maxRestarts" in policy:
+        env["PET_MAX_RESTARTS"] = str(policy["maxRestarts"])
+    return env
 
 
 def _process_table() -> dict[int, tuple[int, int]]:
@@ -390,6 +413,26 @@ def test_two_pods_commit_what_a_local_two_process_run_commits(uninterrupted, s3,
     # Same world size, same ranks, gloo on CPU: the very same bytes.
     assert payload_differences(local, manifest) == []
     assert manifest["payload_digest"] == local["payload_digest"]
+
+
+def test_an_elastic_job_s_pods_meet_at_the_master_s_rendezvous_and_commit_the_same_payload(
+        uninterrupted, s3, upstream, clusters):
+    s3_env, bucket = s3
+    store_uri = f"{bucket}/elastic"
+    job = render(store_uri, upstream, min_nodes=1)
+    assert job.address == uninterrupted.job.address  # elasticity is not part of the address
+    cluster = clusters(job, "elastic", s3_env)
+    assert cluster.nodes[1].env["PET_NNODES"] == "1:2" and "PET_RDZV_ENDPOINT" in cluster.nodes[1].env
+    cluster.start("attempt-1")
+    codes = cluster.wait()
+    logs = cluster.report()
+    assert codes == [0, 0], f"the pods exited with {codes}\n{logs}"
+    full_logs = "\n".join(node.text() for node in cluster.nodes)
+    assert "(2 ranks x 1 micro-batches of 2)" in full_logs, logs  # both nodes joined one rendezvous
+    output = open_store(store_uri).child("pretrain", job.address)
+    manifest = read_manifest(output)[0]
+    assert manifest["metrics"]["steps"] == STEPS
+    assert payload_differences(uninterrupted.manifest, manifest) == []
 
 
 def test_a_killed_node_fails_the_job_and_the_restarted_pods_resume_to_the_same_weights(

@@ -13,7 +13,8 @@ files a user may submit by hand (package data of ``fourm_kfp.manifests``); nothi
   deletes the job); ``blockOwnerDeletion`` stays off, which needs no permission on the pod's finalizers;
 - nodes (PyTorchJob: Master plus ``nodes - 1`` Workers, no Worker spec at all for one node), an integer number of
   processes per node, the accelerator, CPU and memory per node, node selector, tolerations, deadline, and an
-  optional ``elasticPolicy`` (PyTorchJob);
+  optional ``elasticPolicy`` (PyTorchJob; at least 2 nodes, since the webhook requires a Worker, and with the
+  rendezvous on the Master's service, not the operator's default ``<job>-worker-0``);
 - the PyTorchJob's restart budget, scaled with the nodes (:func:`backoff_limit`): the operator counts restarts summed
   over all pods, and one crash restarts every node;
 - the container's arguments: ``torchrun --no-python fourm-kfp stage <stage> ...`` (the launcher's
@@ -163,6 +164,10 @@ def validate_request(req: JobRequest) -> None:
         raise ConfigError(f"{p}_procs_per_node={req.procs_per_node}: at least 1 (an integer, never 'auto')")
     if req.min_nodes and not 1 <= req.min_nodes <= req.nodes:
         raise ConfigError(f"{p}_min_nodes={req.min_nodes}: 0 (fixed size) or 1..{p}_nodes ({req.nodes})")
+    if req.min_nodes and req.nodes < 2:
+        raise ConfigError(f"{p}_min_nodes={req.min_nodes} with {p}_nodes={req.nodes}: an elastic job needs "
+                          f"{p}_nodes >= 2 (the operator rejects an elastic PyTorchJob without Workers); "
+                          f"{p}_min_nodes=0 trains on one node")
     if req.min_nodes and req.launcher != PYTORCHJOB:
         raise ConfigError(f"{p}_min_nodes: elastic training needs {p}_launcher=pytorchjob")
     if req.deadline_s < 1:
@@ -250,9 +255,11 @@ def render_pytorchjob(req: JobRequest) -> dict[str, Any]:
         replicas["Worker"] = {**worker, "replicas": req.nodes - 1, "template": copy.deepcopy(pod)}
     spec["pytorchReplicaSpecs"] = replicas
     if req.min_nodes:
-        # torchrun's --max-restarts counts per node (each agent restarts its own workers once per crash): no scaling
+        # torchrun's --max-restarts counts per node (each agent restarts its own workers once per crash): no scaling.
+        # The rendezvous store lives on the Master (the operator's default is worker-0, a second pod whose loss would
+        # end the job): the pod the Workers' init containers wait for, reached through its per-pod Service.
         spec["elasticPolicy"] = {"minReplicas": req.min_nodes, "maxReplicas": req.nodes, "rdzvBackend": "c10d",
-                                 "maxRestarts": RESTARTS}
+                                 "rdzvHost": f"{req.name}-master-0", "maxRestarts": RESTARTS}
     return job
 
 
