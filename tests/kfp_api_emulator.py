@@ -6,7 +6,8 @@ upload and upload_version (multipart, the file must be a compiled pipeline spec)
 against the ``kfp-server-api`` models of the same version the client uses: an unknown field anywhere, a value the
 model rejects (e.g. an enum), a run parameter the uploaded pipeline does not declare, or one whose JSON kind is not
 the declared ``parameterType`` (``validatePipelineJobInputs``: a number for a STRING parameter) is answered with HTTP
-400.
+400. A recurring run's cron is parsed as the server's robfig/cron v1.2 does (seconds first; a bad expression
+is a 400, a 5-field one is accepted with its seconds-first meaning), and ``max_concurrency`` must be 1-10.
 
 Not emulated: execution. A created run moves through the ``frames`` the test gives (one per ``get``: the run's state
 and its tasks' states); ``on_run_created`` lets the test do what the pipeline would have done (e.g. record the
@@ -78,6 +79,70 @@ def parameter_type_error(name: str, value: Any, parameter_type: str) -> str | No
     if isinstance(value, kinds) and (is_bool == (parameter_type == "BOOLEAN")):
         return None
     return f"input parameter {name} requires type {word}, but the input parameter is not of {word} value type"
+
+
+_CRON_BOUNDS = ((0, 59, {}), (0, 59, {}), (0, 23, {}), (1, 31, {}),
+                ((1, 12, {m: i + 1 for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split())})),
+                (0, 6, {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())}))
+_GO_DURATION = re.compile(r"[-+]?([0-9]*(\.[0-9]*)?(ns|us|µs|ms|s|m|h))+|0")
+
+
+def robfig_cron_parse(spec: str) -> list[set[int]] | None:
+    """robfig/cron v1.2 ``cron.Parse`` (parser.go), which the API server calls on a recurring run's cron: seconds
+    first, 5 to 6 fields (day-of-week optional), or a descriptor. Returns the seconds, minutes, hours, days, months
+    and weekdays it matches (``None`` for a descriptor); ``ValueError`` with the library's message otherwise."""
+    if not spec:
+        raise ValueError("Empty spec string")
+    if spec[0] == "@":
+        if spec in ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"):
+            return None
+        if spec.startswith("@every ") and _GO_DURATION.fullmatch(spec[len("@every "):]):
+            return None
+        raise ValueError(f"Unrecognized descriptor: {spec}")
+    fields = spec.split()
+    if not 5 <= len(fields) <= 6:
+        raise ValueError(f"Expected 5 to 6 fields, found {len(fields)}: {spec}")
+    fields = fields + ["*"] * (6 - len(fields))
+
+    def number(text: str, names: dict) -> int:
+        if text.lower() in names:
+            return names[text.lower()]
+        if not re.fullmatch(r"[+-]?[0-9]+", text):  # strconv.Atoi
+            raise ValueError(f"Failed to parse int from {text}")
+        value = int(text)
+        if value < 0:
+            raise ValueError(f"Negative number ({value}) not allowed: {text}")
+        return value
+
+    matched = []
+    for text, (low, high, names) in zip(fields, _CRON_BOUNDS):
+        bits: set[int] = set()
+        for expr in filter(None, text.split(",")):
+            range_and_step = expr.split("/")
+            low_and_high = range_and_step[0].split("-")
+            if low_and_high[0] in ("*", "?"):
+                start, end = low, high
+            else:
+                start = number(low_and_high[0], names)
+                if len(low_and_high) > 2:
+                    raise ValueError(f"Too many hyphens: {expr}")
+                end = number(low_and_high[1], names) if len(low_and_high) == 2 else start
+            if len(range_and_step) > 2:
+                raise ValueError(f"Too many slashes: {expr}")
+            step = number(range_and_step[1], {}) if len(range_and_step) == 2 else 1
+            if len(range_and_step) == 2 and len(low_and_high) == 1:
+                end = high  # "N/step" means "N-max/step"
+            if start < low:
+                raise ValueError(f"Beginning of range ({start}) below minimum ({low}): {expr}")
+            if end > high:
+                raise ValueError(f"End of range ({end}) above maximum ({high}): {expr}")
+            if start > end:
+                raise ValueError(f"Beginning of range ({start}) beyond end of range ({end}): {expr}")
+            if step == 0:
+                raise ValueError(f"Step of range should be a positive number: {expr}")
+            bits |= set(range(start, end + 1, step))
+        matched.append(bits)
+    return matched
 
 
 def _now() -> str:
@@ -251,6 +316,7 @@ class KfpApiEmulator:
         if (method, path) == ("POST", "/recurringruns"):
             body = self._json(handler, "V2beta1RecurringRun")
             self._check_run(body)
+            self._check_schedule(body)
             recurring = {**body, "recurring_run_id": str(uuid.uuid4()), "status": "ENABLED", "created_at": _now()}
             self.recurring_runs[recurring["recurring_run_id"]] = recurring
             return 200, recurring
@@ -284,6 +350,20 @@ class KfpApiEmulator:
                 raise BadRequest(error)
         if body.get("experiment_id") and body["experiment_id"] not in self.experiments:
             raise BadRequest(f"unknown experiment {body['experiment_id']}")
+
+    @staticmethod
+    def _check_schedule(body: dict) -> None:
+        """api_converter.go toModelJob: max_concurrency 1-10, the cron parsed by robfig/cron v1.2."""
+        if not 1 <= int(body.get("max_concurrency") or 0) <= 10:
+            raise BadRequest("Max concurrency of a recurring run must be at least 1 and at most 10. Received "
+                             f"{body.get('max_concurrency')}")
+        cron = ((body.get("trigger") or {}).get("cron_schedule") or {}).get("cron")
+        if cron is not None:
+            try:
+                robfig_cron_parse(cron)
+            except ValueError as exc:
+                raise BadRequest("Schedule cron is not a supported format(https://godoc.org/github.com/robfig/cron). "
+                                 f"Error: {exc}") from None
 
     def _advance(self, run_id: str) -> dict:
         run = self.runs[run_id]

@@ -19,9 +19,9 @@ from fourm_kfp.contract import lineage
 from fourm_kfp.cli import main as cli_main
 from fourm_kfp.errors import UserError
 from fourm_kfp.launchers.kfp_submit import (EXIT_CODES, EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_NOT_FOLLOWED,
-                                            EXIT_SUCCEEDED, EXIT_USER_ERROR, SubmitRequest, coerce_parameter,
-                                            make_client, submit)
-from tests.kfp_api_emulator import KfpApiEmulator, model_errors
+                                            EXIT_SUCCEEDED, EXIT_USER_ERROR, SubmitRequest, check_cron,
+                                            coerce_parameter, make_client, submit)
+from tests.kfp_api_emulator import KfpApiEmulator, model_errors, robfig_cron_parse
 
 STAGES = ("prepare-data", "train-tokenizers", "pretokenize", "pretrain", "evaluate")
 BIN = Path(sys.executable).parent
@@ -123,6 +123,7 @@ def test_schedule_creates_a_recurring_run():
     assert not emulator.rejected and not emulator.runs
     [recurring] = emulator.recurring_runs.values()
     assert recurring["trigger"]["cron_schedule"]["cron"] == "0 0 3 * * 1"
+    assert recurring["no_catchup"] is True  # a paused schedule does not start every missed run when resumed
     assert result.recurring_run_id == recurring["recurring_run_id"] and result.exit_code == EXIT_SUCCEEDED
 
 
@@ -303,3 +304,58 @@ def test_help_says_what_each_exit_code_means():
     for code, meaning in EXIT_CODES.items():
         assert f"  {code}  {meaning.split()[0]}" in proc.stdout
     assert "--max-poll-errors" in proc.stdout
+
+
+def test_a_five_field_schedule_is_refused_with_its_six_field_form(capsys):
+    """KFP would accept `0 3 * * 1` as second 0, minute 3, every hour, in January: refuse it before sending."""
+    emulator = KfpApiEmulator()
+    try:
+        code = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--schedule", "0 3 * * 1"])
+    finally:
+        emulator.close()
+    err = capsys.readouterr().err
+    assert code == EXIT_USER_ERROR and "'0 0 3 * * 1'" in err and "month 1" in err, err
+    assert not emulator.requests
+    assert robfig_cron_parse("0 3 * * 1")[1:5] == [{3}, set(range(24)), set(range(1, 32)), {1}]  # the trap
+
+
+SCHEDULES = ["0 0 3 * * 1", "0 0 3 * * mon", "*/30 * * * * *", "0 0 0 1-15/2 * ?", "0 0 12 * jan-mar 1,3,5",
+             "0 5/10 * * * *", "@weekly", "@every 6h30m", "60 0 3 * * 1", "0 0 24 * * *", "0 0 3 0 * *",
+             "0 0 3 * 13 *", "0 0 3 * * 7", "0 0 3 * * 5-1", "0 */0 * * * *", "0 0 3 * * x", "0 0 3 1/2/3 * *",
+             "0 0 3 * * * *", "@fortnightly", "0 0 3 * * 1-2-3"]
+
+
+@pytest.mark.parametrize("expression", SCHEDULES)
+def test_submit_accepts_a_six_field_schedule_exactly_when_the_server_would(expression):
+    try:
+        robfig_cron_parse(expression)
+        server = True
+    except ValueError:
+        server = False
+    try:
+        check_cron(expression)
+        ours = True
+    except UserError:
+        ours = False
+    assert ours == server
+
+
+def test_the_emulator_parses_cron_as_the_server_does():
+    emulator = KfpApiEmulator()
+    try:
+        client = make_client(emulator.url)
+        submit(_request(emulator), client=client, out=lambda line: None)
+        run = next(iter(emulator.runs.values()))
+        reference = run["pipeline_version_reference"]
+        for cron in ("0 0 3 * * 7", "1 * *"):
+            with pytest.raises(Exception, match="400"):
+                client.create_recurring_run(run["experiment_id"], "bad", cron_expression=cron,
+                                            pipeline_id=reference["pipeline_id"],
+                                            version_id=reference["pipeline_version_id"])
+    finally:
+        emulator.close()
+    assert emulator.rejected == [
+        "Schedule cron is not a supported format(https://godoc.org/github.com/robfig/cron). Error: End of range (7) "
+        "above maximum (6): 7",
+        "Schedule cron is not a supported format(https://godoc.org/github.com/robfig/cron). Error: Expected 5 to 6 "
+        "fields, found 3: 1 * *"]

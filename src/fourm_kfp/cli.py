@@ -161,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--package", default="", help="compiled pipeline YAML (default: the committed one)")
     submit.add_argument("--run-name", default="", help="run name, also the MLflow run label (default: dated)")
     submit.add_argument("--schedule", default="", metavar="CRON",
-                        help="create a recurring run with this cron expression (6 fields, seconds first)")
+                        help="create a recurring run with this cron expression, as KFP reads it: 6 fields, seconds "
+                             "first ('0 0 3 * * 1' = Mondays 03:00; a 5-field one is refused), or @daily, "
+                             "@every 6h; missed runs are not caught up")
     submit.add_argument("--wait", action="store_true", help="follow the run to its end; exit status says how it went")
     submit.add_argument("--timeout", type=float, default=7 * 24 * 3600, help="--wait: give up after this many seconds")
     submit.add_argument("--poll", type=float, default=10.0, help="--wait: seconds between status reads")

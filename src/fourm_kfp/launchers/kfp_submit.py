@@ -8,8 +8,9 @@
 2. opens the MLflow parent run itself when it will wait and a tracking URI is given, tagged with the CI job that
    asked (``GITHUB_*``/``CI_*`` variables), so the lineage says which commit and job retrained; without waiting the
    pipeline opens and closes its own;
-3. creates a run in the experiment (or, with ``schedule``, a recurring run with that cron expression) with the
-   preset, overrides and stage parameters, and prints the run's UI link;
+3. creates a run in the experiment (or, with ``schedule``, a recurring run with that cron expression, checked as
+   the server's 6-field seconds-first cron and created with ``no_catchup``) with the preset, overrides and stage
+   parameters, and prints the run's UI link;
 4. with ``wait``, follows the run: each task's state as it changes, then the stage table and the model gate's
    verdict, read from the evaluate stage's MLflow run (``gate.json``).
 
@@ -30,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,6 +202,67 @@ def read_run(client, run_id: str, request: "SubmitRequest", out: Callable[[str],
             time.sleep(delay)
 
 
+#: The KFP server parses a recurring run's cron with robfig/cron v1.2 ``cron.Parse``: seconds first, 6 fields (a
+#: 5-field expression is read as second minute hour day month, so ``0 3 * * 1`` = minute 3 of every hour in
+#: January), or a descriptor (``@daily``, ``@every 6h``).
+CRON_FIELDS = (("second", 0, 59, {}), ("minute", 0, 59, {}), ("hour", 0, 23, {}), ("day-of-month", 1, 31, {}),
+               ("month", 1, 12, {m: i + 1 for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec"
+                                                              .split())}),
+               ("day-of-week", 0, 6, {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())}))
+CRON_DESCRIPTORS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+
+
+def _cron_number(text: str, names: dict[str, int]) -> int:
+    if text.lower() in names:
+        return names[text.lower()]
+    if not re.fullmatch(r"[0-9]+", text):
+        raise ValueError(f"{text!r} is not a number")
+    return int(text)
+
+
+def _check_cron_field(text: str, name: str, low: int, high: int, names: dict[str, int]) -> None:
+    """One field: a comma-separated list of ``*``/``?``, ``N``, ``N-M``, each with an optional ``/step``."""
+    for item in text.split(","):
+        span, _, step = item.partition("/")
+        if span in ("*", "?"):
+            start, end = low, high
+        else:
+            first, dash, last = span.partition("-")
+            start = _cron_number(first, names)
+            end = _cron_number(last, names) if dash else (high if step else start)
+        if step and (not step.isdigit() or int(step) == 0):
+            raise ValueError(f"{name} {item!r}: the step must be a positive number")
+        if not low <= start <= end <= high:
+            raise ValueError(f"{name} {item!r}: outside {low}-{high} (or the range runs backwards)")
+
+
+def check_cron(expression: str) -> str:
+    """``--schedule`` as the KFP server will read it (see :data:`CRON_FIELDS`); a 5-field expression is refused with
+    its 6-field form, since the server would silently give it another meaning."""
+    fields = expression.split()
+    if expression.startswith("@"):
+        every = re.fullmatch(r"@every ((?:[0-9.]+(?:ns|us|µs|ms|s|m|h))+)", expression.strip())
+        if expression.strip() in CRON_DESCRIPTORS or every:
+            return expression.strip()
+        raise UserError(f"--schedule {expression!r}: not a descriptor KFP knows ({', '.join(CRON_DESCRIPTORS)}, "
+                        "@every <duration>)")
+    form = "second minute hour day-of-month month day-of-week"
+    if len(fields) == 5:
+        read = ", ".join(f"{name} {text}" for text, (name, *_) in zip(fields, CRON_FIELDS))
+        raise UserError(f"--schedule {expression!r}: KFP reads cron with seconds first ({form}), so it would read "
+                        f"these 5 fields as {read}. For the usual minute-first meaning write the 6 fields "
+                        f"'0 {' '.join(fields)}'")
+    if len(fields) != 6:
+        raise UserError(f"--schedule {expression!r}: KFP cron has 6 fields ({form}), e.g. '0 0 3 * * 1' for "
+                        f"Mondays 03:00; found {len(fields)}")
+    try:
+        for text, (name, low, high, names) in zip(fields, CRON_FIELDS):
+            _check_cron_field(text, name, low, high, names)
+    except ValueError as exc:
+        raise UserError(f"--schedule {expression!r}: {exc} ({form})") from None
+    return " ".join(fields)
+
+
 def pipeline_package(path: str = "") -> Path:
     """The compiled pipeline to upload: ``path``, else the committed one (kept current by the tests and CI)."""
     from fourm_kfp.launchers.compile import default_output
@@ -307,6 +370,7 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     from fourm_kfp.launchers.kfp_runtime import open_pipeline_run
 
     load_config(request.preset, overrides=list(request.overrides))  # a bad config fails here, not in the cluster
+    schedule = check_cron(request.schedule) if request.schedule else ""
     package = pipeline_package(request.package)
     parameters = coerce_parameters(request.parameters, pipeline_parameter_types(package))
     with kfp_api_errors(request.host):
@@ -318,10 +382,11 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
                               **parameters}
     if request.schedule:
         with kfp_api_errors(request.host):
-            recurring = client.create_recurring_run(experiment.experiment_id, label,
-                                                    cron_expression=request.schedule, pipeline_id=pipeline_id,
-                                                    version_id=version_id, params=params)
-        out(f"recurring run {recurring.recurring_run_id} ({request.schedule}) in experiment {request.experiment}: "
+            # no_catchup: a schedule paused (or a server down) for a week does not start every missed run at once
+            recurring = client.create_recurring_run(experiment.experiment_id, label, cron_expression=schedule,
+                                                    pipeline_id=pipeline_id, version_id=version_id, params=params,
+                                                    no_catchup=True)
+        out(f"recurring run {recurring.recurring_run_id} ({schedule}) in experiment {request.experiment}: "
             f"{request.host.rstrip('/')}/#/recurringrun/details/{recurring.recurring_run_id}")
         return SubmitResult("", "", recurring_run_id=recurring.recurring_run_id, pipeline_id=pipeline_id,
                             version_id=version_id)
