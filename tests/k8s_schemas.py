@@ -63,15 +63,47 @@ def forbid_unknown_fields(schema: dict) -> dict:
     return schema
 
 
-def crd_validator(crd: tuple[str, str]) -> jsonschema.protocols.Validator:
-    """A strict validator for one version of a shipped CRD; skips the test when the schemas are not there."""
+def crd_schema(crd: tuple[str, str]) -> dict:
+    """The structural schema of one version of a shipped CRD, as served; skips the test when it is not there."""
     name, version = crd
     path = next((d / name for d in SCHEMA_DIRS if (d / name).is_file()), None)
     if path is None:
         pytest.skip(f"CRD schema {name} not found (looked in {', '.join(map(str, SCHEMA_DIRS))})")
     document = yaml.load(path.read_text(), Loader=YamlLoader)
     [served] = [v for v in document["spec"]["versions"] if v["name"] == version]
-    schema = forbid_unknown_fields(served["schema"]["openAPIV3Schema"])
+    return served["schema"]["openAPIV3Schema"]
+
+
+def unknown_fields(schema: dict, obj, path: str = "", prune: bool = False) -> list[str]:
+    """The fields of ``obj`` its structural schema does not declare, as the API server names them
+    (``spec.trainer.foo``); with ``prune``, also removed from ``obj``, as the server prunes them unless told
+    ``fieldValidation=Strict``. ``metadata`` is the server's own (not checked here)."""
+    found = []
+    if isinstance(obj, dict) and schema.get("type", "object") == "object" \
+            and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        properties = schema.get("properties")
+        values = schema.get("additionalProperties")
+        for key in list(obj):
+            where = f"{path}.{key}" if path else key
+            if where == "metadata":
+                continue
+            if properties is not None and key in properties:
+                found += unknown_fields(properties[key], obj[key], where, prune)
+            elif isinstance(values, dict):
+                found += unknown_fields(values, obj[key], where, prune)
+            elif properties is not None and values is not True:
+                found.append(where)
+                if prune:
+                    del obj[key]
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(obj):
+            found += unknown_fields(schema["items"], item, f"{path}[{i}]", prune)
+    return found
+
+
+def crd_validator(crd: tuple[str, str]) -> jsonschema.protocols.Validator:
+    """A strict validator for one version of a shipped CRD; skips the test when the schemas are not there."""
+    schema = forbid_unknown_fields(crd_schema(crd))
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     cls.check_schema(schema)
     return cls(schema)

@@ -15,8 +15,11 @@ What the emulator does not do (so the tests do it, or do without it):
   ``sinceSeconds``, ``tailLines`` and ``previous`` like the kubelet (404 once the pod is deleted), and can fail a
   read on purpose;
 - no grace period: a deleted pod is gone at once (a real one is listed, terminating, for its grace period);
-- no uids, resourceVersions, admission, RBAC or schema validation (the rendered objects are checked against the
-  real CRD schemas in test_job_spec.py).
+- creating a PyTorchJob or TrainJob is checked against its CRD's structural schema (``tests/k8s_schemas.py``) for
+  unknown fields only: with ``fieldValidation=Strict`` they fail the request (400, ``strict decoding error: unknown
+  field "spec.x"``), otherwise they are pruned silently, as the API server does; types, required fields and the
+  operators' webhooks are not checked here (test_job_spec.py checks the rendered objects against the full schemas);
+- no uids, resourceVersions, admission or RBAC.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ import kmock
 from kubernetes import client
 
 from fourm_kfp.cluster.kube import KubeApi
+from tests.k8s_schemas import PYTORCHJOB_CRD, TRAINJOB_CRD, crd_schema, unknown_fields
+
+#: The custom resources served, with their CRDs (group/version/plural -> CRD file and version).
+CRDS = {"kubeflow.org/v1/pytorchjobs": PYTORCHJOB_CRD, "trainer.kubeflow.org/v1alpha1/trainjobs": TRAINJOB_CRD}
 
 
 def rfc3339(seconds: float) -> str:
@@ -80,12 +87,34 @@ class Kubelet:
         return "".join(f"{rfc3339(t)} {s}\n" if stamp else f"{s}\n" for t, s in lines)
 
 
+class SchemaCheckingEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator with the API server's handling of unknown fields on create (see the module docstring)."""
+
+    schemas: dict = {}
+
+    async def _handle(self, request):
+        resource = request.resource
+        key = f"{resource.group + '/' if resource and resource.group else ''}{resource.version}/{resource.plural}" \
+            if resource is not None else None
+        if request.action == kmock.action.CREATE and key in self.schemas and isinstance(request.data, dict):
+            strict = request.params.get("fieldValidation") == "Strict"
+            unknown = unknown_fields(self.schemas[key], request.data, prune=not strict)
+            if unknown and strict:
+                kind = request.data.get("kind", resource.plural)
+                raise kmock.KubernetesError(
+                    status=400, reason="BadRequest", details={},
+                    message=f"{kind} in version \"{resource.version}\" cannot be handled as a {kind}: strict decoding "
+                            f"error: " + ", ".join(f'unknown field "{field}"' for field in unknown))
+        return await super()._handle(request)
+
+
 class EmulatedCluster:
     """The emulator served on 127.0.0.1 from a background event loop; :meth:`api` is a launcher-side client."""
 
     def __init__(self, namespace: str = "fourm"):
         self.namespace = namespace
         self.kubelet = Kubelet()
+        SchemaCheckingEmulator.schemas = {key: crd_schema(crd) for key, crd in CRDS.items()}
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
@@ -96,7 +125,7 @@ class EmulatedCluster:
     async def _serve(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
+        async with SchemaCheckingEmulator() as emulator, kmock.Server(emulator) as server:
             self.emulator, self.url = emulator, str(server.url).rstrip("/")
             for resource in ("v1/pods", "kubeflow.org/v1/pytorchjobs", "trainer.kubeflow.org/v1alpha1/trainjobs"):
                 emulator.resources[resource] = {}  # known before the first object (an empty list, not a 404)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from fourm_kfp.cluster.job_launcher import (PYTORCHJOB, TRAINJOB, FollowSettings, JobFailed, parse_timestamp,
-                                            run_job)
+from fourm_kfp.cluster.job_launcher import (JOB_KINDS, PYTORCHJOB, TRAINJOB, FollowSettings, JobFailed,
+                                            parse_timestamp, run_job)
 from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, RUN_ID_LABEL, JobRequest, OwnerPod, render_job
 from fourm_kfp.cluster.kube import JobConflict
 from fourm_kfp.launchers.stage import RunContext
@@ -256,6 +256,29 @@ def test_a_worker_s_crash_reaches_the_step_s_log_and_error(cluster):
     assert f"  {worker} | {last}" in lines
     assert last in str(failure.value) and f"{worker}'s crashed container" in str(failure.value)
     assert "torch.distributed.DistNetworkError: connection reset by peer" in lines  # the master's own lines too
+
+
+@pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])
+def test_a_field_the_installed_crd_does_not_know_fails_the_create_and_names_it(cluster, launcher):
+    """Trainer v2.1's TrainJob has no runtimePatches: by default the API server would drop them (and the
+    tolerations, volumes and deadline in them) without a word. Created with fieldValidation=Strict, it fails."""
+    from fourm_kfp.errors import UserError
+
+    job = _job(launcher)
+    job["spec"]["fromANewerTemplate"] = True  # a field the served CRD lacks
+    kind = JOB_KINDS[launcher]
+    with pytest.raises(UserError, match='strict decoding error: unknown field "spec.fromANewerTemplate".*Trainer'):
+        run_job(cluster.api(), kind, job, deadline_s=0.3, settings=FAST, out=lambda line: None)
+    assert cluster.api().get(kind.resource, job["metadata"]["name"]) is None
+
+
+def test_the_emulated_server_prunes_unknown_fields_unless_told_strict(cluster):
+    """What the API server does by default (Warn): the unknown field is dropped and the create succeeds."""
+    job = _job("trainjob")
+    job["spec"]["fromANewerTemplate"] = True
+    created = cluster.api().custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", "fourm",
+                                                                   "trainjobs", job)
+    assert "fromANewerTemplate" not in created["spec"] and created["spec"]["runtimePatches"]
 
 
 def test_a_job_that_outlives_its_deadline_fails_and_is_deleted(cluster):

@@ -2,7 +2,9 @@
 
 :class:`KubeApi` wraps the official client (``kubernetes``, installed with kfp): create / get / delete a custom
 object (the job), list pods by label, read a container's log (with timestamps, so a reader can resume where it
-stopped). Objects come back as plain dicts. It needs the RBAC of ``manifests/base/rbac.yaml`` and nothing more;
+stopped). Jobs are created with ``fieldValidation=Strict``: a field the installed operator's CRD does not know (an
+older Trainer without ``runtimePatches``) fails the create with the field named, where the server's default would
+drop it silently (tolerations, volumes, the deadline). Objects come back as plain dicts. It needs the RBAC of ``manifests/base/rbac.yaml`` and nothing more;
 a 403 or a missing CRD raises a :class:`~fourm_kfp.errors.UserError` that says which.
 """
 
@@ -54,6 +56,14 @@ def current_namespace(explicit: str = "") -> str:
         return "default"
 
 
+def _status_message(exc) -> str:
+    """The ``message`` of the Status the API server answered with, else the raw body."""
+    try:
+        return json.loads(exc.body).get("message") or str(exc.body)
+    except (TypeError, ValueError, AttributeError):
+        return str(getattr(exc, "body", "") or exc)
+
+
 class KubeApi:
     """Create, read and delete custom objects and read pods and their logs in ``namespace``."""
 
@@ -101,11 +111,16 @@ class KubeApi:
 
         try:
             return self.custom.create_namespaced_custom_object(resource.group, resource.version, self.namespace,
-                                                               resource.plural, body)
+                                                               resource.plural, body, field_validation="Strict")
         except ApiException as exc:
             if exc.status == 409:
                 raise JobConflict(f"{resource.kind} {body['metadata']['name']!r} already exists in namespace "
                                   f"{self.namespace!r}") from exc
+            if exc.status in (400, 422):
+                raise UserError(f"the API server rejected {resource.kind} {body['metadata']['name']!r}: "
+                                f"{_status_message(exc)}. An unknown field means the installed operator is older "
+                                f"than the job's template (Trainer >= v2.2.0, Training Operator >= v1.9: see "
+                                "manifests/README.md)") from exc
             raise self._explain(exc, "create", resource.plural) from exc
 
     def get(self, resource: Resource, name: str) -> dict[str, Any] | None:
