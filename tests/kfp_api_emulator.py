@@ -11,11 +11,19 @@ is a 400, a 5-field one is accepted with its seconds-first meaning), and ``max_c
 
 Not emulated: execution. A created run moves through the ``frames`` the test gives (one per ``get``: the run's state
 and its tasks' states); ``on_run_created`` lets the test do what the pipeline would have done (e.g. record the
-evaluate stage's MLflow run). No auth beyond recording the ``Authorization`` header, no pagination, no namespaces.
+evaluate stage's MLflow run). No auth beyond recording the ``Authorization`` header.
+
+Lists are paged as the server pages them (``page_size`` default 20, capped at ``max_page_size``, which a test can
+make small; an opaque ``next_page_token``). A pipeline name is unique per namespace and a version name per
+pipeline (HTTP 409 otherwise). ``multi_user=True`` keeps pipelines and experiments per namespace (the ``namespace``
+query; "" = shared); with ``require_namespace`` (REQUIRE_NAMESPACE_FOR_PIPELINES) a namespace-less pipeline upload,
+version upload or list is a 400. Not emulated: namespace authorization (SubjectAccessReview), runs listed by
+namespace.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import email.policy
 import io
@@ -154,8 +162,13 @@ class KfpApiEmulator:
 
     def __init__(self, frames: list[tuple[str, dict[str, str]]] | None = None,
                  on_run_created: Callable[[dict[str, Any]], None] | None = None,
-                 run_faults: list[int | str] | None = None):
+                 run_faults: list[int | str] | None = None, multi_user: bool = False,
+                 require_namespace: bool = False, max_page_size: int = 200):
         self.frames = frames or [("SUCCEEDED", {})]
+        self.multi_user = multi_user
+        # REQUIRE_NAMESPACE_FOR_PIPELINES (KFP >= 2.15, multi-user only): a namespace-less pipeline call is a 400.
+        self.require_namespace = require_namespace and multi_user
+        self.max_page_size = max_page_size  # the server's is 200 (list.go maxPageSize), 20 when none is asked
         self.on_run_created = on_run_created
         # What the next run reads (GET /runs/{id}) meet instead of an answer, one each: an HTTP status (e.g. 503
         # from a proxy, 401 from an expired token) or "reset" (the connection is closed without an answer).
@@ -248,6 +261,27 @@ class KfpApiEmulator:
             raise BadRequest("uploadfile is not a compiled pipeline spec")
         return spec
 
+    def _page(self, items: list[dict], query: dict, key: str) -> dict:
+        """One page of ``items`` as the server pages a list: ``page_size`` (default 20, at most the emulator's
+        limit) from the offset an opaque ``page_token`` carries; ``next_page_token`` when more remain."""
+        size = min(int(query.get("page_size") or 20), self.max_page_size)
+        try:
+            start = int(base64.urlsafe_b64decode(query["page_token"]).decode()) if query.get("page_token") else 0
+        except ValueError:
+            raise BadRequest(f"Invalid page token {query['page_token']!r}") from None
+        page = items[start:start + size]
+        if not page:
+            return {}
+        body = {key: page, "total_size": len(items)}
+        if start + size < len(items):
+            body["next_page_token"] = base64.urlsafe_b64encode(str(start + size).encode()).decode()
+        return body
+
+    def _check_namespace(self, namespace: str) -> None:
+        """validation.ValidateNamespaceRequired."""
+        if self.require_namespace and not namespace:
+            raise BadRequest("Namespace is required for pipeline operations")
+
     @staticmethod
     def _name_filter(query: dict) -> str | None:
         if "filter" not in query:
@@ -263,18 +297,24 @@ class KfpApiEmulator:
             return 404, {"error": "not found"}
         path = path[len(API):]
         if (method, path) == ("GET", "/healthz"):
-            return 200, {"multi_user": False}
+            return 200, {"multi_user": self.multi_user}
+        namespace = query.get("namespace", "") if self.multi_user else ""  # single-user: everything is shared
         if (method, path) == ("GET", "/pipelines"):
+            self._check_namespace(namespace)
             name = self._name_filter(query)
-            found = [p for p in self.pipelines.values() if name is None or p["display_name"] == name]
-            return 200, {"pipelines": found, "total_size": len(found)} if found else {}
+            found = [p for p in self.pipelines.values() if (name is None or p["display_name"] == name)
+                     and p.get("namespace", "") == namespace]
+            return 200, self._page(found, query, "pipelines")
         if (method, path) == ("POST", "/pipelines/upload"):
             spec = self._upload(handler)
+            self._check_namespace(namespace)
             name = query.get("name") or query.get("display_name") or spec["pipelineInfo"]["name"]
-            if any(p["display_name"] == name for p in self.pipelines.values()):
-                raise BadRequest(f"pipeline {name!r} exists (409 in KFP): upload a version")
+            if any(p["display_name"] == name and p.get("namespace", "") == namespace
+                   for p in self.pipelines.values()):
+                return self._conflict(f"Failed to create a new pipeline. The name {name} already exist. Please "
+                                      "specify a new name")
             pipeline = {"pipeline_id": str(uuid.uuid4()), "display_name": name, "name": name, "created_at": _now(),
-                        "description": query.get("description", "")}
+                        "description": query.get("description", ""), **({"namespace": namespace} if namespace else {})}
             self.pipelines[pipeline["pipeline_id"]] = pipeline
             self._add_version(pipeline["pipeline_id"], name, spec)
             return 200, pipeline
@@ -283,22 +323,26 @@ class KfpApiEmulator:
             pipeline_id = query.get("pipelineid", "")
             if pipeline_id not in self.pipelines:
                 raise BadRequest(f"no pipeline {pipeline_id!r}")
+            self._check_namespace(self.pipelines[pipeline_id].get("namespace", ""))
             name = query.get("name") or query.get("display_name")
             if any(v["display_name"] == name for v in self.versions[pipeline_id]):
-                raise BadRequest(f"version {name!r} exists")
+                return self._conflict(f"Failed to create a new pipeline version. The name {name} already exist. "
+                                      "Specify a new name")
             return 200, self._add_version(pipeline_id, name, spec)
         match = re.fullmatch(r"/pipelines/([^/]+)/versions", path)
         if method == "GET" and match:
-            versions = self.versions.get(match.group(1), [])
-            return 200, {"pipeline_versions": versions, "total_size": len(versions)} if versions else {}
+            return 200, self._page(self.versions.get(match.group(1), []), query, "pipeline_versions")
         if (method, path) == ("GET", "/experiments"):
             name = self._name_filter(query)
-            found = [e for e in self.experiments.values() if name is None or e["display_name"] == name]
-            return 200, {"experiments": found, "total_size": len(found)} if found else {}
+            found = [e for e in self.experiments.values() if (name is None or e["display_name"] == name)
+                     and e.get("namespace", "") == namespace]
+            return 200, self._page(found, query, "experiments")
         if (method, path) == ("POST", "/experiments"):
             body = self._json(handler, "V2beta1Experiment")
             experiment = {**body, "experiment_id": str(uuid.uuid4()), "created_at": _now(),
                           "storage_state": "AVAILABLE"}
+            if not self.multi_user:
+                experiment.pop("namespace", None)
             self.experiments[experiment["experiment_id"]] = experiment
             return 200, experiment
         if (method, path) == ("POST", "/runs"):
@@ -321,6 +365,11 @@ class KfpApiEmulator:
             self.recurring_runs[recurring["recurring_run_id"]] = recurring
             return 200, recurring
         return 404, {"error": f"{method} {path} is not emulated"}
+
+    def _conflict(self, message: str) -> tuple[int, dict]:
+        """codes.AlreadyExists, which the server answers as HTTP 409."""
+        self.rejected.append(message)
+        return 409, {"error": message, "code": 6, "message": message}
 
     def _add_version(self, pipeline_id: str, name: str, spec: dict) -> dict:
         version = {"pipeline_id": pipeline_id, "pipeline_version_id": str(uuid.uuid4()), "display_name": name,

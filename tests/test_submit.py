@@ -359,3 +359,61 @@ def test_the_emulator_parses_cron_as_the_server_does():
         "above maximum (6): 7",
         "Schedule cron is not a supported format(https://godoc.org/github.com/robfig/cron). Error: Expected 5 to 6 "
         "fields, found 3: 1 * *"]
+
+
+def _variant(tmp_path, i: int) -> str:
+    """The committed pipeline with a changed description: another content hash, so another version."""
+    from fourm_kfp.launchers.kfp_submit import pipeline_package
+
+    path = tmp_path / f"variant-{i}.yaml"
+    path.write_text(pipeline_package().read_text().replace("Pre-train a 4M-style", f"Pre-train ({i}) a 4M-style"))
+    return str(path)
+
+
+def test_a_resubmitted_older_pipeline_finds_its_version_on_a_later_page(tmp_path):
+    """Versions are listed page by page (the emulator's pages hold 2): an older YAML's version is found, not
+    uploaded again (a duplicate version name is a 409)."""
+    emulator = KfpApiEmulator(max_page_size=2)
+    try:
+        first = [submit(_request(emulator, package=_variant(tmp_path, i)), out=lambda line: None) for i in range(4)]
+        again = submit(_request(emulator, package=_variant(tmp_path, 1)), out=lambda line: None)
+    finally:
+        emulator.close()
+    assert not emulator.rejected, emulator.rejected
+    assert again.version_id == first[1].version_id and again.pipeline_id == first[0].pipeline_id
+    assert len(emulator.versions[again.pipeline_id]) == 5  # the upload's own version and the four content-named ones
+
+
+def test_the_emulator_answers_a_duplicate_version_with_409(tmp_path):
+    emulator = KfpApiEmulator()
+    try:
+        client = make_client(emulator.url)
+        result = submit(_request(emulator), client=client, out=lambda line: None)
+        name = next(v["display_name"] for v in emulator.versions[result.pipeline_id]
+                    if v["pipeline_version_id"] == result.version_id)
+        with pytest.raises(Exception, match="409"):
+            client.upload_pipeline_version(_variant(tmp_path, 0), pipeline_version_name=name,
+                                           pipeline_id=result.pipeline_id)
+    finally:
+        emulator.close()
+
+
+def test_with_a_namespace_the_pipeline_is_uploaded_and_found_there(capsys):
+    """A multi-user install with REQUIRE_NAMESPACE_FOR_PIPELINES: --namespace puts the pipeline in the profile's
+    namespace (each namespace has its own); without one the upload is refused, in one line that says what to do."""
+    emulator = KfpApiEmulator(multi_user=True, require_namespace=True, max_page_size=1)
+    try:
+        team_a = submit(_request(emulator, namespace="team-a"), out=lambda line: None)
+        again = submit(_request(emulator, namespace="team-a"), out=lambda line: None)
+        team_b = submit(_request(emulator, namespace="team-b"), out=lambda line: None)
+        shared = cli_main(["submit", "--host", emulator.url, "--preset", "smoke"])
+    finally:
+        emulator.close()
+    assert team_a.pipeline_id == again.pipeline_id != team_b.pipeline_id
+    assert team_a.version_id == again.version_id
+    assert emulator.pipelines[team_a.pipeline_id]["namespace"] == "team-a"
+    assert emulator.pipelines[team_b.pipeline_id]["namespace"] == "team-b"
+    assert {e["namespace"] for e in emulator.experiments.values()} == {"team-a", "team-b"}
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert shared == EXIT_USER_ERROR and "Namespace is required for pipeline operations" in err
+    assert "--namespace" in err

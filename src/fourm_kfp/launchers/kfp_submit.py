@@ -4,7 +4,7 @@
 
 1. takes the compiled pipeline (the committed ``fourm_pretrain.yaml``, or a fresh compile) and uploads it: a new
    pipeline the first time, else a new **version** named after the YAML's content hash (the same YAML reuses its
-   version);
+   version, found across every page of the list); with ``namespace``, into that profile's namespace;
 2. opens the MLflow parent run itself when it will wait and a tracking URI is given, tagged with the CI job that
    asked (``GITHUB_*``/``CI_*`` variables), so the lineage says which commit and job retrained; without waiting the
    pipeline opens and closes its own;
@@ -157,6 +157,8 @@ def kfp_api_errors(host: str):
     except kfp_server_api.ApiException as exc:
         hint = " (set KFP_TOKEN, or run where the KFP service-account token is mounted)" \
             if exc.status in (401, 403) else ""
+        if "Namespace is required" in _api_message(exc):
+            hint = " (give --namespace: your Kubeflow profile's namespace)"
         raise UserError(f"--host {host}: the KFP API answered {exc.status} {exc.reason}: {_api_message(exc)}"
                         f"{hint}") from None
     except TimeoutError as exc:  # kfp.Client's healthz check gives up after 5 tries
@@ -337,19 +339,40 @@ def coerce_parameters(parameters: dict[str, Any], declared: dict[str, str]) -> d
     return {name: coerce_parameter(name, value, declared[name]) for name, value in parameters.items()}
 
 
-def upload(client, package: Path, name: str) -> tuple[str, str]:
-    """Upload ``package`` as pipeline ``name`` (or as a version of it, named by content); returns the ids."""
+def _find(list_page: Callable[[str], Any], items: str, id_field: str, display_name: str) -> str | None:
+    """The id of the item named ``display_name`` across every page of a KFP list (following next_page_token)."""
+    token = ""
+    while True:
+        page = list_page(token)
+        found = next((item for item in getattr(page, items) or [] if item.display_name == display_name), None)
+        if found is not None:
+            return getattr(found, id_field)
+        token = page.next_page_token or ""
+        if not token:
+            return None
+
+
+def upload(client, package: Path, name: str, namespace: str = "") -> tuple[str, str]:
+    """Upload ``package`` as pipeline ``name`` (or as a version of it, named by content); returns the ids.
+
+    With ``namespace`` (a multi-user install's profile) the pipeline lives in that namespace, where only its members
+    can add versions (KFP >= 2.15 with REQUIRE_NAMESPACE_FOR_PIPELINES refuses shared uploads), else it is shared.
+    Existing pipelines and versions are looked up across all pages, so a re-submitted older YAML finds its version.
+    """
     digest = hashlib.sha256(package.read_bytes()).hexdigest()[:12]
     version_name = f"{name}-{digest}"
-    pipeline_id = client.get_pipeline_id(name)
+    name_filter = json.dumps({"predicates": [{"operation": "EQUALS", "key": "display_name", "stringValue": name}]})
+    pipeline_id = _find(lambda token: client.list_pipelines(page_token=token, page_size=100, filter=name_filter,
+                                                            namespace=namespace or None),
+                        "pipelines", "pipeline_id", name)
     if pipeline_id is None:
-        pipeline = client.upload_pipeline(str(package), pipeline_name=name,
+        pipeline = client.upload_pipeline(str(package), pipeline_name=name, namespace=namespace or None,
                                           description="fourm-kfp: pre-train a 4M-style multimodal model")
         pipeline_id = pipeline.pipeline_id
-    versions = client.list_pipeline_versions(pipeline_id, page_size=100).pipeline_versions or []
-    existing = next((v for v in versions if v.display_name == version_name), None)
-    if existing is not None:
-        return pipeline_id, existing.pipeline_version_id
+    version_id = _find(lambda token: client.list_pipeline_versions(pipeline_id, page_token=token, page_size=100),
+                       "pipeline_versions", "pipeline_version_id", version_name)
+    if version_id is not None:
+        return pipeline_id, version_id
     version = client.upload_pipeline_version(str(package), pipeline_version_name=version_name,
                                              pipeline_id=pipeline_id)
     return pipeline_id, version.pipeline_version_id
@@ -375,7 +398,7 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     parameters = coerce_parameters(request.parameters, pipeline_parameter_types(package))
     with kfp_api_errors(request.host):
         client = client if client is not None else make_client(request.host, request.namespace)
-        pipeline_id, version_id = upload(client, package, request.pipeline_name)
+        pipeline_id, version_id = upload(client, package, request.pipeline_name, request.namespace)
         experiment = client.create_experiment(request.experiment, namespace=request.namespace or None)
     label = request.run_name or f"{request.pipeline_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     params: dict[str, Any] = {"preset": request.preset, "config_overrides": list(request.overrides),
