@@ -417,3 +417,51 @@ def test_with_a_namespace_the_pipeline_is_uploaded_and_found_there(capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert shared == EXIT_USER_ERROR and "Namespace is required for pipeline operations" in err
     assert "--namespace" in err
+
+
+def test_the_service_account_token_file_is_used_with_an_explicit_host(tmp_path, monkeypatch, tracking):
+    """kfp.Client(host=...) skips its in-cluster credentials: submit passes the token file itself, re-read for each
+    request, so a token the kubelet rotated is picked up after the server's 401 on the expired one."""
+    token = tmp_path / "token"
+    token.write_text("sa-token-1\n")
+    monkeypatch.delenv("KFP_TOKEN", raising=False)
+    monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(token))
+    gate = _pipeline_writes_gate(tracking, True)
+
+    def rotate(run: dict) -> None:
+        gate(run)
+        token.write_text("sa-token-2\n")  # the kubelet rotates the projected token; the old one expires
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"), on_run_created=rotate, run_faults=[401])
+    try:
+        result = submit(_request(emulator, tracking, wait=True), out=lambda line: None)
+    finally:
+        emulator.close()
+    assert result.exit_code == EXIT_SUCCEEDED and result.state == "SUCCEEDED"
+    headers = [auth for _, _, auth in emulator.requests]
+    assert headers[0] == "Bearer sa-token-1" and headers[-1] == "Bearer sa-token-2"
+    assert set(headers) == {"Bearer sa-token-1", "Bearer sa-token-2"}
+
+
+def test_kfp_token_wins_and_its_401_is_not_retried(tmp_path, monkeypatch):
+    token = tmp_path / "token"
+    token.write_text("sa-token")
+    monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(token))
+    monkeypatch.setenv("KFP_TOKEN", "ci-token")
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"), run_faults=[401])
+    try:
+        with pytest.raises(UserError, match="answered 401.*KFP_TOKEN"):
+            submit(_request(emulator, wait=True), out=lambda line: None)
+    finally:
+        emulator.close()
+    assert {auth for _, _, auth in emulator.requests} == {"Bearer ci-token"}
+
+
+def test_without_a_token_no_authorization_is_sent(tmp_path, monkeypatch):
+    monkeypatch.delenv("KFP_TOKEN", raising=False)
+    monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(tmp_path / "absent"))
+    emulator = KfpApiEmulator()
+    try:
+        submit(_request(emulator), out=lambda line: None)
+    finally:
+        emulator.close()
+    assert {auth for _, _, auth in emulator.requests} == {None}

@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Upload the compiled pipeline (a new version when it exists), create a run in an experiment "
                     "with the preset, overrides and stage parameters, and print its UI link. --wait follows it to "
                     "the end and reports the stages and the model gate; --schedule creates a recurring run.\n\n"
-                    "Auth: a bearer token from $KFP_TOKEN, else the in-cluster service-account token KFP mounts; "
+                    "Auth: a bearer token from $KFP_TOKEN, else the service-account token file KFP mounts in a pod "
+                    "($KF_PIPELINES_SA_TOKEN_PATH or /var/run/secrets/kubeflow/pipelines/token), re-read per request; "
                     "--namespace is the Kubeflow profile namespace of a multi-user install.",
         epilog="exit status:\n" + "\n".join(f"  {code}  {what}" for code, what in sorted(EXIT_CODES.items())))
     _add_config_args(submit)

@@ -21,8 +21,9 @@ the run ended (the run goes on). While following, transient API errors (5xx, 429
 the token is re-read from a file) are retried with backoff, up to ``max_poll_errors`` in a row.
 
 Authentication is what ``kfp.Client`` users expect: a bearer token from ``KFP_TOKEN`` (e.g. a CI secret), else
-the in-cluster service-account token KFP mounts (``KF_PIPELINES_SA_TOKEN_PATH``), else none; ``--namespace`` is the
-Kubeflow profile namespace of a multi-user install.
+the service-account token file KFP mounts in a pod (``KF_PIPELINES_SA_TOKEN_PATH``, else kfp's default path), passed
+as ``ServiceAccountTokenVolumeCredentials`` even with an explicit host (kfp itself would not try it then), else none;
+``--namespace`` is the Kubeflow profile namespace of a multi-user install.
 """
 
 from __future__ import annotations
@@ -104,18 +105,31 @@ class SubmitResult:
         return EXIT_SUCCEEDED
 
 
+def service_account_token_path() -> str:
+    """Where KFP mounts a pod's service-account token for the API: ``KF_PIPELINES_SA_TOKEN_PATH``, else kfp's
+    default (``/var/run/secrets/kubeflow/pipelines/token``)."""
+    from kfp import client as kfp_client
+
+    return os.environ.get(kfp_client.KF_PIPELINES_SA_TOKEN_ENV) or kfp_client.KF_PIPELINES_SA_TOKEN_PATH
+
+
 def make_client(host: str, namespace: str = ""):
-    """A ``kfp.Client`` for ``host`` with the token from ``KFP_TOKEN`` (else kfp's own in-cluster credentials)."""
+    """A ``kfp.Client`` for ``host``: the bearer token from ``KFP_TOKEN``, else the service-account token file KFP
+    mounts in a pod (:func:`service_account_token_path`; re-read for every request, so the kubelet's rotation is
+    seen), else no credentials. kfp's own config loading never tries the token file once a host is given."""
     import logging
     import warnings
 
     import kfp
+    from kfp.client import ServiceAccountTokenVolumeCredentials
 
     kwargs: dict[str, Any] = {"host": host}
     if namespace:
         kwargs["namespace"] = namespace
     if os.environ.get("KFP_TOKEN"):
         kwargs["existing_token"] = os.environ["KFP_TOKEN"]
+    elif os.path.isfile(service_account_token_path()):
+        kwargs["credentials"] = ServiceAccountTokenVolumeCredentials(service_account_token_path())
     # urllib3 logs each of its own connection retries: the error that ends them says it once.
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     with warnings.catch_warnings():
