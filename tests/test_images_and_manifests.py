@@ -48,10 +48,12 @@ PYTORCHJOB_CLEAN_POD_POLICIES = {"None", "All", "Running"}
 # (Training Operator v1) or TrainJob (Trainer v2); read pods and their logs. No patch/update, no Secrets, no events.
 RUNNER = "fourm-pipeline-runner"
 LAUNCHER_GRANTS = {
-    ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "watch", "delete"},
-    ("trainer.kubeflow.org", "trainjobs"): {"create", "get", "list", "watch", "delete"},
-    ("", "pods"): {"get", "list", "watch"},
-    ("", "pods/log"): {"get", "list", "watch"},
+    # the calls of fourm_kfp.cluster.kube.KubeApi: create/get/delete the job, list pods, read a log, list events
+    ("kubeflow.org", "pytorchjobs"): {"create", "get", "delete"},
+    ("trainer.kubeflow.org", "trainjobs"): {"create", "get", "delete"},
+    ("", "pods"): {"list"},
+    ("", "pods/log"): {"get"},
+    ("", "events"): {"list"},
 }
 # Each overlay: its namespace, whether it brings the Namespace object, and the ServiceAccounts (name, namespace)
 # bound to the launcher's Role: ours, plus the account the overlay's pipeline runs use.

@@ -9,7 +9,8 @@ deleted before the job's ``Failed`` status is written.
 
 What the emulator does not do (so the tests do it, or do without it):
 - no controllers: nothing creates pods or sets conditions on its own (the test's operator script does);
-- no label selectors: a list returns every pod of the namespace (the tests create only the job's pods);
+- no label or field selectors: a list returns every pod (event) of the namespace (the tests create only the job's
+  pods; the launcher filters events itself);
 - no watch for the client's ``watch=True`` (the launcher polls anyway);
 - no pod logs: :class:`Kubelet` serves ``pods/<name>/log`` from lines the test appends, honouring ``timestamps``,
   ``sinceSeconds``, ``tailLines`` and ``previous`` like the kubelet (404 once the pod is deleted), and can fail a
@@ -127,7 +128,8 @@ class EmulatedCluster:
         self._stop = asyncio.Event()
         async with SchemaCheckingEmulator() as emulator, kmock.Server(emulator) as server:
             self.emulator, self.url = emulator, str(server.url).rstrip("/")
-            for resource in ("v1/pods", "kubeflow.org/v1/pytorchjobs", "trainer.kubeflow.org/v1alpha1/trainjobs"):
+            for resource in ("v1/pods", "v1/events", "kubeflow.org/v1/pytorchjobs",
+                             "trainer.kubeflow.org/v1alpha1/trainjobs"):
                 emulator.resources[resource] = {}  # known before the first object (an empty list, not a 404)
             self._ready.set()
             await self._stop.wait()
@@ -166,6 +168,14 @@ class EmulatedCluster:
 
     def pods(self) -> list[dict]:
         return self.api().pods("")
+
+    def add_event(self, kind: str, name: str, reason: str, message: str, type_: str = "Warning") -> None:
+        """An event about ``kind``/``name``, as a controller's recorder writes it (core/v1)."""
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": self.namespace},
+                "involvedObject": {"kind": kind, "name": name, "namespace": self.namespace}, "reason": reason,
+                "message": message, "type": type_, "count": 1, "lastTimestamp": rfc3339(time.time())}
+        self.api().core.create_namespaced_event(self.namespace, body)
 
     def set_pod_status(self, name: str, status: dict) -> None:
         self.api().core.patch_namespaced_pod_status(name, self.namespace, {"status": status})

@@ -297,6 +297,38 @@ def test_no_pods_says_the_operator_has_not_made_them(cluster):
     assert any("waiting for the operator to create pods" in line for line in lines)
 
 
+@pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])
+def test_pods_the_cluster_refuses_fail_fast_with_the_events_message(cluster, launcher):
+    """A quota or an admission webhook refuses the pods: the only trace is a Warning event on the job (PyTorchJob)
+    or on the Job its JobSet made (TrainJob). The launcher reports it and fails, instead of waiting to its deadline."""
+    job = _job(launcher)
+    name = job["metadata"]["name"]
+    kind = JOB_KINDS[launcher]
+    quota = (f'pods "{name}-master-0" is forbidden: exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=8, '
+             "used: requests.nvidia.com/gpu=16, limited: requests.nvidia.com/gpu=16")
+    about = ("PyTorchJob", name) if launcher == "pytorchjob" else ("Job", f"{name}-node-0")
+
+    def operator():
+        cluster.wait_for_job(kind.resource, name)
+        cluster.add_event("Pod", "someone-elses-pod", "FailedScheduling", "not about this job")
+        cluster.add_event(*about, "Created", "normal news", type_="Normal")
+        cluster.add_event(*about, "FailedCreatePod", quota)
+
+    script = Operator(operator)
+    lines = []
+    settings = FollowSettings(poll_s=0.05, grace_s=0.0, pending_every_s=3600, no_pods_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(JobFailed) as failure:
+        run_job(cluster.api(), kind, job, deadline_s=30, settings=settings, out=lines.append)
+    script.finish()
+    assert time.monotonic() - started < 10  # not the deadline
+    message = str(failure.value)
+    assert "has no pods after" in message and "exceeded quota: gpu-quota" in message and "FailedCreatePod" in message
+    assert "someone-elses-pod" not in message and "normal news" not in message
+    assert any("exceeded quota" in line for line in lines)  # said while waiting, too
+    assert cluster.api().get(kind.resource, name) is None
+
+
 def test_a_restarted_launcher_adopts_its_own_running_job(cluster):
     job = _job()
     name = job["metadata"]["name"]
@@ -327,8 +359,11 @@ def test_an_own_job_that_already_failed_is_replaced_not_adopted(cluster):
     cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Failed", "PyTorchJobFailed", "earlier attempt"))
 
     def operator():
-        _wait(lambda: (cluster.api().get(PYTORCHJOB.resource, name) or {}).get("metadata", {}).get("annotations")
-              is None)
+        def recreated():  # the launcher's own job, not the stale one, nor the gap between delete and create
+            current = cluster.api().get(PYTORCHJOB.resource, name)
+            return current is not None and current["metadata"].get("annotations") is None
+
+        _wait(recreated)
         cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Succeeded", "", ""))
 
     script = Operator(operator)

@@ -12,6 +12,10 @@
    deadline failure the operator deletes the pods before it marks the job Failed; while pods are Pending the
    reason is printed (unschedulable, image pull, init containers) when it changes and once a minute while it does
    not;
+   while the operator has made no pods, the Warning events of the job and what it made (admission and quota
+   rejections are reported nowhere else) are printed, and when there are still no pods after ``no_pods_s`` and
+   such events exist, the launcher fails at once with their messages instead of waiting for the deadline (no
+   events: a queued job, e.g. by Kueue, waits);
 3. stops at the job's terminal condition (PyTorchJob ``Succeeded``/``Failed``, TrainJob ``Complete``/``Failed``)
    or at the deadline, and raises :class:`JobFailed` with the conditions and the last log lines on failure or
    timeout;
@@ -81,6 +85,7 @@ class FollowSettings:
     delete: bool = True
     tail_lines: int = 40  # log lines quoted in a failure
     pending_every_s: float = 60.0  # repeat an unchanged pending reason this often
+    no_pods_s: float = 600.0  # no pods this long and Warning events about the job: fail with them
 
 
 @dataclass
@@ -311,9 +316,14 @@ def follow(api: KubeApi, kind: JobKind, name: str, deadline_s: float, settings: 
                 log.debug("reading the log of %s failed (%s); retrying", pod["metadata"]["name"], exc)
         state = terminal_state(kind, job)
         pending = pending_reason(pods) if state is None else None
-        if not pods and state is None:
-            pending = f"waiting for the operator to create pods ({describe_conditions(job)})"
         now = time.monotonic()
+        if not pods and state is None:
+            refused = _event_messages(api.warnings(name))
+            pending = f"waiting for the operator to create pods ({describe_conditions(job)})" + (
+                f"; warnings: {refused}" if refused else "")
+            if refused and now - started > settings.no_pods_s:
+                raise JobFailed(f"{kind.resource.kind} {name!r} has no pods after {now - started:.0f}s and the "
+                                f"cluster reports: {refused}")
         if pending and (pending != last_pending or now - pending_said_at >= settings.pending_every_s):
             out(f"[launcher] {kind.resource.kind} {name}: {pending} (for {now - started:.0f}s)")
             pending_said_at = now
@@ -328,6 +338,16 @@ def follow(api: KubeApi, kind: JobKind, name: str, deadline_s: float, settings: 
                             f"(+{settings.grace_s:.0f}s grace); conditions: {describe_conditions(job)}"
                             + _tail_text(list(logs.tail), logs.peer_crashes))
         time.sleep(settings.poll_s)
+
+
+def _event_messages(events: list[dict[str, Any]]) -> str:
+    """``Reason (object): message`` of each distinct event, the newest last."""
+    seen: dict[str, None] = {}
+    for event in events:
+        about = event.get("involvedObject") or {}
+        seen[f"{event.get('reason', '')} ({about.get('kind', '')} {about.get('name', '')}): "
+             f"{event.get('message', '')}".strip()] = None
+    return "; ".join(list(seen)[-5:])
 
 
 def _tail_text(lines: list[str], peer_crashes: dict[str, list[str]] | None = None) -> str:

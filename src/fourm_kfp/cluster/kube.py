@@ -1,22 +1,27 @@
-"""The few Kubernetes API calls the pretrain launcher makes, in one namespace, with errors a user can act on.
+"""The few Kubernetes API calls the job launcher makes, in one namespace, with errors a user can act on.
 
 :class:`KubeApi` wraps the official client (``kubernetes``, installed with kfp): create / get / delete a custom
-object (the job), list pods by label, read a container's log (with timestamps, so a reader can resume where it
-stopped). Jobs are created with ``fieldValidation=Strict``: a field the installed operator's CRD does not know (an
-older Trainer without ``runtimePatches``) fails the create with the field named, where the server's default would
-drop it silently (tolerations, volumes, the deadline). Objects come back as plain dicts. It needs the RBAC of ``manifests/base/rbac.yaml`` and nothing more;
-a 403 or a missing CRD raises a :class:`~fourm_kfp.errors.UserError` that says which.
+object (the job), list pods by label and the Warning events of the job and what it made, read a container's log
+(with timestamps, so a reader can resume where it stopped). Jobs are created with ``fieldValidation=Strict``: a
+field the installed operator's CRD does not know (an older Trainer without ``runtimePatches``) fails the create
+with the field named, where the server's default would drop it silently (tolerations, volumes, the deadline).
+Objects come back as plain dicts. It needs the RBAC of ``manifests/base/rbac.yaml`` and nothing more; a 403 or a
+missing CRD raises a :class:`~fourm_kfp.errors.UserError` that says which (events excepted: without them the
+launcher only waits longer).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fourm_kfp.errors import UserError
+
+log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -159,6 +164,28 @@ class KubeApi:
         except ApiException as exc:
             raise self._explain(exc, "list", "pods") from exc
         return json.loads(response.data).get("items") or []
+
+    def warnings(self, name: str) -> list[dict[str, Any]]:
+        """Warning events about the object ``name`` and what its controllers made (``name-…``: a JobSet, its Jobs,
+        pods), oldest first; [] when the Role may not read events (said once in the log)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            response = self.core.list_namespaced_event(self.namespace, field_selector="type=Warning",
+                                                       _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 403 and not getattr(self, "_said_no_events", False):
+                self._said_no_events = True
+                log.warning("%s", self._explain(exc, "list", "events"))
+            if exc.status == 403:
+                return []
+            raise self._explain(exc, "list", "events") from exc
+        found = []
+        for event in json.loads(response.data).get("items") or []:
+            about = (event.get("involvedObject") or {}).get("name", "")
+            if event.get("type") == "Warning" and (about == name or about.startswith(f"{name}-")):
+                found.append(event)
+        return sorted(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
     def log(self, pod: str, container: str, *, since_seconds: int | None = None, previous: bool = False,
             tail_lines: int | None = None) -> str:
