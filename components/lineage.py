@@ -18,7 +18,14 @@ def open_lineage_run(run_label: str, kfp_run_id: str, preset: str, config_overri
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def close_lineage_run(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str, mlflow_parent_run_id: str,
                       status: dsl.PipelineTaskFinalStatus):
-    """Exit handler: mark the parent run FINISHED or FAILED from the pipeline's final state."""
-    from fourm_kfp.launchers.kfp_runtime import close_lineage_step
+    """Exit handler (runs on success, failure and stop): delete the run's unfinished training jobs (a stopped run's
+    job would otherwise train on until its deadline), then mark the parent run FINISHED or FAILED from the
+    pipeline's final state."""
+    from fourm_kfp.cluster import stop_jobs
+    from fourm_kfp.launchers import kfp_runtime
 
-    close_lineage_step(run_label, kfp_run_id, mlflow_tracking_uri, mlflow_parent_run_id, status.state)
+    try:
+        stop_jobs.stop_run_jobs(kfp_run_id)
+    finally:
+        kfp_runtime.close_lineage_step(run_label, kfp_run_id, mlflow_tracking_uri, mlflow_parent_run_id,
+                                       status.state)

@@ -58,8 +58,9 @@ def _job_args(stage: str, params: dict) -> dict:
 
 def _job_launcher(task: dsl.PipelineTask) -> dsl.PipelineTask:
     """A job stage's step in the job modes: a light CPU pod (the training runs in the job's pods) that knows its
-    own name, uid and namespace through the downward API, so the job can be owned by it (a stopped KFP run
-    deletes the job) and created in its namespace, and its own image tag, so the job runs the same image."""
+    own name, uid and namespace through the downward API, so the job can be owned by it (deleting the pod deletes
+    the job; a stopped run's exit handler deletes it by its run-id label) and created in its namespace, and its
+    own image tag, so the job runs the same image."""
     _with_cluster_env(task).set_cpu_limit("1").set_memory_limit("2Gi")
     for env_name, field_path in LAUNCHER_POD_FIELDS.items():
         kubernetes.use_field_path_as_env(task, env_name=env_name, field_path=field_path)
@@ -176,7 +177,7 @@ def fourm_pretrain(
             nodes (elasticPolicy, c10d rendezvous); training resumes from its newest checkpoint on a new world
             size; default 0 = fixed size.
         pretrain_delete_job: Job modes: delete the job when it is over (its pods' logs were streamed into this
-            step's log); default true. A stopped KFP run always deletes its job.
+            step's log); default true. A stopped KFP run's exit handler deletes its unfinished jobs.
         evaluate_force: Re-evaluate even if this model's evaluation is committed (registers a new model version
             and applies the gate again); default false.
     """

@@ -48,9 +48,10 @@ PYTORCHJOB_CLEAN_POD_POLICIES = {"None", "All", "Running"}
 # (Training Operator v1) or TrainJob (Trainer v2); read pods and their logs. No patch/update, no Secrets, no events.
 RUNNER = "fourm-pipeline-runner"
 LAUNCHER_GRANTS = {
-    # the calls of fourm_kfp.cluster.kube.KubeApi: create/get/delete the job, list pods, read a log, list events
-    ("kubeflow.org", "pytorchjobs"): {"create", "get", "delete"},
-    ("trainer.kubeflow.org", "trainjobs"): {"create", "get", "delete"},
+    # the calls of fourm_kfp.cluster.kube.KubeApi: create/get/delete the job (list: the exit handler), list pods,
+    # read a log, list events
+    ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "delete"},
+    ("trainer.kubeflow.org", "trainjobs"): {"create", "get", "list", "delete"},
     ("", "pods"): {"list"},
     ("", "pods/log"): {"get"},
     ("", "events"): {"list"},

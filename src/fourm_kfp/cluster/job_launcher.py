@@ -19,8 +19,9 @@
 3. stops at the job's terminal condition (PyTorchJob ``Succeeded``/``Failed``, TrainJob ``Complete``/``Failed``)
    or at the deadline, and raises :class:`JobFailed` with the conditions and the last log lines on failure or
    timeout;
-4. **deletes** the job when it is over (``delete=True``), and always when the launcher itself is stopped (SIGTERM
-   from a stopped KFP run; a rerun resumes from the newest checkpoint).
+4. **deletes** the job when it is over (``delete=True``), and always when the launcher gets SIGTERM (its pod is
+   deleted; a rerun resumes from the newest checkpoint). KFP's launcher does not forward a stopped run's SIGTERM to
+   the step: the pipeline's exit handler deletes a stopped run's jobs (:mod:`.stop_jobs`).
 """
 
 from __future__ import annotations

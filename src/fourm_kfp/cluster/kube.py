@@ -1,10 +1,11 @@
 """The few Kubernetes API calls the job launcher makes, in one namespace, with errors a user can act on.
 
 :class:`KubeApi` wraps the official client (``kubernetes``, installed with kfp): create / get / delete a custom
-object (the job), list pods by label and the Warning events of the job and what it made, read a container's log
-(with timestamps, so a reader can resume where it stopped). Jobs are created with ``fieldValidation=Strict``: a
-field the installed operator's CRD does not know (an older Trainer without ``runtimePatches``) fails the create
-with the field named, where the server's default would drop it silently (tolerations, volumes, the deadline).
+object (the job) and list them by label (the exit handler), list pods by label and the Warning events of the job
+and what it made, read a container's log (with timestamps, so a reader can resume where it stopped). Jobs are
+created with ``fieldValidation=Strict``: a field the installed operator's CRD does not know (an older Trainer
+without ``runtimePatches``) fails the create with the field named, where the server's default would drop it
+silently (tolerations, volumes, the deadline).
 Objects come back as plain dicts. It needs the RBAC of ``manifests/base/rbac.yaml`` and nothing more; a 403 or a
 missing CRD raises a :class:`~fourm_kfp.errors.UserError` that says which (events excepted: without them the
 launcher only waits longer).
@@ -139,6 +140,19 @@ class KubeApi:
             if exc.status == 404:
                 return None
             raise self._explain(exc, "get", resource.plural) from exc
+
+    def list(self, resource: Resource, selector: str) -> list[dict[str, Any]]:
+        """The objects matching the label selector; [] when the resource is not installed (no such CRD)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            found = self.custom.list_namespaced_custom_object(resource.group, resource.version, self.namespace,
+                                                              resource.plural, label_selector=selector)
+        except ApiException as exc:
+            if exc.status == 404:
+                return []
+            raise self._explain(exc, "list", resource.plural) from exc
+        return found.get("items") or []
 
     def delete(self, resource: Resource, name: str) -> bool:
         """Delete the object and, in the background, what it owns (pods, services); False when it was gone."""

@@ -1,0 +1,73 @@
+"""The exit handler's clean-up (:mod:`fourm_kfp.cluster.stop_jobs`) against the emulated API: a stopped run's
+unfinished jobs of both kinds are deleted by their run-id label; another run's jobs and a finished job kept on purpose
+stay; outside a pod (kfp.local) nothing is touched and nothing fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from fourm_kfp.cluster.job_launcher import PYTORCHJOB, TRAINJOB
+from fourm_kfp.cluster.job_spec import JobRequest, render_job
+from fourm_kfp.cluster.stop_jobs import delete_unfinished_jobs, stop_run_jobs
+from tests.cluster.kube_emulator import EmulatedCluster
+
+
+@pytest.fixture
+def cluster():
+    emulated = EmulatedCluster()
+    yield emulated
+    emulated.close()
+
+
+def _create(cluster, launcher: str, stage: str, address: str, run_id: str) -> str:
+    job = render_job(JobRequest(launcher=launcher, stage=stage, address=address, stage_args=["stage", stage],
+                                image="fourm", nodes=2, kfp_run_id=run_id))
+    cluster.api().create(PYTORCHJOB.resource if launcher == "pytorchjob" else TRAINJOB.resource, job)
+    return job["metadata"]["name"]
+
+
+def test_a_stopped_run_s_unfinished_jobs_are_deleted_and_nothing_else(cluster):
+    running_pt = _create(cluster, "pytorchjob", "pretrain", "aaaa", "run-1")
+    running_tj = _create(cluster, "trainjob", "train-tokenizers", "bbbb", "run-1")
+    kept = _create(cluster, "pytorchjob", "train-tokenizers", "cccc", "run-1")
+    cluster.set_job_conditions(PYTORCHJOB.resource, kept, ("Succeeded", "", ""))  # <stage>_delete_job=false
+    other = _create(cluster, "pytorchjob", "pretrain", "dddd", "run-2")
+    lines = []
+    deleted = delete_unfinished_jobs(cluster.api(), "run-1", out=lines.append)
+    assert sorted(deleted) == sorted([running_pt, running_tj])
+    api = cluster.api()
+    assert api.get(PYTORCHJOB.resource, running_pt) is None and api.get(TRAINJOB.resource, running_tj) is None
+    assert api.get(PYTORCHJOB.resource, kept) is not None and api.get(PYTORCHJOB.resource, other) is not None
+    assert any(running_pt in line and "run-1" in line for line in lines)
+    assert delete_unfinished_jobs(cluster.api(), "", out=lines.append) == []  # no run id: never "every job"
+
+
+def test_outside_a_pod_there_is_nothing_to_stop(monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    lines = []
+    assert stop_run_jobs("run-1", out=lines.append) == []
+    assert lines == ["[exit handler] not in a Kubernetes pod: no cluster jobs to stop"]
+
+
+def test_the_exit_handler_component_stops_the_run_s_jobs_then_closes_the_lineage(monkeypatch):
+    """close_lineage_run (the pipeline's exit handler) deletes the jobs even when closing the lineage fails."""
+    import fourm_kfp.cluster.stop_jobs as stop_jobs
+    import fourm_kfp.launchers.kfp_runtime as kfp_runtime
+    from components.lineage import close_lineage_run
+
+    calls = []
+    monkeypatch.setattr(stop_jobs, "stop_run_jobs", lambda run_id, out=print: calls.append(("stop", run_id)))
+
+    def close(*args):
+        calls.append(("close", args[1]))
+        raise RuntimeError("tracking server down")
+
+    monkeypatch.setattr(kfp_runtime, "close_lineage_step", close)
+
+    class Status:
+        state = "CANCELLED"
+
+    with pytest.raises(RuntimeError, match="tracking server down"):
+        close_lineage_run.python_func(run_label="", kfp_run_id="run-1", mlflow_tracking_uri="",
+                                      mlflow_parent_run_id="", status=Status())
+    assert calls == [("stop", "run-1"), ("close", "run-1")]
