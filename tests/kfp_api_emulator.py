@@ -10,8 +10,10 @@ the declared ``parameterType`` (``validatePipelineJobInputs``: a number for a ST
 is a 400, a 5-field one is accepted with its seconds-first meaning), and ``max_concurrency`` must be 1-10.
 
 Not emulated: execution. A created run moves through the ``frames`` the test gives (one per ``get``: the run's state
-and its tasks' states); ``on_run_created`` lets the test do what the pipeline would have done (e.g. record the
-evaluate stage's MLflow run). No auth beyond recording the ``Authorization`` header.
+and its stages' states), answered as real-shaped task details (:func:`argo_task_details`: the Argo workflow's
+nodes, named by DAG task key, with driver and executor nodes); ``on_run_created`` lets the test do what the
+pipeline would have done (e.g. record the evaluate stage's MLflow run); ``run_faults`` injects errors on run reads.
+No auth beyond recording the ``Authorization`` header.
 
 Lists are paged as the server pages them (``page_size`` default 20, capped at ``max_page_size``, which a test can
 make small; an opaque ``next_page_token``). A pipeline name is unique per namespace and a version name per
@@ -163,12 +165,13 @@ class KfpApiEmulator:
     def __init__(self, frames: list[tuple[str, dict[str, str]]] | None = None,
                  on_run_created: Callable[[dict[str, Any]], None] | None = None,
                  run_faults: list[int | str] | None = None, multi_user: bool = False,
-                 require_namespace: bool = False, max_page_size: int = 200):
+                 require_namespace: bool = False, max_page_size: int = 200, branches: dict[str, str] | None = None):
         self.frames = frames or [("SUCCEEDED", {})]
         self.multi_user = multi_user
         # REQUIRE_NAMESPACE_FOR_PIPELINES (KFP >= 2.15, multi-user only): a namespace-less pipeline call is a 400.
         self.require_namespace = require_namespace and multi_user
         self.max_page_size = max_page_size  # the server's is 200 (list.go maxPageSize), 20 when none is asked
+        self.branches = branches  # which task key runs each stage (see argo_task_details)
         self.on_run_created = on_run_created
         # What the next run reads (GET /runs/{id}) meet instead of an answer, one each: an HTTP status (e.g. 503
         # from a proxy, 401 from an expired token) or "reset" (the connection is closed without an answer).
@@ -418,15 +421,94 @@ class KfpApiEmulator:
         run = self.runs[run_id]
         frame = self.frames[min(self.polls[run_id], len(self.frames) - 1)]
         self.polls[run_id] += 1
-        state, tasks = frame
+        state, stages = frame
         run["state"] = state
-        run["run_details"] = {"task_details": [
-            {"task_id": f"task-{i}", "run_id": run_id, "display_name": name, "state": task_state,
-             "start_time": "2026-11-23T10:00:00Z", "end_time": "2026-11-23T10:00:42Z"}
-            for i, (name, task_state) in enumerate(tasks.items())]}
+        spec = self.specs[run["pipeline_version_reference"]["pipeline_version_id"]]
+        run["run_details"] = {"task_details": argo_task_details(run_id, run["display_name"], state, stages, spec,
+                                                                self.branches)}
         if state == "FAILED":
             run["error"] = {"code": 2, "message": "task pretrain failed"}
         return run
+
+
+_ZERO_TIME = "0001-01-01T00:00:00Z"  # a node that has not finished: Argo's zero FinishedAt, as the server sends it
+
+
+def argo_task_details(run_id: str, run_name: str, run_state: str, stages: dict[str, str], spec: dict,
+                      branches: dict[str, str] | None = None) -> list[dict]:
+    """A v2 run's ``run_details.task_details`` as the API server builds them from the Argo workflow's nodes
+    (api_converter.go toModelTasks: one task per node, ``display_name`` = the node's DisplayName, sorted by node
+    name): the workflow node, ``root-driver`` and ``root``, and for each started task of the pipeline spec its
+    ``<key>-driver`` pod, its ``<key>`` node (the DAG task key, e.g. ``pretrain-3``: not the stage's name) and the
+    ``executor`` pod under it, inside the driver/DAG nodes of the conditions, branches and exit handler around it;
+    a condition whose branch did not run is a SKIPPED node with nothing under it.
+
+    ``stages``: the frame's ``{stage name: state}`` (PENDING and SKIPPED stages have no nodes yet: Argo creates a
+    node when it schedules it). ``branches``: which task key runs each stage (default: the last one in the spec,
+    e.g. ``pretrain-3``), found through the tasks' ``taskInfo.name``."""
+    parent_of: dict[str, str] = {}  # task key -> the key of the DAG task it sits in ("" = root)
+    tasks: dict[str, dict] = {}
+    dag_task_of = {task["componentRef"]["name"]: key for comp in [spec["root"], *spec["components"].values()]
+                   for key, task in (comp.get("dag") or {}).get("tasks", {}).items()}
+    for name, comp in [("root", spec["root"]), *spec["components"].items()]:
+        for key, task in (comp.get("dag") or {}).get("tasks", {}).items():
+            tasks[key] = task
+            parent_of[key] = dag_task_of.get(name, "")
+    chosen = dict(branches or {})
+    for key in sorted(tasks):
+        name = tasks[key]["taskInfo"]["name"]
+        if name in stages and "dag" not in spec["components"][tasks[key]["componentRef"]["name"]]:
+            chosen.setdefault(name, max((k for k in tasks if tasks[k]["taskInfo"]["name"] == name),
+                                        key=lambda k: (len(k), k)))
+    started = {chosen[name]: state for name, state in stages.items() if state not in ("PENDING", "SKIPPED")}
+    if started:
+        started.setdefault("open-lineage-run", "SUCCEEDED")  # a task of the pipeline that is not a stage
+
+    def ancestors(key: str) -> list[str]:
+        chain = []
+        while parent_of.get(key):
+            key = parent_of[key]
+            chain.append(key)
+        return chain
+
+    def summary(states: list[str]) -> str:
+        return next((s for s in ("FAILED", "RUNNING") if s in states), "SUCCEEDED")
+
+    nodes: dict[str, tuple[str, str, bool]] = {}  # node name -> (display name, state, finished)
+    for key, state in started.items():
+        chain = ancestors(key)
+        for dag in chain:
+            inside = [s for k, s in started.items() if dag in ancestors(k)]
+            path = ".".join(reversed([dag, *ancestors(dag)]))
+            nodes[f"root.{path}-driver"] = (f"{dag}-driver", "SUCCEEDED", True)
+            nodes[f"root.{path}"] = (dag, summary(inside), summary(inside) != "RUNNING")
+            for sibling in (k for k, p in parent_of.items() if p == dag and tasks[k]["componentRef"]["name"] in
+                            spec["components"] and "dag" in spec["components"][tasks[k]["componentRef"]["name"]]):
+                if sibling not in chain and dag.startswith("condition-branches") and not any(
+                        sibling in ancestors(k) for k in started):
+                    nodes[f"root.{path}.{sibling}-driver"] = (f"{sibling}-driver", "SUCCEEDED", True)
+                    nodes[f"root.{path}.{sibling}"] = (sibling, "SKIPPED", True)
+        path = ".".join(reversed([key, *chain]))
+        finished = state not in ("RUNNING", "PENDING")
+        nodes[f"root.{path}-driver"] = (f"{key}-driver", "SUCCEEDED", True)
+        nodes[f"root.{path}"] = (key, state, finished)
+        nodes[f"root.{path}.executor"] = ("executor", state, finished)
+    if nodes:
+        nodes["root-driver"] = ("root-driver", "SUCCEEDED", True)
+        nodes["root"] = ("root", run_state, run_state in ("SUCCEEDED", "FAILED", "CANCELED"))
+    nodes[""] = (run_name, run_state, run_state in ("SUCCEEDED", "FAILED", "CANCELED"))
+    details = []
+    for i, name in enumerate(sorted(nodes)):
+        display, state, finished = nodes[name]
+        detail = {"run_id": run_id, "task_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{name}")),
+                  "display_name": display, "state": state, "create_time": "2026-11-23T10:00:00Z",
+                  "start_time": "2026-11-23T10:00:00Z", "end_time": "2026-11-23T10:00:42Z" if finished else _ZERO_TIME}
+        children = [n for n in nodes if n.startswith(name + ".") and n.count(".") == name.count(".") + 1]
+        if children:
+            detail["child_tasks"] = [{"pod_name": f"{run_name}-{uuid.uuid5(uuid.NAMESPACE_URL, c).int % 10**10}"}
+                                     for c in children]
+        details.append(detail)
+    return details
 
 
 class BadRequest(Exception):

@@ -465,3 +465,36 @@ def test_without_a_token_no_authorization_is_sent(tmp_path, monkeypatch):
     finally:
         emulator.close()
     assert {auth for _, _, auth in emulator.requests} == {None}
+
+
+def test_the_stage_table_maps_tasks_to_stages_by_component():
+    """A real server names tasks by DAG task key (`pretrain-3`, `train-tokenizers-3`, `evaluate-2`: the branch that
+    ran) and lists driver, executor, condition and DAG nodes too: the table still has the five stages, each from
+    its executed branch, and nothing else is printed as a stage."""
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"), branches={"pretrain": "pretrain-2"})
+    try:
+        lines = []
+        result = submit(_request(emulator, wait=True), out=lines.append)
+    finally:
+        emulator.close()
+    names = {task["display_name"] for task in next(iter(emulator.runs.values()))["run_details"]["task_details"]}
+    assert {"pretrain-2", "pretrain-2-driver", "executor", "condition-8", "train-tokenizers-3"} <= names
+    assert [row["name"] for row in result.stages] == list(STAGES)
+    assert [row["task"] for row in result.stages] == ["prepare-data", "train-tokenizers-3", "pretokenize",
+                                                      "pretrain-2", "evaluate-2"]
+    assert all(row["state"] == "SUCCEEDED" and row["seconds"] == 42.0 for row in result.stages)
+    printed = [line.strip().split(":")[0] for line in lines if line.startswith("  ") and ": " in line]
+    assert set(printed) <= set(STAGES) and "pretrain" in printed
+    table = lines[-1].splitlines()
+    assert table[2].split() == ["prepare-data", "succeeded", "42.0"]
+
+
+def test_a_stage_that_never_started_is_shown_as_not_run():
+    emulator = KfpApiEmulator(_frames("FAILED"))
+    try:
+        result = submit(_request(emulator, wait=True), out=lambda line: None)
+    finally:
+        emulator.close()
+    rows = {row["name"]: row["state"] for row in result.stages}
+    assert rows == {"prepare-data": "SUCCEEDED", "train-tokenizers": "SUCCEEDED", "pretokenize": "SUCCEEDED",
+                    "pretrain": "FAILED", "evaluate": "NOT_RUN"}

@@ -289,11 +289,16 @@ def pipeline_package(path: str = "") -> Path:
     return package
 
 
-def pipeline_parameter_types(package: Path) -> dict[str, str]:
-    """The compiled pipeline's parameters and their declared ``parameterType`` (``STRING``, ``NUMBER_INTEGER``, ...)."""
+def package_spec(package: Path) -> dict:
+    """The pipeline spec in a compiled pipeline YAML (its first document)."""
     import yaml
 
-    spec = next(yaml.safe_load_all(package.read_text()))
+    return next(yaml.safe_load_all(package.read_text()))
+
+
+def pipeline_parameter_types(package: Path) -> dict[str, str]:
+    """The compiled pipeline's parameters and their declared ``parameterType`` (``STRING``, ``NUMBER_INTEGER``, ...)."""
+    spec = package_spec(package)
     return {name: str(declared.get("parameterType", ""))
             for name, declared in spec["root"]["inputDefinitions"]["parameters"].items()}
 
@@ -448,7 +453,7 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     if not request.wait:
         return result
     try:
-        follow_run(client, result, request, out)
+        follow_run(client, result, request, out, stage_tasks(package_spec(package)))
     finally:
         if parent and not result.stopped:  # a run still going keeps its parent run open
             lineage.finish_run(tracking, parent, "FINISHED" if result.state == "SUCCEEDED" else "FAILED")
@@ -458,8 +463,37 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     return result
 
 
-def follow_run(client, result: SubmitResult, request: SubmitRequest, out: Callable[[str], None]) -> None:
-    """Poll the run to a terminal state, printing each task's state when it changes; fills ``result``."""
+def stage_tasks(spec: dict) -> dict[str, str]:
+    """The pipeline's stage tasks by DAG task key (what a KFP server shows as a task's ``display_name``, e.g.
+    ``pretrain-3`` for the third branch that runs pretrain), found by their component (``comp-pretrain-3`` runs the
+    pretrain stage). Tasks of other components, and the DAGs around them, are not stages."""
+    keys: dict[str, str] = {}
+    for component in [spec["root"], *spec.get("components", {}).values()]:
+        for key, task in (component.get("dag") or {}).get("tasks", {}).items():
+            ref = task.get("componentRef", {}).get("name", "")
+            stage = re.sub(r"-[0-9]+$", "", ref.removeprefix("comp-"))
+            if stage in STAGE_NAMES and "dag" not in spec["components"].get(ref, {}):
+                keys[key] = stage
+    return keys
+
+
+def stage_table(tasks: Sequence[Any], keys: dict[str, str]) -> list[dict[str, Any]]:
+    """One row per stage, in pipeline order, from the run's task details: the executed branch's task (the node
+    named by its task key; its ``-driver`` node and the ``executor`` pod node under it are not stages); a stage that
+    never started is ``NOT_RUN``."""
+    rows = {name: {"name": name, "state": "NOT_RUN", "seconds": None} for name in STAGE_NAMES}
+    for task in sorted(tasks, key=lambda t: str(t.start_time or "")):
+        stage = keys.get(task.display_name or "")
+        if stage:
+            rows[stage] = {"name": stage, "state": str(task.state or ""), "task": task.display_name,
+                           "seconds": _seconds(task.start_time, task.end_time)}
+    return list(rows.values())
+
+
+def follow_run(client, result: SubmitResult, request: SubmitRequest, out: Callable[[str], None],
+               keys: dict[str, str]) -> None:
+    """Poll the run to a terminal state, printing each stage's state when it changes; fills ``result``.
+    ``keys``: :func:`stage_tasks` of the run's pipeline."""
     seen: dict[str, str] = {}
     deadline = time.monotonic() + request.timeout_s
     while True:
@@ -471,16 +505,13 @@ def follow_run(client, result: SubmitResult, request: SubmitRequest, out: Callab
             out(f"  stopped following run {result.run_id}: {exc}; it goes on: {result.url}")
             return
         tasks = (run.run_details.task_details if run.run_details else None) or []
-        for task in tasks:
-            state = str(task.state or "")
-            if task.display_name and seen.get(task.task_id) != state:
-                seen[task.task_id] = state
-                out(f"  {task.display_name}: {state.lower()}")
+        for row in stage_table(tasks, keys):
+            if row["state"] != "NOT_RUN" and seen.get(row["name"]) != row["state"]:
+                seen[row["name"]] = row["state"]
+                out(f"  {row['name']}: {row['state'].lower()}")
         result.state = str(run.state or "")
         if result.state in TERMINAL_STATES:
-            result.stages = [{"name": t.display_name, "state": str(t.state or ""),
-                              "seconds": _seconds(t.start_time, t.end_time)}
-                             for t in tasks if t.display_name in STAGE_NAMES]
+            result.stages = stage_table(tasks, keys)
             if run.error and result.state != "SUCCEEDED":
                 out(f"  error: {getattr(run.error, 'message', run.error)}")
             return
@@ -491,10 +522,12 @@ def follow_run(client, result: SubmitResult, request: SubmitRequest, out: Callab
 
 
 def _seconds(start, end) -> float | None:
+    """A task's duration; None while it runs (the server then gives the zero time, or nothing, as its end)."""
     try:
-        return round((end - start).total_seconds(), 1)
+        seconds = (end - start).total_seconds()
     except TypeError:
         return None
+    return round(seconds, 1) if seconds >= 0 else None
 
 
 def gate_verdict(tracking_uri: str, parent_run_id: str) -> dict[str, Any] | None:
@@ -516,7 +549,8 @@ def describe(result: SubmitResult) -> str:
     state = result.state.lower() + (f" (not followed to its end: {result.stopped})" if result.stopped else "")
     lines = [f"run {result.run_id}: {state}", f"{'stage':18s} {'state':10s} seconds"]
     for stage in result.stages:
-        lines.append(f"{stage['name']:18s} {stage['state'].lower():10s} {stage['seconds'] or '-'}")
+        state = stage["state"].lower().replace("_", " ")
+        lines.append(f"{stage['name']:18s} {state:10s} {stage['seconds'] if stage['seconds'] is not None else '-'}")
     gate = result.gate
     if gate is None:
         lines.append("model gate: unknown (no MLflow tracking URI, or the run did not reach evaluate)")
