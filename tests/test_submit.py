@@ -18,7 +18,8 @@ import pytest
 from fourm_kfp.contract import lineage
 from fourm_kfp.cli import main as cli_main
 from fourm_kfp.errors import UserError
-from fourm_kfp.launchers.kfp_submit import (EXIT_CODES, EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_NOT_FOLLOWED,
+from fourm_kfp.launchers.kfp_submit import (EXIT_CODES, EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_GATE_UNREAD,
+                                            EXIT_NOT_FOLLOWED,
                                             EXIT_SUCCEEDED, EXIT_USER_ERROR, SubmitRequest, check_cron,
                                             coerce_parameter, make_client, submit)
 from tests.kfp_api_emulator import KfpApiEmulator, model_errors, robfig_cron_parse
@@ -498,3 +499,44 @@ def test_a_stage_that_never_started_is_shown_as_not_run():
     rows = {row["name"]: row["state"] for row in result.stages}
     assert rows == {"prepare-data": "SUCCEEDED", "train-tokenizers": "SUCCEEDED", "pretokenize": "SUCCEEDED",
                     "pretrain": "FAILED", "evaluate": "NOT_RUN"}
+
+
+def _pipeline_records_evaluate_without_gate(tracking: str):
+    def on_run_created(run: dict) -> None:
+        with lineage.stage_run(tracking, run["runtime_config"]["parameters"]["mlflow_parent_run_id"], "evaluate") \
+                as tracker:
+            tracker.set_tags({lineage.TAG_STATUS: "ran", lineage.TAG_REUSED: "false"})
+    return on_run_created
+
+
+def test_an_unreadable_verdict_is_its_own_exit_code_with_the_reason(tmp_path):
+    """The evaluate run's artifacts live under an s3:// root this machine has no client (boto3) or credentials for,
+    as on a CI runner without S3 secrets: the run succeeded, but the model was not checked, so not exit 0."""
+    from mlflow.tracking import MlflowClient
+
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(tracking_uri=tracking).create_experiment(lineage.EXPERIMENT,
+                                                          artifact_location="s3://fourm-kfp/mlartifacts")
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"), on_run_created=_pipeline_records_evaluate_without_gate(tracking))
+    try:
+        lines = []
+        result = submit(_request(emulator, tracking, wait=True), out=lines.append)
+    finally:
+        emulator.close()
+    assert result.state == "SUCCEEDED" and result.exit_code == EXIT_GATE_UNREAD
+    assert "cannot read gate.json of evaluate run" in result.gate_error and "s3://fourm-kfp" in result.gate_error
+    assert "model gate: verdict not read: cannot read gate.json" in lines[-1]
+    assert lines[-1].endswith(f"exit status 4: {EXIT_CODES[EXIT_GATE_UNREAD]}")
+
+
+@pytest.mark.parametrize("case", ["no evaluate run", "no tracking uri"])
+def test_a_verdict_never_recorded_or_not_looked_for_is_not_a_pass(tracking, case):
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"))
+    try:
+        result = submit(_request(emulator, tracking if case == "no evaluate run" else "none", wait=True),
+                        out=lambda line: None)
+    finally:
+        emulator.close()
+    assert result.exit_code == EXIT_GATE_UNREAD
+    expected = "no evaluate stage run under MLflow run" if case == "no evaluate run" else "no MLflow tracking URI"
+    assert expected in result.gate_error

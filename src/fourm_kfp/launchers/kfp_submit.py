@@ -16,9 +16,11 @@
 
 Exit codes (:data:`EXIT_CODES`): 0 the run succeeded (the model was promoted or the gate kept the champion without
 refusing), 1 the run failed or was cancelled, 2 a user error (bad arguments, or the KFP API unreachable or refusing
-the request: one line, no traceback), 3 the run succeeded but the gate refused the model, 5 following stopped before
-the run ended (the run goes on). While following, transient API errors (5xx, 429, a connection reset, a 401 when
-the token is re-read from a file) are retried with backoff, up to ``max_poll_errors`` in a row.
+the request: one line, no traceback), 3 the run succeeded but the gate refused the model, 4 the run succeeded but the
+gate's verdict could not be read (no tracking URI, no evaluate run, an artifact store this machine cannot read: the
+reason is printed), 5 following stopped before the run ended (the run goes on). While following, transient API
+errors (5xx, 429, a connection reset, a 401 when the token is re-read from a file) are retried with backoff, up to
+``max_poll_errors`` in a row.
 
 Authentication is what ``kfp.Client`` users expect: a bearer token from ``KFP_TOKEN`` (e.g. a CI secret), else
 the service-account token file KFP mounts in a pod (``KF_PIPELINES_SA_TOKEN_PATH``, else kfp's default path), passed
@@ -41,12 +43,14 @@ from typing import Any, Callable, Sequence
 from fourm_kfp.errors import UserError
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_USER_ERROR, EXIT_GATE_REFUSED = 0, 1, 2, 3
-EXIT_NOT_FOLLOWED = 5
+EXIT_GATE_UNREAD, EXIT_NOT_FOLLOWED = 4, 5
 EXIT_CODES = {EXIT_SUCCEEDED: "the run was created (with --wait: it succeeded and the gate did not refuse the model)",
               EXIT_FAILED: "the run failed or was cancelled",
               EXIT_USER_ERROR: "a user error: bad arguments or parameters, or the KFP API unreachable or refusing "
                                "the request (nothing was started)",
               EXIT_GATE_REFUSED: "the run succeeded but the model gate refused the model (--wait)",
+              EXIT_GATE_UNREAD: "the run succeeded but the model gate's verdict could not be read (--wait; the "
+                                "reason is printed): the model was not checked",
               EXIT_NOT_FOLLOWED: "following stopped before the run ended (the KFP API failed too many times in a "
                                  "row); the run goes on"}
 #: While following, API answers worth another try (the server or a proxy in front of it hiccuped).
@@ -91,6 +95,7 @@ class SubmitResult:
     pipeline_id: str = ""
     version_id: str = ""
     stopped: str = ""  # why following stopped before the run ended ("" = it was followed to its end, or not at all)
+    gate_error: str = ""  # why the gate's verdict of a succeeded run could not be read
 
     @property
     def exit_code(self) -> int:
@@ -100,6 +105,8 @@ class SubmitResult:
             return EXIT_SUCCEEDED
         if self.state != "SUCCEEDED":
             return EXIT_FAILED
+        if self.gate_error:
+            return EXIT_GATE_UNREAD
         if self.gate and not self.gate.get("skipped") and not self.gate.get("promoted"):
             return EXIT_GATE_REFUSED
         return EXIT_SUCCEEDED
@@ -457,8 +464,8 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     finally:
         if parent and not result.stopped:  # a run still going keeps its parent run open
             lineage.finish_run(tracking, parent, "FINISHED" if result.state == "SUCCEEDED" else "FAILED")
-    if tracking and parent and result.state == "SUCCEEDED":
-        result.gate = gate_verdict(tracking, parent)
+    if result.state == "SUCCEEDED":
+        read_gate(result, tracking)
     out(describe(result))
     return result
 
@@ -530,18 +537,60 @@ def _seconds(start, end) -> float | None:
     return round(seconds, 1) if seconds >= 0 else None
 
 
-def gate_verdict(tracking_uri: str, parent_run_id: str) -> dict[str, Any] | None:
-    """The evaluate stage's ``gate.json`` (from the run that produced a reused evaluation, if it was reused)."""
+class GateUnreadable(Exception):
+    """The gate's verdict of a succeeded run could not be read; the message says why."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def gate_verdict(tracking_uri: str, parent_run_id: str) -> dict[str, Any]:
+    """The evaluate stage's ``gate.json`` (from the run that produced a reused evaluation, if it was reused);
+    :class:`GateUnreadable` with the reason when there is none or it cannot be read (e.g. an ``s3://`` artifact
+    root this machine has no credentials or client for)."""
+    import tempfile
+
     from fourm_kfp.contract import lineage
 
-    for run in reversed(lineage.child_runs(tracking_uri, parent_run_id)):
-        if run.data.tags.get(lineage.TAG_STAGE) != "evaluate":
-            continue
-        source = run.data.tags.get(lineage.TAG_PRODUCED_BY) if run.data.tags.get(lineage.TAG_REUSED) == "true" \
-            else run.info.run_id
-        data = lineage.read_artifact(tracking_uri, source, "gate.json") if source else None
-        return json.loads(data) if data else None
-    return None
+    try:
+        runs = lineage.child_runs(tracking_uri, parent_run_id)
+    except Exception as exc:
+        raise GateUnreadable(f"cannot search the stage runs under MLflow run {parent_run_id} at "
+                             f"{tracking_uri}: {_first_line(exc)}") from None
+    evaluate = [run for run in runs if run.data.tags.get(lineage.TAG_STAGE) == "evaluate"]
+    if not evaluate:
+        raise GateUnreadable(f"no evaluate stage run under MLflow run {parent_run_id}: the run did not record it")
+    run = evaluate[-1]
+    reused = run.data.tags.get(lineage.TAG_REUSED) == "true"
+    source = run.data.tags.get(lineage.TAG_PRODUCED_BY) if reused else run.info.run_id
+    if not source:
+        raise GateUnreadable(f"the reused evaluate run {run.info.run_id} names no run that produced it")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = lineage._client(tracking_uri).download_artifacts(source, "gate.json", tmp)
+            gate = json.loads(Path(path).read_text())
+        except Exception as exc:
+            where = run.info.artifact_uri if source == run.info.run_id else f"run {source}"
+            raise GateUnreadable(f"cannot read gate.json of evaluate run {source} ({where}): "
+                                 f"{_first_line(exc)}") from None
+    if not isinstance(gate, dict):
+        raise GateUnreadable(f"gate.json of evaluate run {source} is not a JSON object")
+    return gate
+
+
+def read_gate(result: SubmitResult, tracking: str | None) -> None:
+    """Fill ``result.gate`` (or ``result.gate_error``) for a succeeded run."""
+    if not tracking or not result.mlflow_parent_run_id:
+        result.gate_error = ("no MLflow tracking URI (--mlflow-tracking-uri or $MLFLOW_TRACKING_URI), so no parent "
+                             "run to find the evaluate stage's gate.json under")
+        return
+    try:
+        result.gate = gate_verdict(tracking, result.mlflow_parent_run_id)
+    except GateUnreadable as exc:
+        result.gate_error = str(exc)
 
 
 def describe(result: SubmitResult) -> str:
@@ -552,8 +601,10 @@ def describe(result: SubmitResult) -> str:
         state = stage["state"].lower().replace("_", " ")
         lines.append(f"{stage['name']:18s} {state:10s} {stage['seconds'] if stage['seconds'] is not None else '-'}")
     gate = result.gate
-    if gate is None:
-        lines.append("model gate: unknown (no MLflow tracking URI, or the run did not reach evaluate)")
+    if result.gate_error:
+        lines.append(f"model gate: verdict not read: {result.gate_error}")
+    elif gate is None:
+        lines.append("model gate: not reached")
     elif gate.get("skipped"):
         lines.append(f"model gate: skipped ({gate['skipped']})")
     else:
