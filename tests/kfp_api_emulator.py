@@ -1,8 +1,8 @@
 """A local HTTP server that implements the few Kubeflow Pipelines REST endpoints ``fourm-kfp submit`` uses.
 
 Emulated (``/apis/v2beta1``): healthz; pipelines list (with the ``display_name`` EQUALS filter kfp.Client sends),
-upload and upload_version (multipart, the file must be a compiled pipeline spec) and version list; experiments list
-(by name filter) and create; runs create and get; recurring runs create. Every JSON request body is validated
+upload and upload_version (multipart, the file must be a compiled pipeline spec), version list and get (with its
+spec); experiments list (by name filter) and create; runs create and get; recurring runs create. Every JSON request body is validated
 against the ``kfp-server-api`` models of the same version the client uses: an unknown field anywhere, a value the
 model rejects (e.g. an enum), a run parameter the uploaded pipeline does not declare, or one whose JSON kind is not
 the declared ``parameterType`` (``validatePipelineJobInputs``: a number for a STRING parameter) is answered with HTTP
@@ -332,6 +332,13 @@ class KfpApiEmulator:
                 return self._conflict(f"Failed to create a new pipeline version. The name {name} already exist. "
                                       "Specify a new name")
             return 200, self._add_version(pipeline_id, name, spec)
+        match = re.fullmatch(r"/pipelines/([^/]+)/versions/([^/]+)", path)
+        if method == "GET" and match:
+            version = next((v for v in self.versions.get(match.group(1), [])
+                            if v["pipeline_version_id"] == match.group(2)), None)
+            if version is None:
+                return 404, {"error": "not found", "code": 5, "message": f"pipeline version {match.group(2)} not found"}
+            return 200, {**version, "pipeline_spec": self.specs[match.group(2)]}
         match = re.fullmatch(r"/pipelines/([^/]+)/versions", path)
         if method == "GET" and match:
             return 200, self._page(self.versions.get(match.group(1), []), query, "pipeline_versions")

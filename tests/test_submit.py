@@ -20,8 +20,8 @@ from fourm_kfp.cli import main as cli_main
 from fourm_kfp.errors import UserError
 from fourm_kfp.launchers.kfp_submit import (EXIT_CODES, EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_GATE_UNREAD,
                                             EXIT_NOT_FOLLOWED,
-                                            EXIT_SUCCEEDED, EXIT_USER_ERROR, SubmitRequest, check_cron,
-                                            coerce_parameter, make_client, submit)
+                                            EXIT_SUCCEEDED, EXIT_USER_ERROR, TAG_FOLLOWING, SubmitRequest, attach,
+                                            check_cron, coerce_parameter, make_client, submit)
 from tests.kfp_api_emulator import KfpApiEmulator, model_errors, robfig_cron_parse
 
 STAGES = ("prepare-data", "train-tokenizers", "pretokenize", "pretrain", "evaluate")
@@ -540,3 +540,69 @@ def test_a_verdict_never_recorded_or_not_looked_for_is_not_a_pass(tracking, case
     assert result.exit_code == EXIT_GATE_UNREAD
     expected = "no evaluate stage run under MLflow run" if case == "no evaluate run" else "no MLflow tracking URI"
     assert expected in result.gate_error
+
+
+def _long_frames() -> list:
+    """A run still going after the first reads, then succeeding."""
+    middle = {**{name: "SUCCEEDED" for name in STAGES[:3]}, "pretrain": "RUNNING", "evaluate": "PENDING"}
+    return [("RUNNING", middle)] * 3 + [("SUCCEEDED", {name: "SUCCEEDED" for name in STAGES})]
+
+
+def test_a_wait_that_times_out_leaves_the_lineage_open_and_attach_finishes_it(tracking, capsys):
+    """--timeout stops following, not the run: the parent run stays open (tagged with how to reattach), exit 5.
+    `submit --attach RUN_ID` follows the same run to its end, closes that parent run and reads the gate."""
+    emulator = KfpApiEmulator(_long_frames(), on_run_created=_pipeline_writes_gate(tracking, True))
+    try:
+        lines = []
+        first = submit(_request(emulator, tracking, wait=True, timeout_s=0), out=lines.append)
+        parent = lineage._client(tracking).get_run(first.mlflow_parent_run_id)
+        code = cli_main(["submit", "--attach", first.run_id, "--host", emulator.url, "--poll", "0.01"])
+    finally:
+        emulator.close()
+    assert first.exit_code == EXIT_NOT_FOLLOWED and first.stopped.startswith("still running after 0s (--timeout)")
+    assert parent.info.status == "RUNNING"
+    hint = f"fourm-kfp submit --attach {first.run_id} --host {emulator.url}"
+    assert hint in parent.data.tags[TAG_FOLLOWING] and any(hint in line for line in lines)
+    assert lines[-1].splitlines()[-1] == f"exit status 5: {EXIT_CODES[EXIT_NOT_FOLLOWED]}"
+    out = capsys.readouterr().out
+    assert code == EXIT_SUCCEEDED, out
+    assert f"attached to run {first.run_id}" in out and "model gate: promoted to champion" in out
+    closed = lineage._client(tracking).get_run(first.mlflow_parent_run_id)
+    assert closed.info.status == "FINISHED" and closed.data.tags[TAG_FOLLOWING] == "followed to its end: succeeded"
+    assert len(emulator.runs) == 1  # attach submitted nothing
+
+
+def test_an_interrupted_wait_leaves_the_lineage_open(tracking):
+    """Ctrl-C (or the SIGTERM of a cancelled CI job, which the CLI turns into the same) while following."""
+    emulator = KfpApiEmulator(_long_frames(), on_run_created=_pipeline_writes_gate(tracking, True))
+
+    def out(line: str) -> None:
+        if line == "  pretrain: running":
+            raise KeyboardInterrupt
+    try:
+        result = submit(_request(emulator, tracking, wait=True), out=out)
+    finally:
+        emulator.close()
+    assert result.exit_code == EXIT_NOT_FOLLOWED and result.stopped == "interrupted"
+    parent = lineage._client(tracking).get_run(result.mlflow_parent_run_id)
+    assert parent.info.status == "RUNNING" and "stopped (interrupted)" in parent.data.tags[TAG_FOLLOWING]
+
+
+def test_attach_to_a_run_whose_pipeline_opened_its_own_parent(tracking):
+    """A run submitted without --wait: its first step opened the parent run (tagged with the KFP run id) and its
+    exit handler closes it; attach finds it by that tag, reads the gate under it and leaves it to the pipeline."""
+    def pipeline_opens_its_parent(run: dict) -> None:
+        parent = lineage.start_pipeline_run(tracking, "fourm-pretrain x", {}, {"fourm.kfp_run_id": run["run_id"]})
+        run["runtime_config"]["parameters"]["mlflow_parent_run_id"] = ""
+        with lineage.stage_run(tracking, parent, "evaluate") as tracker:
+            tracker.set_tags({lineage.TAG_STATUS: "ran", lineage.TAG_REUSED: "false"})
+            tracker.log_artifact("gate.json", json.dumps({"promoted": False, "reason": "worse"}).encode())
+    emulator = KfpApiEmulator(_long_frames(), on_run_created=pipeline_opens_its_parent)
+    try:
+        submitted = submit(_request(emulator, "none"), out=lambda line: None)
+        result = attach(_request(emulator, tracking), submitted.run_id, out=lambda line: None)
+    finally:
+        emulator.close()
+    assert result.exit_code == EXIT_GATE_REFUSED and result.gate["reason"] == "worse"
+    assert [row["state"] for row in result.stages] == ["SUCCEEDED"] * 5
+    assert lineage._client(tracking).get_run(result.mlflow_parent_run_id).info.status == "RUNNING"

@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "first ('0 0 3 * * 1' = Mondays 03:00; a 5-field one is refused), or @daily, "
                              "@every 6h; missed runs are not caught up")
     submit.add_argument("--wait", action="store_true", help="follow the run to its end; exit status says how it went")
+    submit.add_argument("--attach", default="", metavar="RUN_ID",
+                        help="submit nothing: follow an existing run to its end (e.g. after --wait stopped), close "
+                             "the MLflow parent run submit opened for it, read its gate; same exit status")
     submit.add_argument("--timeout", type=float, default=7 * 24 * 3600, help="--wait: give up after this many seconds")
     submit.add_argument("--poll", type=float, default=10.0, help="--wait: seconds between status reads")
     submit.add_argument("--max-poll-errors", type=int, default=8, metavar="N",
@@ -357,7 +360,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     import os
 
-    from fourm_kfp.launchers.kfp_submit import SubmitRequest, split_parameters, submit
+    import signal
+
+    from fourm_kfp.launchers.kfp_submit import SubmitRequest, attach, split_parameters, submit
     from fourm_kfp.launchers.stage import setup_logging
 
     setup_logging()
@@ -371,7 +376,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
                             experiment=args.experiment, package=args.package, run_name=args.run_name,
                             schedule=args.schedule, wait=args.wait, timeout_s=args.timeout, poll_s=args.poll,
                             max_poll_errors=args.max_poll_errors, tracking_uri=args.mlflow_tracking_uri or "")
-    return submit(request).exit_code
+
+    def stop(signum, frame):  # a cancelled CI job: stop following as Ctrl-C does, the run goes on
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        return (attach(request, args.attach) if args.attach else submit(request)).exit_code
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def cmd_ui(args: argparse.Namespace) -> int:

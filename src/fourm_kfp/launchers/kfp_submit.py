@@ -51,8 +51,11 @@ EXIT_CODES = {EXIT_SUCCEEDED: "the run was created (with --wait: it succeeded an
               EXIT_GATE_REFUSED: "the run succeeded but the model gate refused the model (--wait)",
               EXIT_GATE_UNREAD: "the run succeeded but the model gate's verdict could not be read (--wait; the "
                                 "reason is printed): the model was not checked",
-              EXIT_NOT_FOLLOWED: "following stopped before the run ended (the KFP API failed too many times in a "
-                                 "row); the run goes on"}
+              EXIT_NOT_FOLLOWED: "following stopped before the run ended (--timeout, interrupted, or the KFP API "
+                                 "failed too many times in a row); the run goes on: --attach RUN_ID follows it"}
+#: Tags on the MLflow parent run submit opens: that submit opened it (so --attach may close it), and how following
+#: it went (stopped, with the command to reattach, or followed to its end).
+TAG_OPENED_BY, OPENED_BY_SUBMIT, TAG_FOLLOWING = "fourm.opened_by", "fourm-kfp submit", "fourm.submit.following"
 #: While following, API answers worth another try (the server or a proxy in front of it hiccuped).
 TRANSIENT_STATUS = {429, 500, 502, 503, 504}
 MAX_BACKOFF_S = 300.0
@@ -444,7 +447,7 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     if tracking:
         parent = open_pipeline_run(label, request.preset, list(request.overrides),
                                    str(params.get("store_uri", "s3://fourm-kfp")), tracking,
-                                   {"fourm.kfp_host": request.host, **ci_tags()})
+                                   {"fourm.kfp_host": request.host, TAG_OPENED_BY: OPENED_BY_SUBMIT, **ci_tags()})
         params.update(mlflow_tracking_uri=tracking, mlflow_parent_run_id=parent, run_label=label)
     try:
         with kfp_api_errors(request.host):
@@ -459,15 +462,77 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     out(f"run {run.run_id} ({label}) in experiment {request.experiment}: {result.url}")
     if not request.wait:
         return result
+    return watch(client, result, request, out, stage_tasks(package_spec(package)), tracking, close_parent=True)
+
+
+def watch(client, result: SubmitResult, request: SubmitRequest, out: Callable[[str], None], keys: dict[str, str],
+          tracking: str | None, close_parent: bool) -> SubmitResult:
+    """Follow the run to its end, then close the parent run (when ``close_parent``: submit opened it) by the run's
+    final state and read the gate. When following stops first (``--timeout``, Ctrl-C/SIGTERM, the API failing too
+    often) the KFP run goes on: its parent run stays open, tagged with why, and the way to reattach is printed."""
+    from fourm_kfp.contract import lineage
+
     try:
-        follow_run(client, result, request, out, stage_tasks(package_spec(package)))
-    finally:
-        if parent and not result.stopped:  # a run still going keeps its parent run open
+        follow_run(client, result, request, out, keys)
+    except KeyboardInterrupt:
+        result.stopped = "interrupted"
+    parent = result.mlflow_parent_run_id
+    if result.stopped:
+        again = f"fourm-kfp submit --attach {result.run_id} --host {request.host}" + \
+            (f" --namespace {request.namespace}" if request.namespace else "")
+        if close_parent and tracking and parent:
+            _tag_run(tracking, parent, {TAG_FOLLOWING: f"stopped ({result.stopped}); reattach: {again}"})
+        out(f"  run {result.run_id} goes on; follow it to its end and read its gate with: {again}")
+    else:
+        if close_parent and tracking and parent:
+            _tag_run(tracking, parent, {TAG_FOLLOWING: f"followed to its end: {result.state.lower()}"})
             lineage.finish_run(tracking, parent, "FINISHED" if result.state == "SUCCEEDED" else "FAILED")
-    if result.state == "SUCCEEDED":
-        read_gate(result, tracking)
+        if result.state == "SUCCEEDED":
+            read_gate(result, tracking)
     out(describe(result))
     return result
+
+
+def _tag_run(tracking: str, run_id: str, tags: dict[str, str]) -> None:
+    from fourm_kfp.contract import lineage
+
+    lineage.MLflowTracker(lineage._client(tracking), run_id).set_tags(tags)
+
+
+def version_spec(client, run) -> dict | None:
+    """The pipeline spec of the version a run was created from (None when the run names none)."""
+    reference = getattr(run, "pipeline_version_reference", None)
+    if reference is None or not reference.pipeline_version_id:
+        return None
+    version = client.get_pipeline_version(reference.pipeline_id, reference.pipeline_version_id)
+    return version.pipeline_spec if isinstance(version.pipeline_spec, dict) else None
+
+
+def attach(request: SubmitRequest, run_id: str, client=None, out: Callable[[str], None] = print) -> SubmitResult:
+    """``fourm-kfp submit --attach RUN_ID``: follow an existing run to its end with the same exit codes; close the
+    MLflow parent run named in its parameters when ``submit`` opened it (the pipeline closes its own), and read
+    the gate under it. The tracking URI is ``request.tracking_uri``, else the run's ``mlflow_tracking_uri``."""
+    from fourm_kfp.contract import lineage
+
+    with kfp_api_errors(request.host):
+        client = client if client is not None else make_client(request.host, request.namespace)
+        run = client.get_run(run_id)
+        spec = version_spec(client, run) or package_spec(pipeline_package(request.package))
+    params = (run.runtime_config.parameters if run.runtime_config else None) or {}
+    tracking = lineage.resolve_tracking_uri(request.tracking_uri or str(params.get("mlflow_tracking_uri") or ""),
+                                            None)
+    parent, opened_by_submit = str(params.get("mlflow_parent_run_id") or ""), False
+    if tracking and parent:
+        opened_by_submit = lineage._client(tracking).get_run(parent).data.tags.get(TAG_OPENED_BY) == OPENED_BY_SUBMIT
+    elif tracking:  # the pipeline opened its own parent run, tagged with the KFP run id
+        found = lineage.find_run_by_tag(tracking, "fourm.kfp_run_id", run_id)
+        parent = found.info.run_id if found is not None else ""
+    reference = run.pipeline_version_reference
+    result = SubmitResult(run_id, run_url(request.host, run_id), mlflow_parent_run_id=parent,
+                          pipeline_id=getattr(reference, "pipeline_id", "") or "",
+                          version_id=getattr(reference, "pipeline_version_id", "") or "")
+    out(f"attached to run {run_id} ({run.display_name}): {result.url}")
+    return watch(client, result, request, out, stage_tasks(spec), tracking, close_parent=opened_by_submit)
 
 
 def stage_tasks(spec: dict) -> dict[str, str]:
@@ -509,7 +574,7 @@ def follow_run(client, result: SubmitResult, request: SubmitRequest, out: Callab
                 run = read_run(client, result.run_id, request, out, deadline)
         except LostContact as exc:
             result.stopped = str(exc)
-            out(f"  stopped following run {result.run_id}: {exc}; it goes on: {result.url}")
+            out(f"  stopped following run {result.run_id}: {exc}")
             return
         tasks = (run.run_details.task_details if run.run_details else None) or []
         for row in stage_table(tasks, keys):
@@ -523,8 +588,9 @@ def follow_run(client, result: SubmitResult, request: SubmitRequest, out: Callab
                 out(f"  error: {getattr(run.error, 'message', run.error)}")
             return
         if time.monotonic() > deadline:
-            raise UserError(f"run {result.run_id} still {result.state} after {request.timeout_s:.0f}s "
-                            f"(--timeout): {result.url}")
+            result.stopped = f"still {result.state.lower()} after {request.timeout_s:.0f}s (--timeout)"
+            out(f"  stopped following run {result.run_id}: {result.stopped}")
+            return
         time.sleep(request.poll_s)
 
 
