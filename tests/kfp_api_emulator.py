@@ -2,12 +2,13 @@
 
 Emulated (``/apis/v2beta1``): healthz; pipelines list (with the ``display_name`` EQUALS filter kfp.Client sends),
 upload and upload_version (multipart, the file must be a compiled pipeline spec), version list and get (with its
-spec); experiments list (by name filter) and create; runs create and get; recurring runs create. Every JSON request body is validated
-against the ``kfp-server-api`` models of the same version the client uses: an unknown field anywhere, a value the
-model rejects (e.g. an enum), a run parameter the uploaded pipeline does not declare, or one whose JSON kind is not
-the declared ``parameterType`` (``validatePipelineJobInputs``: a number for a STRING parameter) is answered with HTTP
-400. A recurring run's cron is parsed as the server's robfig/cron v1.2 does (seconds first; a bad expression
-is a 400, a 5-field one is accepted with its seconds-first meaning), and ``max_concurrency`` must be 1-10.
+spec); experiments list (by name filter) and create; runs create and get; recurring runs create. Every JSON request
+body is validated against the ``kfp-server-api`` models of the same version the client uses: an unknown field
+anywhere, a value the model rejects (e.g. an enum), a run parameter the uploaded pipeline does not declare, or one
+whose JSON kind is not the declared ``parameterType`` (``validatePipelineJobInputs``: a number for a STRING
+parameter) is answered with HTTP 400. A recurring run's cron is parsed as the server's robfig/cron v1.2 does
+(seconds first; a bad expression is a 400, a 5-field one is accepted with its seconds-first meaning), and
+``max_concurrency`` must be 1-10.
 
 Not emulated: execution. A created run moves through the ``frames`` the test gives (one per ``get``: the run's state
 and its stages' states), answered as real-shaped task details (:func:`argo_task_details`: the Argo workflow's
