@@ -30,6 +30,32 @@ def test_launcher_parent_run_is_passed_through_untouched(tmp_path):
     assert lineage._client(tracking).get_run(parent).info.status == "RUNNING"  # the launcher closes its own
 
 
+@pytest.mark.parametrize("original_followed", [True, False])
+def test_a_cloned_run_opens_its_own_parent_run(tmp_path, original_followed):
+    """The KFP UI's "Clone run" copies mlflow_parent_run_id and run_label. The original's parent run is closed
+    once its run ended (or still claimed by the running original): the clone declines it, opens its own parent
+    (another label, tagged with what it declined) and its exit handler closes that one, not the original's."""
+    tracking = lineage.default_tracking_uri(tmp_path)
+    client = lineage._client(tracking)
+    parent = lineage.start_pipeline_run(tracking, "launcher", {})  # what `fourm-kfp submit --wait` opened
+    assert open_lineage_step("retrain-1", "kfp-original", "smoke", [], "/x", tracking, parent) == parent
+    assert client.get_run(parent).data.tags["fourm.kfp_run_id"] == "kfp-original"  # claimed by the original
+    if original_followed:
+        lineage.finish_run(tracking, parent, "FINISHED")
+
+    clone = open_lineage_step("retrain-1", "kfp-clone-5678", "smoke", [], "/x", tracking, parent)
+    assert clone != parent
+    opened = client.get_run(clone)
+    assert opened.info.status == "RUNNING" and opened.data.tags["fourm.kfp_run_id"] == "kfp-clone-5678"
+    assert opened.data.tags["fourm.declined_parent_run_id"] == parent
+    assert opened.data.tags["fourm.run_label"] == "retrain-1-kfp-clon"
+    close_lineage_step("retrain-1", "kfp-clone-5678", tracking, parent, "SUCCEEDED")
+    assert client.get_run(clone).info.status == "FINISHED"
+    assert client.get_run(parent).info.status == ("FINISHED" if original_followed else "RUNNING")
+    close_lineage_step("retrain-1", "kfp-original", tracking, parent, "SUCCEEDED")  # the original's exit handler
+    assert client.get_run(parent).info.status == ("FINISHED" if original_followed else "RUNNING")
+
+
 def test_bad_config_fails_the_first_step():
     with pytest.raises(ConfigError, match="data.image_size"):
         open_lineage_step("", "kfp-1", "smoke", ["data.image_size=huge"], "/x", "none", "")

@@ -20,6 +20,10 @@ from fourm_kfp.launchers.stage import RunContext, launch_stage, launch_stage_par
 from fourm_kfp.storage import open_store
 
 TAG_RUN_LABEL = "fourm.run_label"
+#: On a parent run: the KFP run it belongs to. The pipeline's first step tags the parent it opens, and claims a
+#: launcher's parent it is given; the id of a parent a cloned run declined (it opened its own) goes in
+#: TAG_DECLINED_PARENT.
+TAG_KFP_RUN_ID, TAG_DECLINED_PARENT = "fourm.kfp_run_id", "fourm.declined_parent_run_id"
 #: Config sections that only pretrain and evaluate read: what ``pretrain_config_overrides`` may change.
 PRETRAIN_ONLY_SECTIONS = ("train.", "evaluate.")
 
@@ -51,24 +55,61 @@ def open_pipeline_run(run_label: str, preset: str, config_overrides: Sequence[st
     return run_id or ""
 
 
+def parent_run_in_use(tracking: str | None, parent_run_id: str, kfp_run_id: str) -> str:
+    """Why ``parent_run_id`` cannot hold this KFP run's stages ("" = it can): it is finished, unknown, or claimed
+    by another KFP run. The KFP UI's "Clone run" copies ``mlflow_parent_run_id``, so a clone is given its
+    original's parent run, closed when the original ended (or claimed by it while it runs)."""
+    if tracking is None:
+        return ""  # lineage off: nothing to check, nothing recorded
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = lineage._client(tracking).get_run(parent_run_id)
+    except MlflowException:
+        return f"no run {parent_run_id} in {tracking}"
+    if run.info.status != "RUNNING":
+        return f"it is {run.info.status.lower()} (its KFP run ended)"
+    owner = run.data.tags.get(TAG_KFP_RUN_ID)
+    if owner and owner != kfp_run_id:
+        return f"it belongs to KFP run {owner}"
+    return ""
+
+
 def open_lineage_step(run_label: str, kfp_run_id: str, preset: str, config_overrides: Sequence[str],
                       store_uri: str, mlflow_tracking_uri: str, mlflow_parent_run_id: str) -> str:
-    """The pipeline's first step: pass a launcher's parent run through, else open one labelled with the run id."""
+    """The pipeline's first step: use a launcher's parent run (claiming it for this KFP run), else open one labelled
+    with the run label or id. A given parent that is finished or another KFP run's (a cloned run's copied
+    ``mlflow_parent_run_id``) is declined: this run opens its own, so its stages never land under another run."""
     setup_logging()
+    tracking = lineage.resolve_tracking_uri(mlflow_tracking_uri, None)
+    tags = {TAG_KFP_RUN_ID: kfp_run_id}
     if mlflow_parent_run_id:
         load_config(preset, overrides=list(config_overrides))  # still fail fast on a bad config
-        return mlflow_parent_run_id
-    return open_pipeline_run(run_label or kfp_run_id, preset, config_overrides, store_uri,
-                             lineage.resolve_tracking_uri(mlflow_tracking_uri, None), {"fourm.kfp_run_id": kfp_run_id})
+        declined = parent_run_in_use(tracking, mlflow_parent_run_id, kfp_run_id)
+        if not declined:
+            if tracking is not None:
+                lineage.MLflowTracker(lineage._client(tracking), mlflow_parent_run_id).set_tags(tags)
+            return mlflow_parent_run_id
+        print(f"mlflow_parent_run_id {mlflow_parent_run_id}: not used, {declined} (a cloned run?); opening this "
+              "run's own parent run", flush=True)
+        tags[TAG_DECLINED_PARENT] = mlflow_parent_run_id
+        run_label = f"{run_label}-{kfp_run_id[:8]}" if run_label else ""  # not the original's label
+    return open_pipeline_run(run_label or kfp_run_id, preset, config_overrides, store_uri, tracking, tags)
 
 
 def close_lineage_step(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str, mlflow_parent_run_id: str,
                        state: str) -> None:
-    """Exit handler: close the parent run this pipeline opened (a launcher closes its own), by final state."""
+    """Exit handler: close the parent run this pipeline opened (a launcher closes its own), by final state; with a
+    given parent, only the one opened in its place when it was declined (:func:`open_lineage_step`)."""
     tracking = lineage.resolve_tracking_uri(mlflow_tracking_uri, None)
-    if mlflow_parent_run_id or tracking is None:
+    if tracking is None:
         return
-    run = lineage.find_run_by_tag(tracking, TAG_RUN_LABEL, run_label or kfp_run_id)
+    if mlflow_parent_run_id:
+        run = lineage.find_run_by_tag(tracking, TAG_KFP_RUN_ID, kfp_run_id)
+        if run is None or run.data.tags.get(TAG_DECLINED_PARENT) != mlflow_parent_run_id:
+            return  # the launcher's parent run, claimed by this run: the launcher closes it
+    else:
+        run = lineage.find_run_by_tag(tracking, TAG_RUN_LABEL, run_label or kfp_run_id)
     if run is not None:
         lineage.finish_run(tracking, run.info.run_id, "FINISHED" if state == "SUCCEEDED" else "FAILED")
 

@@ -513,6 +513,7 @@ def attach(request: SubmitRequest, run_id: str, client=None, out: Callable[[str]
     MLflow parent run named in its parameters when ``submit`` opened it (the pipeline closes its own), and read
     the gate under it. The tracking URI is ``request.tracking_uri``, else the run's ``mlflow_tracking_uri``."""
     from fourm_kfp.contract import lineage
+    from fourm_kfp.launchers.kfp_runtime import TAG_KFP_RUN_ID
 
     with kfp_api_errors(request.host):
         client = client if client is not None else make_client(request.host, request.namespace)
@@ -522,11 +523,11 @@ def attach(request: SubmitRequest, run_id: str, client=None, out: Callable[[str]
     tracking = lineage.resolve_tracking_uri(request.tracking_uri or str(params.get("mlflow_tracking_uri") or ""),
                                             None)
     parent, opened_by_submit = str(params.get("mlflow_parent_run_id") or ""), False
+    if tracking:  # the parent the run's first step claimed or opened (a cloned run's own), tagged with the run id
+        found = lineage.find_run_by_tag(tracking, TAG_KFP_RUN_ID, run_id)
+        parent = found.info.run_id if found is not None else parent
     if tracking and parent:
         opened_by_submit = lineage._client(tracking).get_run(parent).data.tags.get(TAG_OPENED_BY) == OPENED_BY_SUBMIT
-    elif tracking:  # the pipeline opened its own parent run, tagged with the KFP run id
-        found = lineage.find_run_by_tag(tracking, "fourm.kfp_run_id", run_id)
-        parent = found.info.run_id if found is not None else ""
     reference = run.pipeline_version_reference
     result = SubmitResult(run_id, run_url(request.host, run_id), mlflow_parent_run_id=parent,
                           pipeline_id=getattr(reference, "pipeline_id", "") or "",
