@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--attach", default="", metavar="RUN_ID",
                         help="submit nothing: follow an existing run to its end (e.g. after --wait stopped), close "
                              "the MLflow parent run submit opened for it, read its gate; same exit status")
-    submit.add_argument("--timeout", type=float, default=7 * 24 * 3600, help="--wait: give up after this many seconds")
+    submit.add_argument("--timeout", type=float, default=7 * 24 * 3600,
+                        help="--wait: stop following after this many seconds (the run goes on; exit 5)")
     submit.add_argument("--poll", type=float, default=10.0, help="--wait: seconds between status reads")
     submit.add_argument("--max-poll-errors", type=int, default=8, metavar="N",
                         help="--wait: give up following after N transient API errors in a row (5xx, resets; "

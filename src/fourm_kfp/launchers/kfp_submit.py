@@ -47,7 +47,7 @@ EXIT_GATE_UNREAD, EXIT_NOT_FOLLOWED = 4, 5
 EXIT_CODES = {EXIT_SUCCEEDED: "the run was created (with --wait: it succeeded and the gate did not refuse the model)",
               EXIT_FAILED: "the run failed or was cancelled",
               EXIT_USER_ERROR: "a user error: bad arguments or parameters, or the KFP API unreachable or refusing "
-                               "the request (nothing was started)",
+                               "a request (before the run is created: nothing was started)",
               EXIT_GATE_REFUSED: "the run succeeded but the model gate refused the model (--wait)",
               EXIT_GATE_UNREAD: "the run succeeded but the model gate's verdict could not be read (--wait; the "
                                 "reason is printed): the model was not checked",
