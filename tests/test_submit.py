@@ -18,6 +18,7 @@ import pytest
 from fourm_kfp.contract import lineage
 from fourm_kfp.cli import main as cli_main
 from fourm_kfp.errors import UserError
+from fourm_kfp.config.loader import load_config
 from fourm_kfp.launchers.kfp_submit import (EXIT_CODES, EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_GATE_UNREAD,
                                             EXIT_NOT_FOLLOWED,
                                             EXIT_SUCCEEDED, EXIT_USER_ERROR, TAG_FOLLOWING, SubmitRequest, attach,
@@ -80,7 +81,10 @@ def test_submit_and_wait(tracking, monkeypatch, final, promoted, expected):
     assert result.exit_code == expected and result.state == final
     [run] = emulator.runs.values()
     params = run["runtime_config"]["parameters"]
-    assert params["preset"] == "smoke" and params["config_overrides"] == ["train.steps=3"]
+    # the resolved config travels pinned: loaded on the preset, it is the config the submitter resolved
+    assert params["preset"] == "smoke" and "train.steps=3" in params["config_overrides"]
+    pinned = load_config("smoke", overrides=params["config_overrides"])
+    assert pinned == load_config("smoke", overrides=["train.steps=3"])
     assert params["pretrain_nodes"] == 2 and params["pretrain_launcher"] == "pytorchjob"
     assert lines[0] == f"run {result.run_id} ({run['display_name']}) in experiment fourm-pretrain: " \
                        f"{emulator.url}/#/runs/details/{result.run_id}"
@@ -606,3 +610,58 @@ def test_attach_to_a_run_whose_pipeline_opened_its_own_parent(tracking):
     assert result.exit_code == EXIT_GATE_REFUSED and result.gate["reason"] == "worse"
     assert [row["state"] for row in result.stages] == ["SUCCEEDED"] * 5
     assert lineage._client(tracking).get_run(result.mlflow_parent_run_id).info.status == "RUNNING"
+
+
+def test_an_image_tag_submits_a_pipeline_compiled_for_those_images(tmp_path):
+    """The retrain workflow submits with the commit's tag: the uploaded pipeline's every step names that tag, and
+    the committed pipeline (the version's images) is not what runs."""
+    emulator = KfpApiEmulator()
+    try:
+        submit(_request(emulator, image_tag="0123abc"), out=lambda line: None)
+        with pytest.raises(UserError, match="--image-tag compiles the pipeline for those images: leave out --package"):
+            submit(_request(emulator, image_tag="0123abc", package=str(tmp_path / "x.yaml")), out=lambda line: None)
+    finally:
+        emulator.close()
+    assert not emulator.rejected, emulator.rejected
+    images = {e["container"]["image"] for spec in emulator.specs.values()
+              for e in spec["deploymentSpec"]["executors"].values()}
+    assert images and all(image.endswith(":0123abc") for image in images), images
+
+
+def test_report_reads_the_gate_of_every_run_that_ended_in_the_window_and_exits_by_the_worst(tracking):
+    """A CI job cannot wait days: the retrain workflow submits a long run and a scheduled `submit --report HOURS`
+    reads the verdicts of the runs that ended since, failing when a gate refused."""
+    import datetime as dt
+
+    from fourm_kfp.launchers.kfp_submit import report
+
+    verdicts = iter([True, False])
+
+    def pipeline_opens_its_parent(run: dict) -> None:
+        parent = lineage.start_pipeline_run(tracking, "fourm-pretrain x", {}, {"fourm.kfp_run_id": run["run_id"]})
+        with lineage.stage_run(tracking, parent, "evaluate") as tracker:
+            tracker.set_tags({lineage.TAG_STATUS: "ran", lineage.TAG_REUSED: "false"})
+            tracker.log_artifact("gate.json", json.dumps({"promoted": next(verdicts), "reason": "r"}).encode())
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"), on_run_created=pipeline_opens_its_parent, max_page_size=1)
+    try:
+        request = _request(emulator, tracking, experiment="fourm-retrain")
+        promoted = submit(_request(emulator, "none", experiment="fourm-retrain"), out=lambda line: None)
+        refused = submit(_request(emulator, "none", experiment="fourm-retrain"), out=lambda line: None)
+        lines: list[str] = []
+        still_going = report(request, 24, out=lines.append)  # both runs are pending: nothing ended yet
+        assert still_going.exit_code == EXIT_SUCCEEDED and set(still_going.running) == {promoted.run_id,
+                                                                                          refused.run_id}
+        for run_id in (promoted.run_id, refused.run_id):
+            for _ in range(5):  # the runs go on to their end
+                emulator._advance(run_id)
+        done = report(request, 24, out=lines.append)
+        assert [r.run_id for r in done.results] == [promoted.run_id, refused.run_id] and not done.running
+        assert done.exit_code == EXIT_GATE_REFUSED, [r.exit_code for r in done.results]
+        later = report(request, 24, out=lines.append, now=dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=25))
+        assert later.results == [] and later.exit_code == EXIT_SUCCEEDED  # reported once, by the window
+        missing = report(_request(emulator, tracking, experiment="never-used"), 24, out=lines.append)
+        assert missing.results == [] and "no experiment 'never-used'" in lines[-1]
+    finally:
+        emulator.close()
+    assert not emulator.rejected, emulator.rejected
+    assert "2 run(s) of experiment fourm-retrain ended in the last 24 h" in lines

@@ -160,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "pretrain_launcher=trainjob (each value is typed as the pipeline declares it: "
                              "text, integer, number, true/false, or a JSON list/object)")
     submit.add_argument("--package", default="", help="compiled pipeline YAML (default: the committed one)")
+    submit.add_argument("--image-tag", default="",
+                        help="compile for the images of this tag and upload that, e.g. the commit the image "
+                             "workflow built (CI passes $GITHUB_SHA); default: the committed pipeline, whose "
+                             "images carry the package version")
     submit.add_argument("--run-name", default="", help="run name, also the MLflow run label (default: dated)")
     submit.add_argument("--schedule", default="", metavar="CRON",
                         help="create a recurring run with this cron expression, as KFP reads it: 6 fields, seconds "
@@ -169,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--attach", default="", metavar="RUN_ID",
                         help="submit nothing: follow an existing run to its end (e.g. after --wait stopped), close "
                              "the MLflow parent run submit opened for it, read its gate; same exit status")
+    submit.add_argument("--report", type=float, default=0, metavar="HOURS",
+                        help="submit nothing: report every run of --experiment that ended in the last HOURS hours "
+                             "(as --attach does each; for runs longer than a CI job); exit status: the worst one")
     submit.add_argument("--timeout", type=float, default=7 * 24 * 3600,
                         help="--wait: stop following after this many seconds (the run goes on; exit 5)")
     submit.add_argument("--poll", type=float, default=10.0, help="--wait: seconds between status reads")
@@ -363,7 +370,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     import signal
 
-    from fourm_kfp.launchers.kfp_submit import SubmitRequest, attach, split_parameters, submit
+    from fourm_kfp.launchers.kfp_submit import SubmitRequest, attach, report, split_parameters, submit
     from fourm_kfp.launchers.stage import setup_logging
 
     setup_logging()
@@ -374,7 +381,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise UserError("--host (or $KFP_HOST): the KFP API endpoint to submit to")
     request = SubmitRequest(host=host, preset=args.preset, overrides=args.overrides,
                             parameters=split_parameters(args.param), namespace=args.namespace,
-                            experiment=args.experiment, package=args.package, run_name=args.run_name,
+                            experiment=args.experiment, package=args.package, image_tag=args.image_tag,
+                            run_name=args.run_name,
                             schedule=args.schedule, wait=args.wait, timeout_s=args.timeout, poll_s=args.poll,
                             max_poll_errors=args.max_poll_errors, tracking_uri=args.mlflow_tracking_uri or "")
 
@@ -382,6 +390,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
     previous = signal.signal(signal.SIGTERM, stop)
     try:
+        if args.report:
+            return report(request, args.report).exit_code
         return (attach(request, args.attach) if args.attach else submit(request)).exit_code
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -31,6 +31,7 @@ as ``ServiceAccountTokenVolumeCredentials`` even with an explicit host (kfp itse
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import json
 import os
@@ -77,6 +78,7 @@ class SubmitRequest:
     experiment: str = "fourm-pretrain"
     pipeline_name: str = "fourm-pretrain"
     package: str = ""  # a compiled pipeline YAML; "" = the committed one
+    image_tag: str = ""  # compile for the images of this tag (e.g. a commit); "" = the package's version
     run_name: str = ""
     schedule: str = ""  # a cron expression: create a recurring run instead
     wait: bool = False
@@ -289,10 +291,18 @@ def check_cron(expression: str) -> str:
     return " ".join(fields)
 
 
-def pipeline_package(path: str = "") -> Path:
-    """The compiled pipeline to upload: ``path``, else the committed one (kept current by the tests and CI)."""
-    from fourm_kfp.launchers.compile import default_output
+def pipeline_package(path: str = "", image_tag: str = "", workdir: str | None = None) -> Path:
+    """The compiled pipeline to upload: ``path``, else a fresh compile for the images of ``image_tag`` (in
+    ``workdir``), else the committed one (kept current by the tests and CI)."""
+    from fourm_kfp.launchers.compile import compile_pipeline, default_output
 
+    if image_tag:
+        if path:
+            raise UserError("--image-tag compiles the pipeline for those images: leave out --package")
+        import tempfile
+
+        return compile_pipeline(Path(workdir or tempfile.mkdtemp(prefix="fourm-submit-")) / "fourm_pretrain.yaml",
+                                image_tag=image_tag)
     package = Path(path) if path else default_output()
     if not package.is_file():
         raise UserError(f"--package {package}: no such compiled pipeline (fourm-kfp compile --output {package})")
@@ -421,17 +431,20 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     from fourm_kfp.contract import lineage
     from fourm_kfp.launchers.kfp_runtime import open_pipeline_run
 
-    load_config(request.preset, overrides=list(request.overrides))  # a bad config fails here, not in the cluster
+    from fourm_kfp.config.loader import pinned_overrides
+
+    config = load_config(request.preset, overrides=list(request.overrides))  # a bad config fails here
     schedule = check_cron(request.schedule) if request.schedule else ""
-    package = pipeline_package(request.package)
+    package = pipeline_package(request.package, request.image_tag)
     parameters = coerce_parameters(request.parameters, pipeline_parameter_types(package))
     with kfp_api_errors(request.host):
         client = client if client is not None else make_client(request.host, request.namespace)
         pipeline_id, version_id = upload(client, package, request.pipeline_name, request.namespace)
         experiment = client.create_experiment(request.experiment, namespace=request.namespace or None)
     label = request.run_name or f"{request.pipeline_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    params: dict[str, Any] = {"preset": request.preset, "config_overrides": list(request.overrides),
-                              **parameters}
+    # The resolved config travels with the run, every value pinned: the pods load exactly it, whatever their image's
+    # preset files say, and the lineage records the same (issue: presets changed on main, images did not).
+    params: dict[str, Any] = {"preset": request.preset, "config_overrides": pinned_overrides(config), **parameters}
     if request.schedule:
         with kfp_api_errors(request.host):
             # no_catchup: a schedule paused (or a server down) for a week does not start every missed run at once
@@ -534,6 +547,61 @@ def attach(request: SubmitRequest, run_id: str, client=None, out: Callable[[str]
                           version_id=getattr(reference, "pipeline_version_id", "") or "")
     out(f"attached to run {run_id} ({run.display_name}): {result.url}")
     return watch(client, result, request, out, stage_tasks(spec), tracking, close_parent=opened_by_submit)
+
+
+#: How bad each exit status is when several runs are reported at once (the worst one is the report's).
+REPORT_SEVERITY = (EXIT_SUCCEEDED, EXIT_NOT_FOLLOWED, EXIT_GATE_UNREAD, EXIT_GATE_REFUSED, EXIT_FAILED)
+
+
+@dataclass
+class ReportResult:
+    """``submit --report``: the runs of the experiment that ended in the window, each attached to and read."""
+
+    results: list[SubmitResult] = field(default_factory=list)
+    running: list[str] = field(default_factory=list)  # run ids still going (reported by a later --report)
+
+    @property
+    def exit_code(self) -> int:
+        return max((r.exit_code for r in self.results), key=REPORT_SEVERITY.index, default=EXIT_SUCCEEDED)
+
+
+def report(request: SubmitRequest, since_hours: float, client=None, out: Callable[[str], None] = print,
+           now: dt.datetime | None = None) -> ReportResult:
+    """``fourm-kfp submit --report HOURS``: for runs longer than any CI job. Every run of ``request.experiment``
+    that ended in the last ``since_hours`` hours is attached to (:func:`attach`: its stages, its MLflow parent run
+    closed if submit opened it, its gate read); the exit status is the worst of theirs, so a scheduled CI job
+    fails when the gate refused a model a run submitted days before. Runs still going are listed."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    since = now - dt.timedelta(hours=since_hours)
+    result = ReportResult()
+    with kfp_api_errors(request.host):
+        client = client if client is not None else make_client(request.host, request.namespace)
+        try:
+            experiment = client.get_experiment(experiment_name=request.experiment,
+                                               namespace=request.namespace or None)
+        except ValueError:
+            out(f"no experiment {request.experiment!r}: no run was submitted to it")
+            return result
+        runs, token = [], ""
+        while True:
+            page = client.list_runs(experiment_id=experiment.experiment_id, page_token=token, page_size=100,
+                                    sort_by="created_at desc", namespace=request.namespace or None)
+            runs += page.runs or []
+            token = page.next_page_token or ""
+            if not token:
+                break
+    ended = []
+    for run in runs:
+        state = str(run.state or "")
+        if state not in TERMINAL_STATES:
+            result.running.append(run.run_id)
+            out(f"run {run.run_id} ({run.display_name}): {state.lower() or 'pending'}, not reported yet")
+        elif run.finished_at is not None and run.finished_at >= since:
+            ended.append(run)
+    out(f"{len(ended)} run(s) of experiment {request.experiment} ended in the last {since_hours:g} h")
+    for run in sorted(ended, key=lambda r: r.finished_at):
+        result.results.append(attach(request, run.run_id, client=client, out=out))
+    return result
 
 
 def stage_tasks(spec: dict) -> dict[str, str]:
