@@ -138,10 +138,7 @@ def test_the_emulator_rejects_what_the_real_api_would():
     assert model_errors({"display_name": "x", "storage_state": "SOMEWHERE"}, "V2beta1Experiment")
     emulator = KfpApiEmulator()
     try:
-        client = make_client(emulator.url)
-        submit(_request(emulator), client=client, out=lambda line: None)
-        run = next(iter(emulator.runs.values()))
-        reference = run["pipeline_version_reference"]
+        client, run, reference = _one_run(emulator)
         with pytest.raises(Exception):
             client.run_pipeline(run["experiment_id"], "bad", params={"no_such_parameter": 1},
                                 pipeline_id=reference["pipeline_id"], version_id=reference["pipeline_version_id"])
@@ -213,14 +210,19 @@ def test_coerce_parameter_rejects_with_the_name_and_the_type(kind, text):
         coerce_parameter("p", text, kind)
 
 
+def _one_run(emulator):
+    """A kfp.Client on the emulator, the run one submit created there, and its pipeline version reference."""
+    client = make_client(emulator.url)
+    submit(_request(emulator), client=client, out=lambda line: None)
+    run = next(iter(emulator.runs.values()))
+    return client, run, run["pipeline_version_reference"]
+
+
 def test_the_emulator_rejects_a_mistyped_parameter_as_the_server_does():
     """validatePipelineJobInputs: a number for a STRING parameter, a string for a BOOLEAN one, a bool for a number."""
     emulator = KfpApiEmulator()
     try:
-        client = make_client(emulator.url)
-        submit(_request(emulator), client=client, out=lambda line: None)
-        run = next(iter(emulator.runs.values()))
-        reference = run["pipeline_version_reference"]
+        client, run, reference = _one_run(emulator)
         for params in ({"pretrain_cpu_per_node": 32}, {"pretrain_force": "true"}, {"pretrain_nodes": True}):
             with pytest.raises(Exception, match="400"):
                 client.run_pipeline(run["experiment_id"], "bad", params=params,
@@ -348,10 +350,7 @@ def test_submit_accepts_a_six_field_schedule_exactly_when_the_server_would(expre
 def test_the_emulator_parses_cron_as_the_server_does():
     emulator = KfpApiEmulator()
     try:
-        client = make_client(emulator.url)
-        submit(_request(emulator), client=client, out=lambda line: None)
-        run = next(iter(emulator.runs.values()))
-        reference = run["pipeline_version_reference"]
+        client, run, reference = _one_run(emulator)
         for cron in ("0 0 3 * * 7", "1 * *"):
             with pytest.raises(Exception, match="400"):
                 client.create_recurring_run(run["experiment_id"], "bad", cron_expression=cron,
