@@ -85,6 +85,7 @@ def test_submit_and_wait(tracking, monkeypatch, final, promoted, expected):
     assert params["preset"] == "smoke" and "train.steps=3" in params["config_overrides"]
     pinned = load_config("smoke", overrides=params["config_overrides"])
     assert pinned == load_config("smoke", overrides=["train.steps=3"])
+    assert any(o.startswith("data.image_size=") for o in params["config_overrides"])  # every value, not only --set
     assert params["pretrain_nodes"] == 2 and params["pretrain_launcher"] == "pytorchjob"
     assert lines[0] == f"run {result.run_id} ({run['display_name']}) in experiment fourm-pretrain: " \
                        f"{emulator.url}/#/runs/details/{result.run_id}"
