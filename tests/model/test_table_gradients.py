@@ -74,8 +74,10 @@ def test_buffers_are_kept_and_zeroed_between_steps_and_training_matches():
         buffer = table.grad if buffer is None else buffer
         assert table.grad is buffer
         assert all(p.grad is None for n, p in in_place.named_parameters() if "token_embed" not in n)
+    # Adam moves an element whose gradient is near zero by up to lr (1e-3) a step on rounding alone (m / sqrt(v));
+    # on an AVX512 CPU one qkv element ended 1.2e-5 apart. A wrong table gradient moves whole rows by ~lr a step.
     for expected, actual in zip(plain.parameters(), in_place.parameters()):
-        assert torch.allclose(expected, actual, atol=1e-5)
+        assert torch.allclose(expected, actual, atol=1e-4)
 
 
 def test_no_gradients_no_buffers():
