@@ -19,10 +19,10 @@ from fourm_kfp.contract import lineage
 from fourm_kfp.cli import main as cli_main
 from fourm_kfp.errors import UserError
 from fourm_kfp.config.loader import load_config
+from fourm_kfp.launchers.kfp_api import check_cron, coerce_parameter, make_client
 from fourm_kfp.launchers.kfp_submit import (EXIT_CODES, EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_GATE_UNREAD,
-                                            EXIT_NOT_FOLLOWED,
-                                            EXIT_SUCCEEDED, EXIT_USER_ERROR, TAG_FOLLOWING, SubmitRequest, attach,
-                                            check_cron, coerce_parameter, make_client, submit)
+                                            EXIT_NOT_FOLLOWED, EXIT_SUCCEEDED, EXIT_USER_ERROR, TAG_FOLLOWING,
+                                            SubmitRequest, attach, submit)
 from tests.kfp_api_emulator import KfpApiEmulator, model_errors, robfig_cron_parse
 
 STAGES = ("prepare-data", "train-tokenizers", "pretokenize", "pretrain", "evaluate")
