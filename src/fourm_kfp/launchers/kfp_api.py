@@ -57,10 +57,6 @@ def make_client(host: str, namespace: str = ""):
         return kfp.Client(**kwargs)
 
 
-class LostContact(Exception):
-    """The KFP API failed more times in a row than following tolerates."""
-
-
 def _api_message(exc) -> str:
     """The server's one-line message from a ``kfp_server_api.ApiException`` (its JSON body), else its reason."""
     try:
@@ -99,16 +95,16 @@ def kfp_api_errors(host: str):
         raise UserError(f"--host {host}: the KFP API did not answer: {exc}") from None
 
 
-def transient_error(exc: BaseException, token_refreshes: bool) -> str | None:
-    """Why ``exc`` is worth retrying while following (``None``: it is not). A 401 is retried only when the token
-    is re-read for each request (a service-account token file the kubelet rotates)."""
+def transient_error(exc: BaseException, client) -> str | None:
+    """Why ``exc``, from ``client``, is worth retrying while following (``None``: it is not). A 401 is retried only
+    when the client re-reads its token for each request (a service-account token file the kubelet rotates)."""
     import kfp_server_api
     import urllib3
 
     if isinstance(exc, urllib3.exceptions.HTTPError):
         return _connection_reason(exc)
     if isinstance(exc, kfp_server_api.ApiException):
-        if exc.status in TRANSIENT_STATUS or (exc.status == 401 and token_refreshes):
+        if exc.status in TRANSIENT_STATUS or (exc.status == 401 and _token_refreshes(client)):
             return f"{exc.status} {exc.reason}"
     return None
 

@@ -39,9 +39,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fourm_kfp.errors import UserError
-from fourm_kfp.launchers.kfp_api import (LostContact, _token_refreshes, check_cron, coerce_parameters,
-                                         kfp_api_errors, make_client, package_spec, pipeline_parameter_types,
-                                         transient_error, upload)
+from fourm_kfp.launchers.kfp_api import (check_cron, coerce_parameters, kfp_api_errors, make_client, package_spec,
+                                         pipeline_parameter_types, transient_error, upload)
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_USER_ERROR, EXIT_GATE_REFUSED = 0, 1, 2, 3
 EXIT_GATE_UNREAD, EXIT_NOT_FOLLOWED = 4, 5
@@ -115,6 +114,10 @@ class SubmitResult:
         return EXIT_SUCCEEDED
 
 
+class LostContact(Exception):
+    """The KFP API failed more times in a row than following tolerates."""
+
+
 def read_run(client, run_id: str, request: "SubmitRequest", out: Callable[[str], None], deadline: float):
     """``client.get_run``, retrying transient errors with exponential backoff (from ``poll_s``, at most
     :data:`MAX_BACKOFF_S`); :class:`LostContact` after ``max_poll_errors`` in a row or past the deadline."""
@@ -123,7 +126,7 @@ def read_run(client, run_id: str, request: "SubmitRequest", out: Callable[[str],
         try:
             return client.get_run(run_id)
         except Exception as exc:
-            reason = transient_error(exc, _token_refreshes(client))
+            reason = transient_error(exc, client)
             if reason is None:
                 raise
             failures += 1
