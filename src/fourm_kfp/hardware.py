@@ -141,6 +141,7 @@ def training_nondeterminism(device: torch.device | str) -> list[str]:
     return [CUDA_TRAINING_NONDETERMINISM] if torch.device(device).type == "cuda" else []
 
 
+@lru_cache(maxsize=None)
 def _libgomp_path() -> str | None:
     """The GNU OpenMP runtime torch's CPU kernels run their worker team on, when this process loaded it."""
     try:
@@ -154,21 +155,19 @@ def _libgomp_path() -> str | None:
     return None
 
 
-def _set_flush_denormal_on_every_thread(flag: bool) -> bool:
+def _set_flush_denormal_on_every_thread(flag: bool) -> None:
     """Set the subnormals-as-zero flag on the calling thread and on every thread of its OpenMP team (where torch's
-    intra-op kernels run). True where the team was reached; False where only the calling thread was (torch not
-    built on libgomp)."""
+    intra-op kernels run); on the calling thread only where torch is not built on libgomp."""
     torch.set_flush_denormal(flag)
     path = _libgomp_path()
     if path is None or torch.get_num_threads() <= 1:
-        return path is not None
+        return
     gomp = ctypes.CDLL(path)
     body_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
     body = body_type(lambda _data: torch.set_flush_denormal(flag))
     gomp.GOMP_parallel.argtypes = [body_type, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
     gomp.GOMP_parallel.restype = None
     gomp.GOMP_parallel(body, None, torch.get_num_threads(), 0)  # the same team torch's kernels run on
-    return True
 
 
 @contextmanager
