@@ -77,3 +77,30 @@ def test_the_flush_ends_when_the_block_raises():
         with flush_denormals("cpu"):
             raise KeyError("inside")
     assert bool((many * 1.0 != 0).all())
+
+
+@pytest.mark.parametrize("capability,flags,expected", [
+    ("AVX512", {"avx512f", "avx512_bf16"}, True),  # a Zen 4: torch says AVX512, the CPU does bf16
+    ("AVX512", {"avx512f", "amx_bf16", "amx_tile"}, True),  # a Sapphire Rapids
+    ("AVX512", {"avx512f", "avx512bw"}, False),  # AVX512 without bf16 arithmetic
+    ("AVX2", {"avx2", "fma"}, False),  # the trap of DESIGN.md §5: bf16 emulated, ~50x slower than fp32
+    ("AVX512_BF16", set(), True),  # where torch names it, no flags needed
+])
+def test_precision_auto_picks_bf16_on_cpus_with_bf16_arithmetic(monkeypatch, capability, flags, expected):
+    from fourm_kfp import hardware
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags))
+    assert hardware.cpu_has_native_bf16() is expected
+    assert hardware.resolve_precision("auto", CPU) == (torch.bfloat16 if expected else None)
+    assert hardware.resolve_precision("fp32", CPU) is None
+
+
+def test_cpu_flags_are_the_kernel_s_list():
+    from fourm_kfp.hardware import cpu_flags
+
+    flags = cpu_flags()
+    if not os.path.exists("/proc/cpuinfo"):
+        assert flags == frozenset()
+    else:  # every x86-64 CPU has SSE2 (an ARM lists fp/asimd)
+        assert "sse2" in flags or "fp" in flags

@@ -78,9 +78,29 @@ def loader_workers(setting: int, device: torch.device, cpus: int | None = None) 
     return spare_cpu_workers(per_rank, MAX_AUTO_LOADER_WORKERS)
 
 
+#: CPU flags (Linux ``/proc/cpuinfo``) of hardware bf16 arithmetic.
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as the Linux kernel lists them (empty where there is no ``/proc/cpuinfo``)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
 def cpu_has_native_bf16() -> bool:
+    """Whether this CPU has bf16 arithmetic (AVX512-BF16 or AMX-BF16). torch's capability string names the vector
+    ISA its kernels dispatch to, and says "AVX512" on a Zen 4 with ``avx512_bf16``, where a bf16 matmul runs at
+    2.4x the fp32 rate (430 against 179 GFLOP/s on 2 threads), so the CPU's own flags decide."""
     capability = torch.backends.cpu.get_cpu_capability()
-    return "AVX512" in capability and ("BF16" in capability or "AMX" in capability)
+    return "BF16" in capability or "AMX" in capability or bool(cpu_flags() & NATIVE_BF16_FLAGS)
 
 
 def resolve_precision(setting: str, device: torch.device) -> torch.dtype | None:

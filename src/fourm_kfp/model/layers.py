@@ -1,9 +1,10 @@
-"""Transformer building blocks of the 4M model: pre-norm blocks, fused attention, SwiGLU, sin-cos positions.
+"""Transformer building blocks of the 4M model: pre-norm blocks, attention, SwiGLU, sin-cos positions.
 
-Every linear and LayerNorm is bias-free (DESIGN.md §1). Attention goes through
-``torch.nn.functional.scaled_dot_product_attention`` with a boolean mask (``True`` = may attend) that the model
-builds once per batch; the q/k/v projections are one fused matmul, and so are SwiGLU's gate and up projections
-(whose activation writes both halves' gradients into one tensor).
+Every linear and LayerNorm is bias-free (DESIGN.md §1). Attention (:func:`attention`) takes a boolean mask
+(``True`` = may attend) that the model builds once per batch and goes through
+``torch.nn.functional.scaled_dot_product_attention``, except on the CPU where an explicit path is faster
+(:class:`_ExplicitAttention`); the q/k/v projections are one fused matmul, and so are SwiGLU's gate and up
+projections (whose activation writes both halves' gradients into one tensor).
 """
 
 from __future__ import annotations
@@ -50,6 +51,72 @@ class _GatedSiLU(torch.autograd.Function):
         return grad_gate_up
 
 
+#: On the CPU, fp32 attention under autograd takes the explicit path while one call's scores ``[B, heads, n, m]``
+#: have at most this many elements (4 MiB in fp32): at the demo's shapes (64 x 4 heads x 64 x 64) and ml-4m tiny's
+#: (8 x 6 x 128 x 128) forward and backward take 15-20% less time than the fused kernel; above it (tiny's 12 heads)
+#: the two are even and the fused kernel uses less memory.
+EXPLICIT_ATTENTION_MAX_SCORES = 1 << 20
+
+
+class _ExplicitAttention(torch.autograd.Function):
+    """``softmax(q kᵀ / √d + mask) v`` as batched matmuls, the probabilities saved for the backward.
+
+    The CPU's fused ``scaled_dot_product_attention`` kernel is a flash kernel: it recomputes the probabilities
+    block by block in its backward, which at short sequences costs more than it saves, and in bf16 its backward
+    is 4-5x slower than this (20.4 ms against 3.7 ms per call at the demo's shapes on a 2-core AVX512 CPU; forward
+    2.1 against 1.3 ms). Gradients are the fused kernel's to rounding (fp32: max difference ~1e-6). ``q``/``k``/``v``
+    ``[B, heads, n | m, head_dim]``, any strides; ``mask`` ``[B, 1, n, m]`` boolean or ``None``; every query row
+    must see at least one key (the model's masks do)."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        b, h, n, d = q.shape
+        m = k.shape[2]
+        scale = d ** -0.5
+        scaled_q = torch.empty((b, h, n, d), dtype=q.dtype, device=q.device)
+        torch.mul(q, scale, out=scaled_q)
+        scaled_q = scaled_q.view(b * h, n, d)
+        keys, values = k.reshape(b * h, m, d), v.reshape(b * h, m, d)
+        scores = torch.bmm(scaled_q, keys.transpose(1, 2))
+        if mask is not None:
+            scores.view(b, h, n, m).masked_fill_(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        ctx.save_for_backward(scaled_q, keys, values, probs)
+        ctx.scale = scale
+        return torch.bmm(probs, values).view(b, h, n, d)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        scaled_q, keys, values, probs = ctx.saved_tensors
+        b, h, n, d = grad.shape
+        m = keys.shape[1]
+        grad = grad.reshape(b * h, n, d)
+        grad_v = torch.bmm(probs.transpose(1, 2), grad)
+        grad_scores = torch._softmax_backward_data(torch.bmm(grad, values.transpose(1, 2)), probs, -1, probs.dtype)
+        grad_q = torch.bmm(grad_scores, keys).mul_(ctx.scale)
+        grad_k = torch.bmm(grad_scores.transpose(1, 2), scaled_q)
+        return grad_q.view(b, h, n, d), grad_k.view(b, h, m, d), grad_v.view(b, h, m, d), None
+
+
+def _explicit_on_cpu(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    b, h, n, _ = q.shape
+    if (q.device.type != "cpu" or k.shape[:2] != (b, h) or q.dtype != k.dtype
+            or mask is not None and mask.dtype != torch.bool):
+        return False
+    if q.dtype != torch.float32:  # the fused kernel's reduced-precision backward is the slow one
+        return True
+    return torch.is_grad_enabled() and q.requires_grad and b * h * n * k.shape[2] <= EXPLICIT_ATTENTION_MAX_SCORES
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Scaled dot-product attention of ``q`` ``[B, heads, n, head_dim]`` over ``k``/``v`` ``[B, heads, m,
+    head_dim]`` with a boolean ``mask`` broadcastable to ``[B, heads, n, m]`` (``True`` = may attend)."""
+    if _explicit_on_cpu(q, k, mask):
+        return _ExplicitAttention.apply(q, k, v, mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 class SwiGLU(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
@@ -75,7 +142,7 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         b, n, d = x.shape
         q, k, v = self._heads(x)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = attention(q, k, v, mask)
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
     def step(self, x: torch.Tensor, cache: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -88,7 +155,7 @@ class SelfAttention(nn.Module):
         cache["k"], cache["v"] = k, v
         past = k.shape[2] - n
         mask = torch.ones(n, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = attention(q, k, v, mask)
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
 
@@ -111,7 +178,7 @@ class CrossAttention(nn.Module):
         b, n, d = x.shape
         q = self.q(x).view(b, n, self.heads, d // self.heads).transpose(1, 2)
         k, v = kv if kv is not None else self.context_kv(context)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = attention(q, k, v, mask)
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
 

@@ -59,13 +59,15 @@ PRETRAIN = StageSpec(
     config_keys=("train", "data", "alphas"),
     upstream=(PRETOKENIZE, TRAIN_TOKENIZERS),
     resumable=True,  # a restarted run keeps its checkpoints and continues from the newest complete one
-    code_version=7,  # 2: reproducible bytes (no timings, store-relative URIs, DCP metadata without save ids);
+    code_version=8,  # 2: reproducible bytes (no timings, store-relative URIs, DCP metadata without save ids);
     # 3: fused AdamW on the CPU too (the same update up to rounding, so not the same bytes as version 2);
     # 4: in-place token-table gradients in one CPU process (autograd's values summed in another order)
     # 5: gradient clipping inside the fused AdamW (its grad_scale divides; clip_grad_norm_ multiplied)
     # 6: the decoder's context is the projected encoder output plus the inputs' position and modality embeddings
     # 7: the encoder table has one placeholder row for a pixel-input modality, not its vocabulary; the head and its
     # cross-entropy in one function (the same values up to rounding); no encoder mask when every slot is valid
+    # 8: attention in training on the CPU as explicit batched matmuls where faster than the fused kernel (the same
+    # values up to rounding; layers.attention)
 )
 EVALUATE = StageSpec(
     name="evaluate",
