@@ -95,8 +95,8 @@ def test_maskgit_keeps_the_most_confident_tokens_of_each_step(model):
 
 def test_kv_cached_text_equals_full_teacher_forced_decoding(model):
     samples = _samples()
-    out = Generator(model, SENTINELS).generate(samples, "caption", SamplingArgs(temperature=0, max_text_tokens=8))
-    gen = Generator(model, SENTINELS)
+    gen = Generator(model, SENTINELS, precision="fp32")  # the values to 1e-4: no bf16 rounding on any machine
+    out = gen.generate(samples, "caption", SamplingArgs(temperature=0, max_text_tokens=8))
     for sample, result in zip(samples, out):
         # Recompute every position from scratch with the generated prefix as the teacher-forced decoder input.
         sequence = [SENTINELS[0], *result.tokens.tolist()]
@@ -172,8 +172,8 @@ def test_generation_reads_an_image_as_training_does():
     with torch.no_grad():
         trained = model.logits(model.decode(model.encode(batch), batch), "depth")[0].log_softmax(-1)
     trained = trained[batch.dec_position[0].argsort()]  # the loader's slots are in random order
-    [generated] = Generator(model).generate([{"rgb": rgb_tokens.reshape(-1), "pixels": image}], "depth",
-                                           SamplingArgs(steps=1, temperature=0.0))
+    [generated] = Generator(model, precision="fp32").generate(  # as the fp32 forward above, on every machine
+        [{"rgb": rgb_tokens.reshape(-1), "pixels": image}], "depth", SamplingArgs(steps=1, temperature=0.0))
     assert np.array_equal(generated.tokens.reshape(-1), trained.argmax(-1).numpy())
     np.testing.assert_allclose(generated.logprobs.reshape(-1), trained.max(-1).values.numpy(), atol=1e-5)
 

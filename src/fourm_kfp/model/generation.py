@@ -19,7 +19,8 @@ whose ``rgb`` enters as pixel patches. Every modality present is an encoder inpu
   those of an unconditional pass (no input but the target's own tokens so far): ``u + g * (c - u)``.
 * **Chains** (``caption → rgb → depth``) add each generated modality to the inputs of the next.
 
-Everything is batched, runs in inference mode, under bf16 autocast on CUDA, and is deterministic for a seed.
+Everything is batched, runs in inference mode, under bf16 autocast where ``precision: auto`` trains in bf16 (CUDA, CPUs
+with bf16 arithmetic: :func:`fourm_kfp.hardware.resolve_precision`), and is deterministic for a seed on one machine.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from fourm_kfp.batch import IGNORE_INDEX, PIXEL_MEAN, MaskedBatch, normalised_pixels
+from fourm_kfp.hardware import resolve_precision
 
 Sample = dict[str, np.ndarray]
 PixelDecoder = Callable[[torch.Tensor], np.ndarray]
@@ -98,16 +100,18 @@ def sample_logits(logits: torch.Tensor, args: SamplingArgs,
 class Generator:
     """Generation with one model. ``sentinels``: the text tokenizer's ``[S_0]`` and ``[S_1]`` ids;
     ``pixel_decoders``: for a modality the model reads as pixels, its tokenizer's decoder (token grids ``[B, h, w]``
-    to ``uint8 [B, H, W, 3]`` images), so that a generated image's kept tokens can be read back between steps."""
+    to ``uint8 [B, H, W, 3]`` images), so that a generated image's kept tokens can be read back between steps;
+    ``precision``: ``auto`` (bf16 autocast where training's ``auto`` picks it), ``bf16`` or ``fp32``."""
 
     def __init__(self, model: torch.nn.Module, sentinels: Sequence[int] = (),
-                 pixel_decoders: Mapping[str, PixelDecoder] | None = None):
+                 pixel_decoders: Mapping[str, PixelDecoder] | None = None, precision: str = "auto"):
         self.model = model.eval()
         self.pixel_decoders = dict(pixel_decoders or {})
         self.specs = {s.name: s for s in model.args.modalities}
         self.index = {name: i for i, name in enumerate(model.args.names)}
         self.sentinels = tuple(sentinels)
         self.device = next(model.parameters()).device
+        self.autocast = resolve_precision(precision, self.device) is not None
 
     # -- public API ----------------------------------------------------------------------------------------------
 
@@ -119,7 +123,7 @@ class Generator:
             raise ValueError(f"the model has no modality {target!r}; it knows {sorted(self.specs)}")
         generator = torch.Generator(self.device).manual_seed(seed)
         conditioning = [{k: v for k, v in s.items() if k != target} for s in samples]
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             if self.specs[target].kind == "image":
                 return self._generate_image(conditioning, target, args, generator)
             return self._generate_text(conditioning, target, args, generator)

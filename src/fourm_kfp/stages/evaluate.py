@@ -107,7 +107,7 @@ def masked_modeling(ctx: StageContext, engine: AnyToAny) -> tuple[list[str], tm.
     specs = engine.model.args.modalities
     masking = masking_args(cfg, specs, inputs)
     loader = loader_args(cfg, inputs, masking, cfg.evaluate.batch_size, 0, 1, engine.device)
-    dtype = torch.bfloat16 if engine.device.type == "cuda" else None
+    dtype = torch.bfloat16 if engine.generator.autocast else None  # as its generation
     names = engine.model.args.names
     keys, rows = [], []
     with torch.no_grad():
