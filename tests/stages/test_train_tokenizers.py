@@ -72,6 +72,34 @@ def test_modalities_the_data_lacks_are_skipped(smoke_data):
     assert bundle.index["text"]["modalities"] == ["caption"]
 
 
+def test_tokenizers_trained_side_by_side_are_those_trained_one_at_a_time(smoke_data, tmp_path, monkeypatch):
+    """Two forked workers of one thread each (a 2-core machine) commit the very bytes of training each tokenizer
+    in turn on one thread: no modality gets another's weights, data or seed."""
+    from fourm_kfp.stages import train_tokenizers as stage
+
+    _, _, data_uri = smoke_data
+    config = load_config("smoke")
+    monkeypatch.setattr(stage, "available_cpus", lambda: 2)
+    assert stage.tokenizer_workers(len(IMAGE_MODALITIES), 2, "cpu") == 2
+    side_by_side = run_stage(get_stage("train-tokenizers"), config, open_store(str(tmp_path / "a"), create=True),
+                             input_uris={"prepare-data": data_uri})
+    monkeypatch.setattr(stage, "tokenizer_workers", lambda *_: 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        in_turn = run_stage(get_stage("train-tokenizers"), config, open_store(str(tmp_path / "b"), create=True),
+                            input_uris={"prepare-data": data_uri})
+    finally:
+        torch.set_num_threads(threads)
+    a, b = open_store(side_by_side.output_uri), open_store(in_turn.output_uri)
+    for modality in IMAGE_MODALITIES:
+        files = sorted(a.child("image", modality).list())
+        assert files and files == sorted(b.child("image", modality).list())
+        for name in files:
+            assert a.child("image", modality).get_bytes(name) == b.child("image", modality).get_bytes(name), \
+                f"{modality}/{name}"
+
+
 @pytest.mark.slow
 def test_two_process_torchrun_training(smoke_data):
     root, _, _ = smoke_data

@@ -38,11 +38,12 @@ TRAIN_TOKENIZERS = StageSpec(
     run=_body("train_tokenizers"),
     config_keys=("data.image_size", "train_tokenizers"),
     upstream=(PREPARE_DATA,),
-    code_version=6,  # 2: reproducible bytes (deterministic WordPiece, no timings or absolute URIs)
+    code_version=7,  # 2: reproducible bytes (deterministic WordPiece, no timings or absolute URIs)
     # 3: the conv VQ-VAE's encoder is patch-local (a token is a function of its own patch)
     # 4: the report's usage target is a collapse check (>= 10%), not >= 50%
     # 5: subnormal floats flushed to zero on the thread that trains on the CPU
     # 6: ... and on all of torch's OpenMP worker threads (hardware.flush_denormals): a rounding-level change
+    # 7: on a multi-core CPU the image tokenizers train side by side, the cores split among them (rounding-level)
 )
 PRETOKENIZE = StageSpec(
     name="pretokenize",
