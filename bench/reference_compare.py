@@ -327,6 +327,10 @@ DIFFERENCES = [
     "cross-entropy in one function whose backward turns the saved softmax into the logits' gradient in place "
     "(table_gradients._SliceCrossEntropy, since pretrain code_version 7); the reference autograd's log_softmax "
     "and nll_loss.",
+    "Attention: the reference multiplies q by k, masks, takes the softmax and multiplies by v through autograd "
+    "(fm_utils.Attention); ours, in fp32 training on the CPU, explicit batched matmuls with a hand-written backward "
+    "where one call's scores have at most layers.EXPLICIT_ATTENTION_MAX_SCORES elements (tiny's shapes; since "
+    "pretrain code_version 8), else the fused scaled_dot_product_attention (base's).",
     "Attention masks: ours attends over the encoder without a mask when the loader flags every encoder slot "
     "valid (MaskedBatch.enc_all_valid, as in this batch; since pretrain code_version 7); the reference always "
     "passes its masks.",

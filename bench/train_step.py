@@ -3,10 +3,10 @@
 In one run, on one device:
 * ``matmul``: the best FLOP/s of square matmuls of several sizes, best of 5 timings each (the reference for
   "fraction of matmul" on CPU);
-* per model shape (``demo``: the demo preset's 4+4 layers at width 128, 64+64 tokens, batch 64 on a CPU; ``4m-b``: 12+12, width 768, 14x14 grids): tokens/s of a full
-  step (forward, backward, AdamW), achieved model FLOP/s (``flops_per_token`` of :mod:`fourm_kfp.model.fourm`:
-  6 x matmul weights x tokens + attention + heads) as a fraction of the matmul's, and on CUDA MFU against the
-  dense bf16 peak;
+* per model shape (``demo``: the demo preset's 4+4 layers at width 128, 64+64 tokens, batch 64 on a CPU;
+  ``4m-b``: 12+12, width 768, 14x14 grids): tokens/s of a full step (forward, backward, AdamW), achieved model
+  FLOP/s (``flops_per_token`` of :mod:`fourm_kfp.model.fourm`: 6 x matmul weights x tokens + attention + heads) as
+  a fraction of the matmul's, and on CUDA MFU against the dense bf16 peak;
 * ``attention``: the same step with the model's attention (:func:`fourm_kfp.model.layers.attention`: the fused
   ``scaled_dot_product_attention``, or on the CPU the explicit path where that is faster) and with an eager
   reference attention (softmax(QK^T/sqrt(d)) V in plain ops through autograd), and their ratio;

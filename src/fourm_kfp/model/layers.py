@@ -53,8 +53,8 @@ class _GatedSiLU(torch.autograd.Function):
 
 #: On the CPU, fp32 attention under autograd takes the explicit path while one call's scores ``[B, heads, n, m]``
 #: have at most this many elements (4 MiB in fp32): at the demo's shapes (64 x 4 heads x 64 x 64) and ml-4m tiny's
-#: (8 x 6 x 128 x 128) forward and backward take 15-20% less time than the fused kernel; above it (tiny's 12 heads)
-#: the two are even and the fused kernel uses less memory.
+#: (8 x 6 x 128 x 128) forward and backward take 4-19% less time than the fused kernel (2-core Zen 4); above it
+#: (ml-4m base's 8 x 12 x 128 x 128) the two are even and the fused kernel, which keeps no probabilities, stays.
 EXPLICIT_ATTENTION_MAX_SCORES = 1 << 20
 
 
