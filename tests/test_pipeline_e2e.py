@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from fourm_kfp.contract import lineage
+from fourm_kfp.hardware import resolve_precision
 from fourm_kfp.stages import PIPELINE
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers
@@ -90,6 +92,9 @@ def test_smoke_pipeline_local_then_skipped(tmp_path):
     assert sum(s["seconds"] for s in first["stages"]) <= first["seconds"]
     # The evaluated model is registered and, being the first, promoted to champion.
     assert first["model_gate"]["promoted"] and first["model_gate"]["model_name"] == "fourm-smoke"
+    # The pretrain manifest says which precision `auto` trained in on this machine.
+    pretrain = json.loads(open_store(first["stages"][3]["output_uri"]).get_bytes("_MANIFEST.json"))
+    assert pretrain["counts"]["precision"] == ("bf16" if resolve_precision("auto", torch.device("cpu")) else "fp32")
 
     second, _ = _run(tmp_path)
     assert [s["status"] for s in second["stages"]] == ["skipped"] * len(STAGES)

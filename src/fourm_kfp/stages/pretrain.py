@@ -184,8 +184,10 @@ def run(ctx: StageContext) -> StageResult:
     metrics = {"steps": float(state.step), "tokens": float(state.tokens), "skipped_steps": float(state.skipped),
                "replica_divergence": divergence, "resumed": float(resumed), **_throughput(writer),
                **{k.replace("/", "."): v for k, v in trainer.val_history[-1].items() if k != "step"}}
-    return StageResult(counts={"steps": state.step, "parameters": card["parameters"], "modalities": list(args.names)},
-                       metrics=metrics, nondeterminism=training_nondeterminism(device))
+    # the precision ``auto`` resolved to on this machine (in the manifest: it is not part of the address)
+    counts = {"steps": state.step, "parameters": card["parameters"], "modalities": list(args.names),
+              "precision": "bf16" if dtype else "fp32"}
+    return StageResult(counts=counts, metrics=metrics, nondeterminism=training_nondeterminism(device))
 
 
 def _snapshot(model: torch.nn.Module, store: Store, step: int) -> None:
