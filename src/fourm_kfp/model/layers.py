@@ -65,8 +65,8 @@ class _ExplicitAttention(torch.autograd.Function):
     block by block in its backward, which at short sequences costs more than it saves, and in bf16 its backward
     is 4-5x slower than this (20.4 ms against 3.7 ms per call at the demo's shapes on a 2-core AVX512 CPU; forward
     2.1 against 1.3 ms). Gradients are the fused kernel's to rounding (fp32: max difference ~1e-6). ``q``/``k``/``v``
-    ``[B, heads, n | m, head_dim]``, any strides; ``mask`` ``[B, 1, n, m]`` boolean or ``None``; every query row
-    must see at least one key (the model's masks do)."""
+    ``[B, heads, n | m, head_dim]``, any strides; ``mask`` boolean, broadcastable to ``[B, heads, n, m]``, or
+    ``None``; every query row must see at least one key (the model's masks do)."""
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
