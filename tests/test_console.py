@@ -70,4 +70,7 @@ def test_closing_summary_prints_the_run_time_beside_the_machines_matmul_rate():
                "machine": {"fp32_matmul_gflops": 231.4, "threads": 2},
                "stages": [{"name": "pretrain", "status": "ran", "seconds": 300.0, "output_uri": "/r/t/1"}]}
     total = next(line for line in closing_summary(summary).splitlines() if line.startswith("total"))
-    assert "321.0" in total and "231 GFLOP/s" in total and "2 threads" in total
+    assert "321.0" in total and "231 GFLOP/s" in total and "2 threads" in total and "bf16" not in total
+    summary["machine"]["bf16_matmul_gflops"] = 430.2  # a CPU with bf16 arithmetic
+    total = next(line for line in closing_summary(summary).splitlines() if line.startswith("total"))
+    assert "231 GFLOP/s of fp32 matmul (430 of bf16, which precision auto uses there) on 2 threads" in total

@@ -133,10 +133,15 @@ def measured_matmul_flops(device_type: str, dtype: torch.dtype = torch.float32, 
 
 
 def cpu_matmul_rate(size: int = 2048, trials: int = 3) -> dict[str, float]:
-    """This machine's fp32 matmul rate on the CPU (best of ``trials`` square matmuls of side ``size``) and the
-    threads torch uses: the yardstick printed beside a run's times, since 2-core machines differ up to 2x."""
+    """This machine's fp32 matmul rate on the CPU (best of ``trials`` square matmuls of side ``size``), its bf16 rate
+    where the CPU has bf16 arithmetic (``precision: auto`` trains in bf16 there), and the threads torch uses: the
+    yardstick printed beside a run's times, since 2-core machines differ up to 2x."""
     best = max(measured_matmul_flops.__wrapped__("cpu", torch.float32, size) for _ in range(trials))
-    return {"fp32_matmul_gflops": round(best / 1e9, 1), "threads": torch.get_num_threads()}
+    rate = {"fp32_matmul_gflops": round(best / 1e9, 1), "threads": torch.get_num_threads()}
+    if cpu_has_native_bf16():  # where precision auto trains in bf16, that rate too
+        bf16 = max(measured_matmul_flops.__wrapped__("cpu", torch.bfloat16, size) for _ in range(trials))
+        rate["bf16_matmul_gflops"] = round(bf16 / 1e9, 1)
+    return rate
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype | None) -> float:
