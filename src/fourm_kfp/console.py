@@ -126,11 +126,13 @@ def closing_summary(summary: dict[str, Any]) -> str:
     lines.insert(1, "-" * len(lines[0]))
     machine = summary.get("machine")
     if "seconds" in summary:
-        lines.append(f"{'total':{widths[0]}}  {'':{widths[1]}}  {summary['seconds']:>{widths[2]}.1f}"
-                     + (f"  on a CPU doing {machine['fp32_matmul_gflops']:.0f} GFLOP/s of fp32 matmul"
-                        + (f" ({machine['bf16_matmul_gflops']:.0f} of bf16, which precision auto uses there)"
-                           if "bf16_matmul_gflops" in machine else "")
-                        + f" on {machine['threads']} threads (measured after the run)" if machine else ""))
+        total = f"{'total':{widths[0]}}  {'':{widths[1]}}  {summary['seconds']:>{widths[2]}.1f}"
+        if machine:
+            bf16 = machine.get("bf16_matmul_gflops")
+            total += (f"  on a CPU doing {machine['fp32_matmul_gflops']:.0f} GFLOP/s of fp32 matmul"
+                      + (f" ({bf16:.0f} of bf16, which precision auto uses there)" if bf16 else "")
+                      + f" on {machine['threads']} threads (measured after the run)")
+        lines.append(total)
     tracking = summary["mlflow"]["tracking_uri"]
     lines += [
         "",

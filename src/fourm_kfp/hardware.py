@@ -136,11 +136,12 @@ def cpu_matmul_rate(size: int = 2048, trials: int = 3) -> dict[str, float]:
     """This machine's fp32 matmul rate on the CPU (best of ``trials`` square matmuls of side ``size``), its bf16 rate
     where the CPU has bf16 arithmetic (``precision: auto`` trains in bf16 there), and the threads torch uses: the
     yardstick printed beside a run's times, since 2-core machines differ up to 2x."""
-    best = max(measured_matmul_flops.__wrapped__("cpu", torch.float32, size) for _ in range(trials))
-    rate = {"fp32_matmul_gflops": round(best / 1e9, 1), "threads": torch.get_num_threads()}
+    def gflops(dtype: torch.dtype) -> float:
+        return round(max(measured_matmul_flops.__wrapped__("cpu", dtype, size) for _ in range(trials)) / 1e9, 1)
+
+    rate = {"fp32_matmul_gflops": gflops(torch.float32), "threads": torch.get_num_threads()}
     if cpu_has_native_bf16():  # where precision auto trains in bf16, that rate too
-        bf16 = max(measured_matmul_flops.__wrapped__("cpu", torch.bfloat16, size) for _ in range(trials))
-        rate["bf16_matmul_gflops"] = round(bf16 / 1e9, 1)
+        rate["bf16_matmul_gflops"] = gflops(torch.bfloat16)
     return rate
 
 

@@ -112,13 +112,14 @@ def run(ctx: StageContext) -> StageResult:
     inputs = TrainingInputs.read(ctx.inputs[PRETOKENIZED].uri, ctx.inputs[TOKENIZERS].uri)
     device = training_device()
     dtype = resolve_precision(train.precision, device)
+    precision = "bf16" if dtype else "fp32"  # what ``auto`` resolved to here: logged and in the manifest's counts
     specs = modality_specs(cfg, inputs)
     args = model_args(cfg, specs)
     masking = masking_args(cfg, specs, inputs)
     micro, accum = batch_layout(train, world)
     steps = total_steps(train, inputs.pretokenized["splits"]["train"])
     log.info("pretrain: %d steps of %d samples (%d ranks x %d micro-batches of %d), %s on %s, modalities %s",
-             steps, train.global_batch_size, world, accum, micro, "bf16" if dtype else "fp32", device,
+             steps, train.global_batch_size, world, accum, micro, precision, device,
              ", ".join(args.names))
 
     torch.manual_seed(train.seed)
@@ -184,9 +185,8 @@ def run(ctx: StageContext) -> StageResult:
     metrics = {"steps": float(state.step), "tokens": float(state.tokens), "skipped_steps": float(state.skipped),
                "replica_divergence": divergence, "resumed": float(resumed), **_throughput(writer),
                **{k.replace("/", "."): v for k, v in trainer.val_history[-1].items() if k != "step"}}
-    # the precision ``auto`` resolved to on this machine (in the manifest: it is not part of the address)
     counts = {"steps": state.step, "parameters": card["parameters"], "modalities": list(args.names),
-              "precision": "bf16" if dtype else "fp32"}
+              "precision": precision}  # not part of the address: a machine's own choice
     return StageResult(counts=counts, metrics=metrics, nondeterminism=training_nondeterminism(device))
 
 

@@ -143,14 +143,15 @@ def _train_image_tokenizers(ctx: StageContext, modalities: list[str], device: st
     workers = tokenizer_workers(len(modalities), cpus, device)
     if workers == 1:
         return {m: _train_image_tokenizer(ctx, m, device) for m in modalities}
-    cfg = ctx.config.train_tokenizers
-    longest_first = sorted(modalities, key=lambda m: -cfg.image_config(m).steps * cfg.image_config(m).batch_size)
+    settings = {m: ctx.config.train_tokenizers.image_config(m) for m in modalities}
+    longest_first = sorted(modalities, key=lambda m: -settings[m].steps * settings[m].batch_size)
+    threads = cpus // workers
     log.info("train-tokenizers: %d image tokenizers in %d processes of %d thread(s)", len(modalities), workers,
-             cpus // workers)
+             threads)
     _FORK_CONTEXT = ctx
     try:
         with multiprocessing.get_context("fork").Pool(workers, initializer=torch.set_num_threads,
-                                                      initargs=(cpus // workers,)) as pool:
+                                                      initargs=(threads,)) as pool:
             pending = {m: pool.apply_async(_train_in_worker, (m,)) for m in longest_first}
             done = {m: pending[m].get() for m in longest_first}
     finally:
