@@ -6,7 +6,10 @@ settings with the modalities of its 4M pre-training: rgb at 224 px entering the 
 (ml-4m ``rgb@224``, ``ImageEncoderEmbedding``) and predicted as 14x14 tokens of a 16384 vocabulary
 (``tok_rgb@224``), depth 14x14 tokens of 8192 (``tok_depth@224``, input and target), caption 30000-token WordPiece
 of at most 256 tokens (``caption``, input and target). 128 input + 128 target tokens per sample, batch 8, AdamW,
-fp32, 2 threads.
+2 threads, in fp32 (``--precision fp32``, the default) or in bf16 (``--precision bf16``: the reference's own default,
+``run_training_4m.py --dtype bfloat16``, whose forward runs under ``torch.cuda.amp.autocast``; on the CPU, where that
+autocast does nothing, the bench puts the same forward under the CPU's ``torch.autocast``; ours runs as the pretrain
+stage does with ``precision: bf16``, or ``auto`` on a CPU with bf16 arithmetic).
 
 One batch is masked once by our masking (:func:`fourm_kfp.masking.multimodal_masking.mask_sample`) and the same
 samples (the same tokens, positions, pixels and per-modality budgets) are written in the reference's input format,
@@ -14,8 +17,8 @@ the per-modality ``tensor`` / ``input_mask`` / ``target_mask`` / ``decoder_atten
 ``fourm/data/masking.py``'s ``UnifiedMasking`` (a caption target of ``n`` decoder tokens is ``n + 1`` ids, as the
 reference's decoder shifts it), so both steps see exactly the same number of valid input and target tokens.
 
-The reference's step is what its training loop (``run_training_4m.py``) does in fp32: ``loss, _ =
-model(mod_dict, num_encoder_tokens, num_decoder_tokens, loss_type="mod")``, backward, gradient clipping, the AdamW of
+The reference's step is what its training loop (``run_training_4m.py``) does: ``loss, _ =
+model(mod_dict, num_encoder_tokens, num_decoder_tokens, loss_type="mod")`` (under autocast in bf16), backward, gradient clipping, the AdamW of
 its ``create_optimizer`` (its parameter groups, torch's default AdamW implementation). Ours is
 the model as the pretrain stage builds it for one process (:func:`fourm_kfp.model.parallelize.parallelize`) and
 :func:`fourm_kfp.train.step.train_step` with :func:`fourm_kfp.train.optimizer.build_optimizer` (product defaults).
@@ -32,9 +35,12 @@ takes ``modality_info`` as an argument) gets an empty dict, and ``fm.py``'s ``ra
 Timing: warm-up steps for both, then ``--rounds`` rounds alternating ours and the reference's (``--steps`` steps
 each); best and median seconds per step and tokens/s (tokens = (input + target) x batch), and ours/reference; the
 machine's fp32 matmul rate before and after (``machine_before``/``machine_after``), since 2-core machines differ.
+Both steps run in one process, so both get the allocator setting our stage runner makes
+(:func:`fourm_kfp.hardware.reuse_freed_memory`, ``--allocator reuse``, the default) or neither
+(``--allocator default``).
 
     python bench/reference_compare.py [--configs tiny,base] [--rounds 5] [--steps 3] [--reference PATH]
-                                      [--output f.json]
+                                      [--precision fp32|bf16] [--output f.json]
 """
 
 from __future__ import annotations
@@ -58,13 +64,13 @@ import torch
 
 from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.config.fourm_config import OptimizerConfig
-from fourm_kfp.hardware import cpu_matmul_rate
+from fourm_kfp.hardware import cpu_has_native_bf16, cpu_matmul_rate, resolve_precision, reuse_freed_memory
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
 from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.parallelize import parallelize
 from fourm_kfp.train.optimizer import build_optimizer
-from fourm_kfp.train.step import StepSettings, train_step
+from fourm_kfp.train.step import StepSettings, autocast, train_step
 
 from bench_output import emit
 
@@ -224,10 +230,12 @@ def reference_valid_tokens(batch) -> tuple[int, int]:
     return enc, dec
 
 
-def reference_step(model, optimizer, batch) -> torch.Tensor:
+def reference_step(model, optimizer, batch, dtype: torch.dtype | None) -> torch.Tensor:
     # the model writes 'x'/'emb'/'ids' into the per-modality dicts: give it fresh ones each step
     mod_dict = {name: dict(d) for name, d in batch.items()}
-    loss, _ = model(mod_dict, num_encoder_tokens=INPUT_TOKENS, num_decoder_tokens=TARGET_TOKENS, loss_type="mod")
+    with autocast(torch.device("cpu"), dtype):  # run_training_4m.py: autocast(dtype=dtype, enabled=dtype != fp32)
+        loss, _ = model(mod_dict, num_encoder_tokens=INPUT_TOKENS, num_decoder_tokens=TARGET_TOKENS,
+                        loss_type="mod")
     optimizer.zero_grad()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
@@ -251,14 +259,15 @@ def summary(times: list[float], tokens: int) -> dict:
             "tokens_per_s_median": tokens / median, "step_s_rounds": times}
 
 
-def compare(name: str, ref: SimpleNamespace | None, rounds: int, steps: int, warmup: int) -> dict:
+def compare(name: str, ref: SimpleNamespace | None, rounds: int, steps: int, warmup: int,
+            dtype: torch.dtype | None) -> dict:
     config, layers = CONFIGS[name]
     specs = our_specs()
     masking, samples, raw = masked_samples(specs)
     ours_batch = collate(samples, masking)
     ours = build_ours(layers)
     ours_opt = build_optimizer(ours, OptimizerConfig(), LR)
-    settings = StepSettings(None, GRAD_CLIP, tuple(s.name for s in specs))
+    settings = StepSettings(dtype, GRAD_CLIP, tuple(s.name for s in specs))
     cpu = torch.device("cpu")
     tokens = BATCH * (INPUT_TOKENS + TARGET_TOKENS)
     result = {"reference_config": config, "encoder_layers": layers[0], "decoder_layers": layers[1],
@@ -276,7 +285,7 @@ def compare(name: str, ref: SimpleNamespace | None, rounds: int, steps: int, war
         result["reference"] = {"parameters": sum(p.numel() for p in reference.parameters()),
                                "parameters_by_module": parameter_breakdown(reference),
                                "valid_input_tokens": valid_in, "valid_target_tokens": valid_out}
-        runners["reference"] = lambda: reference_step(reference, ref_opt, ref_batch)
+        runners["reference"] = lambda: reference_step(reference, ref_opt, ref_batch, dtype)
     losses = {}
     for label, run in runners.items():
         for _ in range(warmup):
@@ -301,7 +310,7 @@ def compare(name: str, ref: SimpleNamespace | None, rounds: int, steps: int, war
 
 DIFFERENCES = [
     "Same trunk: encoder/decoder depth, width, heads, bias-free linears and LayerNorms, SwiGLU feed-forward, "
-    "fp32, AdamW (betas 0.9/0.95, weight decay 0.05 on matrices, eps 1e-8), grad clip 1.0.",
+    "the same precision (fp32, or both forwards under the CPU's bf16 autocast), AdamW (betas 0.9/0.95, weight decay 0.05 on matrices, eps 1e-8), grad clip 1.0.",
     "Same batch content: one masking (ours) of 8 samples, written in each implementation's input format; the same "
     "valid input and target tokens per sample (see valid_*_tokens).",
     "rgb: both embed 16-px pixel patches of a 224 px image with a bias-free linear (ours: ModalitySpec pixel_input, "
@@ -351,13 +360,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="bf16: both forwards under the CPU's bf16 autocast (the reference's default dtype)")
+    parser.add_argument("--allocator", choices=("reuse", "default"), default="reuse",
+                        help="reuse: glibc keeps freed memory for reuse, as our stage runner sets it (the one "
+                             "process runs both steps, so the reference gets it too); default: glibc as it starts")
     parser.add_argument("--reference", default=os.environ.get("FOURM_REFERENCE")
                         or ("/tmp/ml-4m" if Path("/tmp/ml-4m").exists() else None))
     parser.add_argument("--output")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    dtype = resolve_precision(args.precision, torch.device("cpu"))
+    reused = reuse_freed_memory() if args.allocator == "reuse" else False
     result = {"device": "cpu", "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-              "precision": "fp32", "torch": torch.__version__, "batch": BATCH, "input_tokens": INPUT_TOKENS,
+              "precision": args.precision, "cpu_has_native_bf16": cpu_has_native_bf16(),
+              "freed_memory_reused": reused, "torch": torch.__version__, "batch": BATCH, "input_tokens": INPUT_TOKENS,
               "target_tokens": TARGET_TOKENS, "rounds": args.rounds, "steps_per_round": args.steps,
               "warmup_steps": args.warmup, "date": time.strftime("%Y-%m-%d"),
               "modalities": {"rgb": "224 px as 16-px pixel patches in; 14x14 tokens of 16384 out",
@@ -384,7 +401,7 @@ def main(argv: list[str] | None = None) -> dict:
                                "no ml-4m checkout given (--reference PATH or $FOURM_REFERENCE)"}
     result["configs"] = {}
     for name in args.configs.split(","):
-        result["configs"][name] = compare(name, ref, args.rounds, args.steps, args.warmup)
+        result["configs"][name] = compare(name, ref, args.rounds, args.steps, args.warmup, dtype)
         print(f"{name}: done", file=sys.stderr)
     if Path("/proc/loadavg").exists():
         result["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]

@@ -35,7 +35,7 @@ import torch
 
 from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.config.fourm_config import OptimizerConfig
-from fourm_kfp.hardware import GPU_PEAKS, MAX_AUTO_LOADER_WORKERS, resolve_precision
+from fourm_kfp.hardware import GPU_PEAKS, MAX_AUTO_LOADER_WORKERS, resolve_precision, reuse_freed_memory
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
 from fourm_kfp.model import layers
@@ -250,11 +250,13 @@ def main(argv: list[str] | None = None) -> dict:
         args.loader_workers = MAX_AUTO_LOADER_WORKERS if args.device.startswith("cuda") else 2
     device = torch.device(args.device)
     dtype = resolve_precision(args.precision, device)
+    reused = reuse_freed_memory()  # as the stage runner does for every stage's process
     matmul = matmul_flops(device, dtype or torch.float32)
     peak_matmul = matmul["flops_per_s"]
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "threads": torch.get_num_threads(), "precision": "bf16" if dtype else "fp32",
-              "torch": torch.__version__, "compile": args.compile, "matmul_flops_per_s": peak_matmul,
+              "torch": torch.__version__, "compile": args.compile, "freed_memory_reused": reused,
+              "matmul_flops_per_s": peak_matmul,
               "matmul_flops_per_s_by_size": matmul["by_size"],
               "shapes": {}}
     peak = next((bf16 for k, (bf16, _) in GPU_PEAKS.items() if k in result["device"]), None)

@@ -8,6 +8,9 @@
 3. else clear whatever a killed or forced run left there (a ``resumable`` stage keeps it unless forced), run the
    stage with a :class:`StageContext`, and commit the manifest last.
 
+A process that computes a stage keeps the memory it frees for reuse (:func:`fourm_kfp.hardware.reuse_freed_memory`:
+on the CPU each training step's fresh tensors are otherwise new pages the kernel faults in).
+
 A fan-out stage (``spec.run_part``) is run as ``parts`` workers by :func:`run_stage_part`, each recording the
 files it wrote in ``_parts/part-IIII-of-NNNN.json``; :func:`run_stage` then runs any part still missing
 in-process and calls the collect step, whose manifest lists every part's files.
@@ -26,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fourm_kfp import distributed
+from fourm_kfp.hardware import reuse_freed_memory
 from fourm_kfp.config.fourm_config import FourMConfig
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract import lineage
@@ -145,6 +149,7 @@ def run_stage_part(spec: StageSpec, config: FourMConfig, store_root: Store, part
 
 def _run_part(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[str, StageInput],
               tracker: lineage.Tracker, part: int, parts: int) -> None:
+    reuse_freed_memory()
     ctx = _context(spec, config, output, inputs, tracker, parts)
     started = time.monotonic()
     result = spec.run_part(ctx, part, parts)
@@ -158,6 +163,7 @@ def _run_part(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[
 def _execute(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[str, StageInput],
              tracker: lineage.Tracker, resolved: dict[str, Any], address: str, force: bool,
              parts: int) -> tuple[dict[str, Any], str]:
+    reuse_freed_memory()
     primary = distributed.is_primary()
     if primary and (force or not spec.resumable):
         stale = output.delete_prefix()
