@@ -61,12 +61,16 @@ class _SliceCrossEntropy(torch.autograd.Function):
     matmuls instead of the logits. The weight gradient is added into rows ``start:stop`` of ``table.grad``.
     Autocast: the logits' matmul runs in autocast's dtype and the softmax in fp32 (as ``.float()`` and
     ``cross_entropy`` would); backward's matmuls in the logits' dtype, accumulated in the buffer's (as autograd's
-    cast would)."""
+    cast would). The table's rows are cast once, in forward, and backward reuses that copy (autocast would cast
+    them in forward and backward again: 2-5% of a bf16 step at ml-4m tiny's widths)."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, table: torch.Tensor, start: int, stop: int, targets: torch.Tensor,
                 ignore_index: int, label_smoothing: float) -> torch.Tensor:
-        logits = hidden @ table[start:stop].t()
+        weight = table[start:stop]
+        if torch.is_autocast_enabled(hidden.device.type):  # one cast, which backward reuses
+            weight = weight.to(torch.get_autocast_dtype(hidden.device.type))
+        logits = hidden @ weight.t()
         x = logits.float()
         probs = torch.softmax(x, dim=-1)
         top, at = x.max(dim=-1, keepdim=True)
@@ -77,6 +81,7 @@ class _SliceCrossEntropy(torch.autograd.Function):
         if label_smoothing > 0:
             token_loss = (1 - label_smoothing) * token_loss + label_smoothing * (lse.squeeze(1) - x.mean(-1))
         ctx.table, ctx.rows, ctx.dtype, ctx.smoothing = table, (start, stop), logits.dtype, label_smoothing
+        ctx.weight = weight.detach() if weight.dtype != table.dtype else None
         ctx.save_for_backward(hidden, probs, safe, valid)
         return torch.where(valid, token_loss, 0.0).sum()
 
@@ -91,7 +96,7 @@ class _SliceCrossEntropy(torch.autograd.Function):
         probs.scatter_add_(1, safe, torch.full(safe.shape, smoothing - 1.0, dtype=probs.dtype, device=probs.device))
         scale = (grad * valid).to(probs.dtype).unsqueeze(1)
         probs = probs.to(dtype)
-        weight = ctx.table.detach()[start:stop].to(dtype)
+        weight = ctx.weight if ctx.weight is not None else ctx.table.detach()[start:stop]
         rows = _buffer(ctx.table)[start:stop]
         operand = (hidden.to(scale.dtype) * scale).to(dtype)
         if dtype == rows.dtype:
