@@ -348,6 +348,10 @@ DIFFERENCES = [
     "them to autograd (a fresh table-sized gradient per table and step).",
     "Clipping: ours inside the fused AdamW (its grad_scale input divides the gradients in its kernel, since pretrain "
     "code_version 5); the reference's clip_grad_norm_ multiplies every gradient in a pass of its own.",
+    "Allocator: one process runs both steps, so both get the same glibc setting (freed_memory_reused: freed "
+    "memory kept for reuse, as our stage runner sets it for every stage, or glibc's default).",
+    "Precision: with --precision bf16 both forwards run under the CPU's bf16 autocast (the reference's loop uses "
+    "CUDA's autocast, which does nothing on a CPU).",
     "SwiGLU: ours one fused gate/up projection whose activation writes both halves' gradients into one tensor "
     "(layers._GatedSiLU); the reference two linears (fc1, fc3) and autograd's silu and product.",
 ]
