@@ -18,8 +18,9 @@ the per-modality ``tensor`` / ``input_mask`` / ``target_mask`` / ``decoder_atten
 reference's decoder shifts it), so both steps see exactly the same number of valid input and target tokens.
 
 The reference's step is what its training loop (``run_training_4m.py``) does: ``loss, _ =
-model(mod_dict, num_encoder_tokens, num_decoder_tokens, loss_type="mod")`` (under autocast in bf16), backward, gradient clipping, the AdamW of
-its ``create_optimizer`` (its parameter groups, torch's default AdamW implementation). Ours is
+model(mod_dict, num_encoder_tokens, num_decoder_tokens, loss_type="mod")`` (under autocast in bf16), backward,
+gradient clipping, the AdamW of its ``create_optimizer`` (its parameter groups, torch's default AdamW
+implementation). Ours is
 the model as the pretrain stage builds it for one process (:func:`fourm_kfp.model.parallelize.parallelize`) and
 :func:`fourm_kfp.train.step.train_step` with :func:`fourm_kfp.train.optimizer.build_optimizer` (product defaults).
 
@@ -40,7 +41,7 @@ Both steps run in one process, so both get the allocator setting our stage runne
 (``--allocator default``).
 
     python bench/reference_compare.py [--configs tiny,base] [--rounds 5] [--steps 3] [--reference PATH]
-                                      [--precision fp32|bf16] [--output f.json]
+                                      [--precision fp32|bf16] [--allocator reuse|default] [--output f.json]
 """
 
 from __future__ import annotations
@@ -310,7 +311,8 @@ def compare(name: str, ref: SimpleNamespace | None, rounds: int, steps: int, war
 
 DIFFERENCES = [
     "Same trunk: encoder/decoder depth, width, heads, bias-free linears and LayerNorms, SwiGLU feed-forward, "
-    "the same precision (fp32, or both forwards under the CPU's bf16 autocast), AdamW (betas 0.9/0.95, weight decay 0.05 on matrices, eps 1e-8), grad clip 1.0.",
+    "the same precision (fp32, or both forwards under the CPU's bf16 autocast), AdamW (betas 0.9/0.95, weight "
+    "decay 0.05 on matrices, eps 1e-8), grad clip 1.0.",
     "Same batch content: one masking (ours) of 8 samples, written in each implementation's input format; the same "
     "valid input and target tokens per sample (see valid_*_tokens).",
     "rgb: both embed 16-px pixel patches of a 224 px image with a bias-free linear (ours: ModalitySpec pixel_input, "

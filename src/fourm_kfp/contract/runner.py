@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fourm_kfp import distributed
-from fourm_kfp.hardware import reuse_freed_memory
 from fourm_kfp.config.fourm_config import FourMConfig
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract import lineage
@@ -39,6 +38,7 @@ from fourm_kfp.contract.guarded_config import guard
 from fourm_kfp.contract.manifest import (MANIFEST_NAME, FileRecord, RecordingStore, code_version, commit_manifest,
                                          manifest_bytes, payload_digest, read_manifest, require_manifest)
 from fourm_kfp.contract.spec import StageSpec
+from fourm_kfp.hardware import reuse_freed_memory
 from fourm_kfp.storage import Store, open_store
 
 log = logging.getLogger(__name__)

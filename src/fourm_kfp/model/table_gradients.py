@@ -62,7 +62,7 @@ class _SliceCrossEntropy(torch.autograd.Function):
     Autocast: the logits' matmul runs in autocast's dtype and the softmax in fp32 (as ``.float()`` and
     ``cross_entropy`` would); backward's matmuls in the logits' dtype, accumulated in the buffer's (as autograd's
     cast would). The table's rows are cast once, in forward, and backward reuses that copy (autocast would cast
-    them in forward and backward again: 2-5% of a bf16 step at ml-4m tiny's widths)."""
+    them in forward and again in backward: about 2% of a bf16 step at ml-4m tiny's widths)."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, table: torch.Tensor, start: int, stop: int, targets: torch.Tensor,
