@@ -38,7 +38,6 @@ from fourm_kfp.contract.guarded_config import guard
 from fourm_kfp.contract.manifest import (MANIFEST_NAME, FileRecord, RecordingStore, code_version, commit_manifest,
                                          manifest_bytes, payload_digest, read_manifest, require_manifest)
 from fourm_kfp.contract.spec import StageSpec
-from fourm_kfp.hardware import reuse_freed_memory
 from fourm_kfp.storage import Store, open_store
 
 log = logging.getLogger(__name__)
@@ -147,9 +146,15 @@ def run_stage_part(spec: StageSpec, config: FourMConfig, store_root: Store, part
     return output.uri
 
 
+def _reuse_freed_memory() -> None:
+    from fourm_kfp.hardware import reuse_freed_memory  # here: hardware imports torch, the CLI's parser must not
+
+    reuse_freed_memory()
+
+
 def _run_part(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[str, StageInput],
               tracker: lineage.Tracker, part: int, parts: int) -> None:
-    reuse_freed_memory()
+    _reuse_freed_memory()
     ctx = _context(spec, config, output, inputs, tracker, parts)
     started = time.monotonic()
     result = spec.run_part(ctx, part, parts)
@@ -163,7 +168,7 @@ def _run_part(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[
 def _execute(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[str, StageInput],
              tracker: lineage.Tracker, resolved: dict[str, Any], address: str, force: bool,
              parts: int) -> tuple[dict[str, Any], str]:
-    reuse_freed_memory()
+    _reuse_freed_memory()
     primary = distributed.is_primary()
     if primary and (force or not spec.resumable):
         stale = output.delete_prefix()
