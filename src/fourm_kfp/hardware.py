@@ -236,10 +236,9 @@ def reuse_freed_memory() -> bool:
     with its own ``mmap`` and unmaps it on ``free``, and trims the heap's free top beyond twice that, so each
     step's fresh activations, autocast's weight copies and gradients are new pages that the kernel zeroes one
     4 KiB fault at a time: at ml-4m base's shapes in bf16 on the 2-core CPU, 142,000 faults and 0.49 s of system
-    time in a 4.7 s step (tiny: 45,000 faults, 0.08 s). With
-    the threshold at glibc's maximum (32 MiB) and the heap never trimmed, allocations up to 32 MiB come from the
-    heap and are reused: 2 faults a step. The process's resident memory stays at its peak instead of falling
-    between steps (the peak itself is unchanged)."""
+    time in a 4.7 s step (tiny: 45,000 faults, 0.08 s). With the threshold at glibc's maximum (32 MiB) and the
+    heap never trimmed, allocations up to 32 MiB come from the heap and are reused: 2 faults a step. The
+    process's resident memory stays at its peak instead of falling between steps (the peak itself is unchanged)."""
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
