@@ -61,8 +61,8 @@ class _SliceCrossEntropy(torch.autograd.Function):
     matmuls instead of the logits. The weight gradient is added into rows ``start:stop`` of ``table.grad``.
     Autocast: the logits' matmul runs in autocast's dtype and the softmax in fp32 (as ``.float()`` and
     ``cross_entropy`` would); backward's matmuls in the logits' dtype, accumulated in the buffer's (as autograd's
-    cast would). The table's rows are cast once, in forward, and backward reuses that copy (autocast would cast
-    backward cast them again before: about 2% of a bf16 step at ml-4m tiny's widths)."""
+    cast would). The table's rows are cast once, in forward, and backward reuses that copy (this backward used to
+    cast them again: about 2% of a bf16 step at ml-4m tiny's widths)."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, table: torch.Tensor, start: int, stop: int, targets: torch.Tensor,
