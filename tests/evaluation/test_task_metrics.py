@@ -200,7 +200,12 @@ def test_shapes_in_semseg_and_shape_presence_f1():
                 "a large red cone left of a small blue cone"]
     # sets: {cube, sphere} vs {cube, cone} (1, 2, 2); {} vs {} (0, 0, 0); {cone} vs {cone} (1, 1, 1) -> 2 * 2 / 6
     out = tm.shape_presence_f1([semseg, np.ones((10, 10), np.uint8), cone], captions)
-    assert out == {"shape_presence_f1": pytest.approx(2 / 3)}
+    # precision: 2 of the 3 shapes seen were named; recall: 2 of the 3 named were seen
+    assert out == pytest.approx({"shape_presence_f1": 2 / 3, "shape_presence_f1.precision": 2 / 3,
+                                 "shape_presence_f1.recall": 2 / 3})
+    seen_more = tm.shape_presence_f1([semseg], ["a small red cube"])  # {cube, sphere} vs {cube}
+    assert seen_more == pytest.approx({"shape_presence_f1": 2 / 3, "shape_presence_f1.precision": 0.5,
+                                       "shape_presence_f1.recall": 1.0})
 
 
 def test_caption_shapes_are_visible_in_true_semseg():

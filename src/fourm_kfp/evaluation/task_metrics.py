@@ -10,7 +10,7 @@ rgb-to-normal   ``mean_angle_deg``, ``within_11_25`` (fraction of pixels)       
 rgb-to-semseg   ``miou`` (classes in truth or prediction), ``pixel_accuracy``                ``miou`` ↑
 rgb-to-det      ``ap50`` (mean over classes with ground truth), ``ap50_<class>``             ``ap50`` ↑
 rgb-to-caption  ``count_accuracy``, ``object_f1``, ``shape_f1``, ``colour_f1``, ``word_f1``  ``object_f1`` ↑ [*]
-caption-to-rgb  ``shape_presence_f1`` (shapes seen vs shapes named)                          ``shape_presence_f1`` ↑
+caption-to-rgb  ``shape_presence_f1`` (shapes seen vs named), ``.precision``, ``.recall``    ``shape_presence_f1`` ↑
 ==============  ===========================================================================  =======================
 
 The primary metrics and their direction (↑ higher is better, ↓ lower) come from each target's scorer family
@@ -143,6 +143,16 @@ def _f1_finish(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+def _set_f1_finish(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """:func:`_f1_finish`, and each F1's precision (``<name>.precision``: of what was predicted, the share that is
+    true) and recall (``<name>.recall``: of what is true, the share predicted), NaN without any."""
+    out = _f1_finish(t)
+    for name in [k for k in out if k != "count_accuracy"]:
+        out[f"{name}.precision"] = _ratio(t[f"{name}.matched"], t[f"{name}.predicted"])
+        out[f"{name}.recall"] = _ratio(t[f"{name}.matched"], t[f"{name}.actual"])
+    return out
+
+
 def _masked_finish(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Columns ``<modality>.loss/correct/tokens``: per modality the token-weighted loss and accuracy, and
     ``val.loss``/``val.accuracy``, their means over the modalities with target tokens."""
@@ -160,7 +170,7 @@ def _masked_finish(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 _FINISH: dict[str, Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]] = {
     "depth": _depth_finish, "normal": _normal_finish, "semseg": _semseg_finish, "f1": _f1_finish,
-    "masked": _masked_finish}
+    "set_f1": _set_f1_finish, "masked": _masked_finish}
 
 
 class SummedStats(SceneStats):
@@ -440,10 +450,11 @@ def shapes_in_semseg(semseg: np.ndarray, min_fraction: float = 0.002) -> frozens
 
 
 def shape_set_stats(pred_sets: Sequence[frozenset[str]], true_sets: Sequence[frozenset[str]]) -> SummedStats:
-    """``shape_presence_f1``: micro F1 between predicted and true sets of shapes, over the set."""
+    """``shape_presence_f1``: micro F1 between predicted and true sets of shapes, over the set, with its precision
+    (``shape_presence_f1.precision``: of the shapes predicted, the share the truth has) and recall (``.recall``)."""
     rows = [_multiset_counts(p, t) for p, t in zip(pred_sets, true_sets, strict=True)]
     columns = [f"shape_presence_f1.{part}" for part in ("matched", "predicted", "actual")]
-    return SummedStats("f1", columns, np.array(rows, dtype=np.float64).reshape(-1, 3))
+    return SummedStats("set_f1", columns, np.array(rows, dtype=np.float64).reshape(-1, 3))
 
 
 def shape_set_f1(pred_sets: Sequence[frozenset[str]], true_sets: Sequence[frozenset[str]]) -> dict[str, float]:
