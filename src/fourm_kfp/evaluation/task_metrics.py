@@ -135,10 +135,15 @@ def _semseg_finish(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             "pixel_accuracy": intersection.sum(1) / np.maximum(confusion.sum((1, 2)), 1)}
 
 
+def _f1_names(t: Mapping[str, np.ndarray]) -> list[str]:
+    """The ``<name>`` of every ``<name>.matched/predicted/actual`` column group, in order."""
+    return list(dict.fromkeys(c.rsplit(".", 1)[0] for c in t if "." in c))
+
+
 def _f1_finish(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Columns ``count_correct`` and ``scenes`` (caption object counts), and ``<name>.matched/predicted/actual``."""
     out = {"count_accuracy": _ratio(t["count_correct"], t["scenes"])} if "scenes" in t else {}
-    for name in dict.fromkeys(c.rsplit(".", 1)[0] for c in t if "." in c):
+    for name in _f1_names(t):
         out[name] = _f1_of(t[f"{name}.matched"], t[f"{name}.predicted"], t[f"{name}.actual"])
     return out
 
@@ -147,7 +152,7 @@ def _set_f1_finish(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """:func:`_f1_finish`, and each F1's precision (``<name>.precision``: of what was predicted, the share that is
     true) and recall (``<name>.recall``: of what is true, the share predicted), NaN without any."""
     out = _f1_finish(t)
-    for name in [k for k in out if k != "count_accuracy"]:
+    for name in _f1_names(t):
         out[f"{name}.precision"] = _ratio(t[f"{name}.matched"], t[f"{name}.predicted"])
         out[f"{name}.recall"] = _ratio(t[f"{name}.matched"], t[f"{name}.actual"])
     return out
