@@ -63,7 +63,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from fourm_kfp.batch import ModalitySpec
+from fourm_kfp.batch import ModalitySpec, normalised_pixels
 from fourm_kfp.config.fourm_config import OptimizerConfig
 from fourm_kfp.hardware import cpu_has_native_bf16, cpu_matmul_rate, resolve_precision, reuse_freed_memory
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
@@ -184,8 +184,8 @@ def reference_batch(samples, raw, specs) -> dict[str, dict[str, torch.Tensor]]:
            for name in ("rgb@224", "tok_rgb@224", "tok_depth@224", "caption")}
     index = {s.name: i for i, s in enumerate(specs)}
     for sample, tokens in zip(samples, raw):
-        enc = {name: [(t, p) for t, m, p in sample.enc if m == i] for name, i in index.items()}
-        dec = {name: [(x, y, p) for x, y, m, p in sample.dec if m == i] for name, i in index.items()}
+        enc = {name: [(t, p) for t, m, p in sample.enc.tolist() if m == i] for name, i in index.items()}
+        dec = {name: [(x, y, p) for x, y, m, p in sample.dec.tolist() if m == i] for name, i in index.items()}
 
         def image(grid, inputs, targets):
             input_mask, target_mask = torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)
@@ -196,7 +196,7 @@ def reference_batch(samples, raw, specs) -> dict[str, dict[str, torch.Tensor]]:
                 attention[int(torch.nonzero(~target_mask)[0])] = len(targets)
             return grid, input_mask, target_mask, attention
 
-        pixels = torch.from_numpy(sample.pixels)
+        pixels = torch.from_numpy(np.ascontiguousarray(normalised_pixels(sample.pixels)))
         rgb_grid = torch.from_numpy(np.asarray(tokens["rgb"]).reshape(-1))
         depth_grid = torch.from_numpy(np.asarray(tokens["depth"]).reshape(-1))
         parts = {"rgb@224": image(pixels, [p for _, p in enc["rgb"]], []),

@@ -16,6 +16,7 @@ from fourm_kfp.contract import run_stage
 from fourm_kfp.data.pretokenized import decode_npy, encode_member
 from fourm_kfp.data.shard_stream import ShardMismatchError
 from fourm_kfp.data.shard_writer import shard_key
+from fourm_kfp.masking import token_loader
 from fourm_kfp.masking.token_loader import DatasetRef, TokenLoader, validation_batches
 from fourm_kfp.model.fourm import FourM
 from fourm_kfp.stages import get_stage
@@ -58,6 +59,19 @@ def test_a_restored_loader_gives_the_same_next_batches(pretokenized, workers):
     assert _keys(again) == _keys(expected) and len(consumed) == 5
     for a, b in zip(again, expected):
         assert torch.equal(a.enc_tokens, b.enc_tokens) and torch.equal(a.dec_targets, b.dec_targets)
+
+
+def test_text_ids_are_the_tokenizers_whether_remembered_or_not(pretokenized, monkeypatch):
+    config, _, uris = pretokenized
+    args, _ = _args(config, uris)
+    monkeypatch.setattr(token_loader, "TEXT_CACHE_SIZE", 2)  # the cache fills and is cleared on the way
+    encoder = token_loader._SampleEncoder(args)
+    texts = ["a small red cube", "a large blue sphere left of a small red cube", "a small red cube", "cube",
+             "a small red cube", "a large blue sphere left of a small red cube"]
+    for text in texts:
+        tokens, _ = encoder.tokens({"caption": text}, 0)
+        expected = encoder.tokenizer.encode(text).ids[: encoder.max_len["caption"]]
+        assert list(tokens["caption"]) == expected and expected
 
 
 def test_ranks_draw_different_samples(pretokenized):

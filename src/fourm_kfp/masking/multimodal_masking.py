@@ -18,7 +18,6 @@ A modality the sample lacks gets no budget. :func:`collate` pads to the budgets 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any, Sequence
 
 import numpy as np
@@ -41,11 +40,12 @@ class MaskingArgs:
 
 @dataclass
 class MaskedSample:
-    """Slots of one sample: encoder (token, modality, position) and decoder (input token, target, modality,
-    position) lists, plus the rgb pixels when a modality takes pixel input."""
+    """Slots of one sample, one row each: encoder ``[n, 3]`` (token, modality, position) and decoder ``[n, 4]``
+    (input token, target, modality, position), int64; plus the rgb pixels as stored (uint8 ``[H, W, 3]``) when a
+    modality takes pixel input (:func:`collate` normalises a batch's at once)."""
 
-    enc: list[tuple[int, int, int]] = field(default_factory=list)
-    dec: list[tuple[int, int, int, int]] = field(default_factory=list)
+    enc: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), np.int64))
+    dec: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.int64))
     pixels: np.ndarray | None = None
     key: str = ""
 
@@ -91,6 +91,10 @@ def mask_sample(rng: np.random.Generator, args: MaskingArgs, tokens: dict[str, A
                 extra = int(min(spare, unused))
                 budget[i] += extra
                 unused -= extra
+    # Each slot field as one array per modality, joined once: a sample's slots cost a few array operations
+    # instead of a Python tuple per slot.
+    enc: tuple[list, list, list] = ([], [], [])
+    dec: tuple[list, list, list, list] = ([], [], [], [])
     for i, spec in enumerate(specs):
         if not sizes[i]:
             continue
@@ -98,16 +102,24 @@ def mask_sample(rng: np.random.Generator, args: MaskingArgs, tokens: dict[str, A
             grid = np.asarray(tokens[spec.name]).reshape(-1)
             order = rng.permutation(grid.size)
             inputs, targets = order[: k[i]], order[k[i]: k[i] + m[i]]
-            # tuples built by zip over .tolist() ints: the same slots as a loop over cells, at C speed
-            cells = inputs.tolist()
-            sample.enc += zip([0] * len(cells) if spec.pixel_input else grid[inputs].tolist(), repeat(i), cells)
-            sample.dec += zip(repeat(0), grid[targets].tolist(), repeat(i), targets.tolist())
+            enc_tokens = np.zeros(len(inputs), np.int64) if spec.pixel_input else grid[inputs]
+            dec_inputs = np.zeros(len(targets), np.int64)
+            dec_targets = grid[targets]
         else:
-            inputs, target = texts[i]
-            sample.enc += [(t, i, p) for p, t in enumerate(inputs)]
-            sample.dec += [(target[p], target[p + 1], i, p) for p in range(len(target) - 1)]
+            text_inputs, target = texts[i]
+            enc_tokens, inputs = np.array(text_inputs, np.int64), np.arange(len(text_inputs))
+            dec_inputs, dec_targets = np.array(target[:-1], np.int64), np.array(target[1:], np.int64)
+            targets = np.arange(len(dec_targets))
+        for columns, values in zip(enc, (enc_tokens, np.full(len(inputs), i), inputs)):
+            columns.append(values)
+        for columns, values in zip(dec, (dec_inputs, dec_targets, np.full(len(targets), i), targets)):
+            columns.append(values)
+    if enc[0]:
+        sample.enc = np.stack([np.concatenate(c).astype(np.int64, copy=False) for c in enc], axis=1)
+    if dec[0]:
+        sample.dec = np.stack([np.concatenate(c).astype(np.int64, copy=False) for c in dec], axis=1)
     if pixels is not None and any(s.pixel_input for s in specs):
-        sample.pixels = normalised_pixels(pixels)
+        sample.pixels = np.asarray(pixels)
     return sample
 
 
@@ -119,22 +131,22 @@ def collate(samples: Sequence[MaskedSample], args: MaskingArgs) -> MaskedBatch:
     dec[1] = IGNORE_INDEX
     enc_valid, dec_valid = np.zeros((b, e), bool), np.zeros((b, d), bool)
     for j, s in enumerate(samples):
-        if s.enc:
-            n = min(len(s.enc), e)
-            enc[:, j, :n] = np.array(s.enc[:n]).T
-            enc_valid[j, :n] = True
-        if s.dec:
-            n = min(len(s.dec), d)
-            dec[:, j, :n] = np.array(s.dec[:n]).T
-            dec_valid[j, :n] = True
+        n = min(len(s.enc), e)
+        enc[:, j, :n] = s.enc[:n].T
+        enc_valid[j, :n] = True
+        n = min(len(s.dec), d)
+        dec[:, j, :n] = s.dec[:n].T
+        dec_valid[j, :n] = True
     flat_mod = np.where(dec_valid, dec[2], len(args.modalities)).reshape(-1)
     order = np.argsort(flat_mod, kind="stable")[: int(dec_valid.sum())]
     counts = np.bincount(flat_mod, minlength=len(args.modalities) + 1)[: len(args.modalities)].tolist()
     pixels = None
     if any(s.pixels is not None for s in samples):
         shape = next(s.pixels.shape for s in samples if s.pixels is not None)
-        pixels = torch.from_numpy(np.stack([s.pixels if s.pixels is not None else np.zeros(shape, np.float32)
-                                            for s in samples]))
+        stored = np.stack([s.pixels if s.pixels is not None else np.zeros(shape, np.uint8) for s in samples])
+        normalised = normalised_pixels(stored)  # channels-first view of channels-last memory, as the model has had
+        normalised[[s.pixels is None for s in samples]] = 0.0  # a sample without pixels reads zeros
+        pixels = torch.from_numpy(normalised)
     t = torch.from_numpy
     return MaskedBatch(t(enc[0]), t(enc[1]), t(enc[2]), t(enc_valid), t(dec[0]), t(dec[1]), t(dec[2]), t(dec[3]),
                        t(dec_valid), t(order), counts, pixels, [s.key for s in samples], bool(enc_valid.all()))
