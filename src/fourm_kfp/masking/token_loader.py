@@ -71,9 +71,11 @@ def _names_to_read(masking: MaskingArgs) -> list[str]:
     return names
 
 
-#: Texts whose token ids a loader worker remembers: a scene's texts come back every epoch, and encoding one costs
-#: as much as masking the sample (~30 µs). A few MB at this size.
-TEXT_CACHE_SIZE = 1 << 17
+#: Texts whose token ids a loader worker remembers (cleared when full): a scene's texts come back every epoch, and
+#: encoding one costs ~30 µs (a caption and a det text a sample). Measured at ~420 bytes a text (a caption of 6-30
+#: words): at most ~28 MB a worker, enough for the proof's texts (16,000 scenes x 2 crops x caption and det: at most
+#: 64,000).
+TEXT_CACHE_SIZE = 1 << 16
 
 
 class _SampleEncoder:
