@@ -64,7 +64,7 @@ def test_a_restored_loader_gives_the_same_next_batches(pretokenized, workers):
 def test_text_ids_are_the_tokenizers_whether_remembered_or_not(pretokenized, monkeypatch):
     config, _, uris = pretokenized
     args, _ = _args(config, uris)
-    monkeypatch.setattr(token_loader, "TEXT_CACHE_SIZE", 2)  # the cache fills and is cleared on the way
+    monkeypatch.setattr(token_loader, "TEXT_CACHE_SIZE", 2)  # the cache fills and drops texts on the way
     encoder = token_loader._SampleEncoder(args)
     texts = ["a small red cube", "a large blue sphere left of a small red cube", "a small red cube", "cube",
              "a small red cube", "a large blue sphere left of a small red cube"]

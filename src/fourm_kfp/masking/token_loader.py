@@ -15,6 +15,7 @@ the same batches in every run and at every step.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -71,10 +72,10 @@ def _names_to_read(masking: MaskingArgs) -> list[str]:
     return names
 
 
-#: Texts whose token ids a loader worker remembers (cleared when full): a scene's texts come back every epoch, and
-#: encoding one costs ~30 µs (a caption and a det text a sample). Measured at ~420 bytes a text (a caption of 6-30
-#: words): at most ~28 MB a worker, enough for the proof's texts (16,000 scenes x 2 crops x caption and det: at most
-#: 64,000).
+#: Texts whose token ids a loader worker remembers (least recently used first out): a scene's texts come back every
+#: epoch, and encoding one costs ~30 µs (a caption and a det text a sample). Measured at ~420 bytes a text (a caption
+#: of 6-30 words) before the cache's own bookkeeping: ~30 MB a worker when full, enough for the proof's texts
+#: (16,000 scenes x 2 crops x caption and det: at most 64,000).
 TEXT_CACHE_SIZE = 1 << 16
 
 
@@ -88,16 +89,10 @@ class _SampleEncoder:
         self.args = args
         self.tokenizer = Tokenizer.from_str(args.text_tokenizer_json)
         self.max_len = {s.name: s.max_length - 2 for s in args.masking.modalities if s.kind == "sequence"}
-        self._ids: dict[tuple[str, str], tuple[int, ...]] = {}
+        self._encode = functools.lru_cache(maxsize=TEXT_CACHE_SIZE)(self._encode_text)
 
-    def _encode(self, modality: str, text: str) -> tuple[int, ...]:
-        ids = self._ids.get((modality, text))
-        if ids is None:
-            ids = tuple(self.tokenizer.encode(text).ids[: self.max_len[modality]])
-            if len(self._ids) >= TEXT_CACHE_SIZE:
-                self._ids.clear()
-            self._ids[modality, text] = ids
-        return ids
+    def _encode_text(self, modality: str, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(text).ids[: self.max_len[modality]])
 
     def tokens(self, sample: dict[str, Any], crop: int) -> tuple[dict[str, Any], np.ndarray | None]:
         tokens: dict[str, Any] = {}
