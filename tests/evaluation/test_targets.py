@@ -1,5 +1,6 @@
 """Scoring comes from the modality table: each task's primary metric and direction, the margin rule, and a new
-modality (a toy ``lidar`` depth map) that gets its task, metrics and baseline from its one table entry."""
+modality (a toy ``lidar`` depth map) that gets its task, metrics and baseline from its one table entry; and how
+caption-to-rgb's score, ceiling and baseline are made."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from fourm_kfp.config.fourm_config import EVALUATION_TASKS, evaluation_tasks
 from fourm_kfp.data import modalities
-from fourm_kfp.data.modalities import MODALITIES, Modality, decode_depth, encode_depth
+from fourm_kfp.data.modalities import CLASS_NAMES, MODALITIES, OBJECT_CLASSES, Modality, decode_depth, encode_depth
 from fourm_kfp.evaluation.targets import better, scorer, task_primary
 from fourm_kfp.evaluation.tasks import Baselines, Scenes, run_task
 from fourm_kfp.model.generation import Generated, SamplingArgs
@@ -108,3 +109,44 @@ def test_a_modality_without_scoring_is_no_task_target():
     assert "rgb-to-edge" not in EVALUATION_TASKS and "rgb-to-rgb" not in EVALUATION_TASKS
     with pytest.raises(ValueError, match="no scoring"):
         scorer("edge")
+
+
+class _Painter:
+    """Stands in for a trained model on caption-to-rgb: it "paints" rgb token 0 whatever the caption, and reads an
+    image back as the shape whose index is the image's first rgb token, everywhere."""
+
+    specs = {"caption": _Spec("sequence"), "rgb": _Spec("image"), "semseg": _Spec("image")}
+    first_shape = CLASS_NAMES.index(OBJECT_CLASSES[0])
+
+    def token_inputs(self, modality, tokens, values=None):
+        return [{modality: np.asarray(t).reshape(-1)} for t in tokens]
+
+    def generate_tokens(self, inputs, target, sampling, seed, batch_size):
+        if target == "rgb":
+            return [Generated(np.zeros((2, 2), np.int64), np.zeros((2, 2))) for _ in inputs]
+        return [Generated(np.full((2, 2), self.first_shape + int(x["rgb"][0])), np.zeros((2, 2))) for x in inputs]
+
+    def detokenize(self, modality, tokens):
+        return [np.asarray(t).reshape(2, 2) for t in tokens]  # semseg: the class ids; rgb: any array
+
+
+def test_caption_to_rgb_ceiling_reads_the_true_image_and_baseline_is_the_best_constant():
+    sphere, cube, cylinder, cone = (OBJECT_CLASSES.index(s) for s in ("sphere", "cube", "cylinder", "cone"))
+    train = ["a small red cube", "a small red cube", "a small red cone and a large blue sphere",
+             "a small red cone and a large blue cylinder", "a small red sphere and a large blue cylinder"]
+    # Each shape is named twice in 5 captions (8 in all): the k most named score 4k/(5k + 8), best at k = 4 (0.571),
+    # not the most common set, {cube} (0.308)
+    baselines = Baselines.fit({"caption": train})
+    assert baselines.shapes == set(OBJECT_CLASSES)
+    captions = ["a small red sphere and a large blue cube", "a small red cone"]
+    scenes = Scenes(["a", "b"], {"caption": captions, "rgb": [None, None]},
+                    {"caption": [np.arange(3)] * 2, "rgb": [np.full(4, cube), np.full(4, cone)],
+                     # true semseg tokens showing all four shapes: not what the ceiling reads
+                     "semseg": [np.array([sphere, cube, cylinder, cone]) + _Painter.first_shape] * 2})
+    result = run_task(_Painter(), scenes, "caption-to-rgb", baselines, SamplingArgs(temperature=0.0), 0, 2, 1)
+    # generated: a sphere in each image; matched 1 (scene a), predicted 2, named 3: F1 2/5
+    assert math.isclose(result.metrics["shape_presence_f1"], 0.4)
+    # ceiling: the true images read as {cube} and {cone}: matched 2, predicted 2, named 3: F1 4/5
+    assert math.isclose(result.ceiling["shape_presence_f1"], 0.8)
+    # baseline: all four shapes in both: matched 3, predicted 8, named 3: F1 6/11
+    assert math.isclose(result.baseline["shape_presence_f1"], 6 / 11)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 
@@ -213,6 +214,23 @@ def test_caption_shapes_are_visible_in_true_semseg():
     for sample in SAMPLES:
         named = {shape for _, _, shape in tm.parse_caption(sample["caption"])}
         assert named <= tm.shapes_in_semseg(sample["semseg"])
+
+
+def test_best_constant_set_is_the_best_of_all_sets():
+    # Every scene names "cube": {cube} scores 2*4/(1*4 + 5) = 0.889, {cube, cone} 2*5/(2*4 + 5) = 0.769.
+    assert tm.best_constant_set([frozenset({"cube"})] * 3 + [frozenset({"cube", "cone"})]) == {"cube"}
+    # Two of four shapes a scene: all four (recall 1, precision 1/2) beat the most common pair.
+    pairs = [frozenset(p) for p in (("cube", "cone"), ("sphere", "cylinder"), ("cube", "sphere"), ("cone", "cylinder"),
+                                    ("cube", "cone"))]
+    assert tm.best_constant_set(pairs) == {"cube", "cone", "sphere", "cylinder"}
+    assert tm.most_common(pairs) == {"cube", "cone"}
+    assert tm.best_constant_set([]) == frozenset() == tm.best_constant_set([frozenset()])
+    # Against every subset of the shapes, on the captions of real scenes
+    true = [tm.caption_shapes(s["caption"]) for s in SAMPLES]
+    shapes = sorted(set().union(*true))
+    f1 = lambda chosen: tm.shape_set_f1([chosen] * len(true), true)["shape_presence_f1"]
+    subsets = [frozenset(c) for k in range(1, len(shapes) + 1) for c in itertools.combinations(shapes, k)]
+    assert f1(tm.best_constant_set(true)) == pytest.approx(max(f1(s) for s in subsets))
 
 
 def test_most_common():

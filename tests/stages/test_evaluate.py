@@ -145,8 +145,9 @@ def test_the_curve_scores_each_snapshot_and_ends_with_the_final_model(smoke):
 
 
 def test_maps_text_and_images_from_text_take_their_own_sampling(smoke):
-    """rgb-to-depth/normal/semseg and caption-to-rgb's reading of its own image are generated with
-    ``evaluate.map_steps``; caption-to-rgb's image with ``evaluate.sampling``; text with ``evaluate.text_sampling``."""
+    """rgb-to-depth/normal/semseg and caption-to-rgb's reading of its own image (and of the true image, its ceiling)
+    are generated with ``evaluate.map_steps``; caption-to-rgb's image with ``evaluate.sampling``; text with
+    ``evaluate.text_sampling``."""
     root, store, _, uris = smoke
     engine = AnyToAny(uris["pretrain"], "cpu", tokenizers_uri=uris["train-tokenizers"])
     prepared = open_store(uris["prepare-data"])
@@ -163,7 +164,7 @@ def test_maps_text_and_images_from_text_take_their_own_sampling(smoke):
         run_task(engine, scenes, task, baselines, SamplingArgs(steps=8, order="roar", temperature=1.0), 0, 2, 0,
                  SamplingArgs(steps=1, temperature=0.0), SamplingArgs(steps=3, temperature=0.0))
     assert calls == [("depth", 1, 0.0), ("normal", 1, 0.0), ("semseg", 1, 0.0), ("det", 3, 0.0),
-                     ("caption", 3, 0.0), ("rgb", 8, 1.0), ("semseg", 1, 0.0)]
+                     ("caption", 3, 0.0), ("rgb", 8, 1.0), ("semseg", 1, 0.0), ("semseg", 1, 0.0)]
 
     config = load_config("smoke", overrides=["train.steps=4", "train.snapshot_every=2", "evaluate.map_steps=2"])
     output = open_store(_evaluate(root, store, config)[0].output_uri)

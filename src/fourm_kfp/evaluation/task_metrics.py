@@ -27,7 +27,8 @@ descending score order are matched greedily to the still unmatched ground-truth 
 highest IoU, if that IoU is at least 0.5. Captions are parsed into ``(size, colour, shape)`` objects with the
 vocabularies of :mod:`fourm_kfp.data.synthetic_scenes`; F1 scores count multisets and are micro-averaged over the set.
 The trivial baselines of the dense tasks (mean depth or normal map, majority class map) are the tokenizer reports'
-ones in :mod:`fourm_kfp.tokenizers.metrics`; :func:`most_common` serves the text targets.
+ones in :mod:`fourm_kfp.tokenizers.metrics`; :func:`most_common` serves the text targets and
+:func:`best_constant_set` caption-to-rgb.
 
 Per-scene statistics: every metric is a set-level one (a ratio of sums over pixels, a summed confusion matrix, a
 micro F1, AP over a ranking of all the set's boxes), so each is computed from per-scene sufficient statistics
@@ -460,6 +461,25 @@ def shape_set_stats(pred_sets: Sequence[frozenset[str]], true_sets: Sequence[fro
     rows = [_multiset_counts(p, t) for p, t in zip(pred_sets, true_sets, strict=True)]
     columns = [f"shape_presence_f1.{part}" for part in ("matched", "predicted", "actual")]
     return SummedStats("set_f1", columns, np.array(rows, dtype=np.float64).reshape(-1, 3))
+
+
+def best_constant_set(true_sets: Sequence[frozenset[str]]) -> frozenset[str]:
+    """The one set of shapes that, predicted for every scene, has the highest :func:`shape_set_stats` F1 on
+    ``true_sets``: the trivial baseline of caption-to-rgb.
+
+    With one set ``S`` for all ``N`` scenes, micro F1 is ``2 * sum(n_c for c in S) / (|S| * N + A)`` (``n_c``: the
+    scenes naming shape ``c``, ``A``: the shapes named in all), so among sets of ``k`` shapes the ``k`` most named
+    are best, and the answer is the best of those prefixes. The most common set is a weaker baseline: naming every
+    shape buys recall 1 at a precision of about half on scenes of two shapes out of four."""
+    counts = Counter(shape for t in true_sets for shape in t)
+    named = sum(counts.values())
+    ranked = sorted(counts, key=lambda shape: (-counts[shape], shape))
+    best, best_f1 = frozenset(), 0.0
+    for k in range(1, len(ranked) + 1):
+        f1 = 2 * sum(counts[c] for c in ranked[:k]) / (k * len(true_sets) + named)
+        if f1 > best_f1:
+            best, best_f1 = frozenset(ranked[:k]), f1
+    return best
 
 
 def shape_set_f1(pred_sets: Sequence[frozenset[str]], true_sets: Sequence[frozenset[str]]) -> dict[str, float]:

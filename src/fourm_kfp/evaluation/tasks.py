@@ -7,10 +7,11 @@ against the exact ground truth of the prepared val scenes. Beside it:
 
 * the **tokenizer ceiling**: the ground truth's own tokens decoded (what a perfect token predictor would score);
 * the **trivial baseline**: one prediction for every scene, fitted on training scenes (the per-pixel mean depth or
-  normal, the per-pixel majority class, the most common det text, caption, or set of shapes).
+  normal, the per-pixel majority class, the most common det text or caption, the set of shapes that scores best).
 
 ``caption-to-rgb`` is scored by what the generated image shows: the model predicts semseg from its own generated
-rgb (a chain), and the shapes visible in it are compared with the shapes the caption names.
+rgb (a chain), and the shapes visible in it are compared with the shapes the caption names. Its ceiling is the true
+image's rgb tokens decoded and read the same way, so the reader's own mistakes are in it.
 
 The model *beats the baseline* on a task when the 95% interval of the paired bootstrap over the val scenes
 (:mod:`fourm_kfp.evaluation.paired_bootstrap`) of the primary metric's difference lies above zero: a positive
@@ -115,7 +116,8 @@ class TaskResult:
 @dataclass
 class Baselines:
     """Trivial predictions fitted on training scenes (one value used for every val scene): per scored modality its
-    family's baseline (:mod:`.targets`), and the most common set of shapes the captions name (caption-to-rgb)."""
+    family's baseline (:mod:`.targets`), and for caption-to-rgb the set of shapes that scores best against the
+    shapes the training captions name (:func:`~fourm_kfp.evaluation.task_metrics.best_constant_set`)."""
 
     predictions: dict[str, Any]
     shapes: frozenset[str]
@@ -126,7 +128,7 @@ class Baselines:
         predictions = {m: scorer(m).baseline(values) for m, values in train.items()
                        if values and get_modality(m).scoring}
         shapes = [tm.caption_shapes(c) for c in train.get("caption", [])]
-        return cls(predictions, tm.most_common(shapes) if shapes else frozenset())
+        return cls(predictions, tm.best_constant_set(shapes))
 
 
 def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, sampling: SamplingArgs,
@@ -170,14 +172,23 @@ def _caption_to_rgb(engine: AnyToAny, scenes: Scenes, inputs: list[dict[str, np.
     captions = scenes.truth["caption"]
     rgb = engine.generate_tokens(inputs, "rgb", sampling, seed, batch_size)
     images = engine.detokenize("rgb", [g.tokens for g in rgb])
-    # The model reads its own image: semseg predicted from the generated rgb alone.
-    semseg = engine.generate_tokens(engine.token_inputs("rgb", [g.tokens.reshape(-1) for g in rgb], images),
-                                    "semseg", map_sampling, seed + 1, batch_size)
-    predicted = engine.detokenize("semseg", [g.tokens for g in semseg])
+    predicted = _read_semseg(engine, [g.tokens for g in rgb], images, map_sampling, seed + 1, batch_size)
     metrics = tm.shape_presence_stats(predicted, captions)
-    ceiling = tm.shape_presence_stats(engine.detokenize("semseg", scenes.tokens["semseg"]), captions)
+    # The ceiling goes the same way from the true image's tokens: what a perfect rgb token predictor would score
+    # with this reader, whose own mistakes (a shape's pixels given another shape's class) cap it below 1.
+    true_tokens = scenes.tokens["rgb"]
+    ceiling = tm.shape_presence_stats(_read_semseg(engine, true_tokens, engine.detokenize("rgb", true_tokens),
+                                                   map_sampling, seed + 1, batch_size), captions)
     baseline = tm.shape_set_stats([baselines.shapes] * len(captions), [tm.caption_shapes(c) for c in captions])
     examples = [{"input": ("caption", captions[i]), "generated": ("rgb", images[i]),
                  "its semseg": ("semseg", predicted[i]), "ground truth": ("rgb", scenes.truth["rgb"][i])}
                 for i in range(min(shown, len(captions)))]
     return TaskResult.scored("caption-to-rgb", primary, True, scenes.keys, metrics, ceiling, baseline, examples)
+
+
+def _read_semseg(engine: AnyToAny, rgb_tokens: list[np.ndarray], images: list[np.ndarray], sampling: SamplingArgs,
+                 seed: int, batch_size: int) -> list[np.ndarray]:
+    """The model reads an image: semseg predicted from the rgb (its tokens and decoded pixels) alone."""
+    semseg = engine.generate_tokens(engine.token_inputs("rgb", [np.asarray(t).reshape(-1) for t in rgb_tokens],
+                                                        images), "semseg", sampling, seed, batch_size)
+    return engine.detokenize("semseg", [g.tokens for g in semseg])
