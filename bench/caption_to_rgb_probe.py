@@ -1,0 +1,113 @@
+"""What caption-to-rgb's score is made of, on a trained model of a run folder.
+
+caption-to-rgb is scored by the shapes the model's own semseg finds in the image it generated (the evaluate stage).
+This probe takes that score apart, on the same val scenes, sampling and seed as the stage:
+
+* ``generated``: the stage's score; ``generated_captions_shuffled``: the same images drawn from the captions of
+  other scenes (a fixed derangement), scored against each scene's own caption. If the image follows its caption,
+  shuffling costs F1; if the two are equal, the image does not depend on which shapes the caption names;
+* ``read_true_pixels`` and ``read_true_tokens``: the model's reading of the true image, from its pixels and from
+  its rgb tokens decoded (the stage's ceiling): what a perfect generator would score with this reader;
+* ``constant_best`` (the stage's baseline, fitted on training captions) and ``constant_most_common``: one set of
+  shapes for every scene;
+* ``shapes_per_image``: how many shapes the reader finds in a generated image, against ``shapes_per_caption``.
+
+    .venv/bin/python bench/caption_to_rgb_probe.py --preset proof --root runs/proof
+
+Prints one JSON object (``--output`` writes it too). The stage outputs are found by content address under
+``--root``, as ``fourm-kfp stage`` finds them (``--set`` as there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from bench_output import emit
+from fourm_kfp.config.loader import load_config
+from fourm_kfp.config.schema import to_dict
+from fourm_kfp.contract.addressing import stage_address
+from fourm_kfp.evaluation import task_metrics as tm
+from fourm_kfp.evaluation.any_to_any import AnyToAny
+from fourm_kfp.evaluation.tasks import Baselines
+from fourm_kfp.hardware import reuse_freed_memory
+from fourm_kfp.model.generation import SamplingArgs
+from fourm_kfp.stages import STAGES
+from fourm_kfp.stages.evaluate import load_scenes, train_ground_truth
+from fourm_kfp.storage import open_store
+
+
+def _derangement(n: int, seed: int) -> list[int]:
+    """A permutation of ``range(n)`` that moves every index (each scene gets another scene's caption)."""
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(n)
+        if n < 2 or not np.any(order == np.arange(n)):
+            return [int(i) for i in order]
+
+
+def _scores(sets: list[frozenset[str]], true: list[frozenset[str]]) -> dict[str, float]:
+    whole = tm.shape_set_f1(sets, true)
+    return {"f1": whole["shape_presence_f1"], "precision": whole["shape_presence_f1.precision"],
+            "recall": whole["shape_presence_f1.recall"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="proof")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--root", required=True, help="the run folder whose stage outputs to read")
+    parser.add_argument("--scenes", type=int, help="val scenes (default: evaluate.num_samples)")
+    parser.add_argument("--output")
+    args = parser.parse_args()
+    reuse_freed_memory()
+    config = load_config(args.preset, overrides=args.overrides)
+    cfg = config.evaluate
+    uri = {name: f"{args.root.rstrip('/')}/{name}/{stage_address(STAGES[name], config)}"
+           for name in ("prepare-data", "train-tokenizers", "pretokenize", "pretrain")}
+    engine = AnyToAny(uri["pretrain"], tokenizers_uri=uri["train-tokenizers"])
+    prepared = open_store(uri["prepare-data"])
+    scenes = load_scenes(engine, prepared, open_store(uri["pretokenize"]), args.scenes or cfg.num_samples)
+    captions = scenes.truth["caption"]
+    true = [tm.caption_shapes(c) for c in captions]
+    sampling = SamplingArgs(**to_dict(cfg.sampling))
+    reading = SamplingArgs(steps=cfg.map_steps, temperature=0.0)
+    start = time.perf_counter()
+
+    def read(rgb_tokens: list[np.ndarray], images: list[np.ndarray] | None = None) -> list[frozenset[str]]:
+        images = images if images is not None else engine.detokenize("rgb", rgb_tokens)
+        inputs = engine.token_inputs("rgb", [np.asarray(t).reshape(-1) for t in rgb_tokens], images)
+        semseg = engine.generate_tokens(inputs, "semseg", reading, cfg.seed + 1, cfg.batch_size)
+        return [tm.shapes_in_semseg(s) for s in engine.detokenize("semseg", [g.tokens for g in semseg])]
+
+    def generated_from(order: list[int]) -> list[frozenset[str]]:
+        inputs = engine.token_inputs("caption", [scenes.tokens["caption"][i] for i in order])
+        rgb = engine.generate_tokens(inputs, "rgb", sampling, cfg.seed, cfg.batch_size)
+        return read([g.tokens for g in rgb])
+
+    generated = generated_from(list(range(len(scenes))))
+    shuffled = generated_from(_derangement(len(scenes), cfg.seed))
+    train_captions = train_ground_truth(prepared, ["caption"], cfg.baseline_samples)["caption"]
+    best = Baselines.fit({"caption": train_captions}).shapes
+    most_common = tm.most_common([tm.caption_shapes(c) for c in train_captions])
+    result = {
+        "bench": "caption_to_rgb_probe", "model": uri["pretrain"], "scenes": len(scenes),
+        "sampling": to_dict(cfg.sampling), "map_steps": cfg.map_steps, "seed": cfg.seed,
+        "generated": _scores(generated, true),
+        "generated_captions_shuffled": _scores(shuffled, true),
+        "read_true_pixels": _scores(read(scenes.tokens["rgb"], scenes.truth["rgb"]), true),
+        "read_true_tokens": _scores(read(scenes.tokens["rgb"]), true),
+        "constant_best": {"shapes": sorted(best), **_scores([best] * len(true), true)},
+        "constant_most_common": {"shapes": sorted(most_common), **_scores([most_common] * len(true), true)},
+        "shapes_per_image": float(np.mean([len(s) for s in generated])),
+        "shapes_per_caption": float(np.mean([len(t) for t in true])),
+        "seconds": round(time.perf_counter() - start, 1), "threads": torch.get_num_threads(),
+    }
+    emit(result, args.output)
+
+
+if __name__ == "__main__":
+    main()
