@@ -60,6 +60,8 @@ def main() -> None:
     parser.add_argument("--preset", default="proof")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--root", required=True, help="the run folder whose stage outputs to read")
+    parser.add_argument("--model", help="a pretrain output URI to probe instead of the one the config addresses "
+                        "(another model on the same data and tokenizers)")
     parser.add_argument("--scenes", type=int, help="val scenes (default: evaluate.num_samples)")
     parser.add_argument("--output")
     args = parser.parse_args()
@@ -68,6 +70,7 @@ def main() -> None:
     cfg = config.evaluate
     uri = {name: f"{args.root.rstrip('/')}/{name}/{stage_address(STAGES[name], config)}"
            for name in ("prepare-data", "train-tokenizers", "pretokenize", "pretrain")}
+    uri["pretrain"] = args.model or uri["pretrain"]
     engine = AnyToAny(uri["pretrain"], tokenizers_uri=uri["train-tokenizers"])
     prepared = open_store(uri["prepare-data"])
     scenes = load_scenes(engine, prepared, open_store(uri["pretokenize"]), args.scenes or cfg.num_samples)
