@@ -86,6 +86,38 @@ def test_transient_errors_are_retried_then_reported(monkeypatch):
     assert len(calls) == 1  # not retried
 
 
+def test_server_errors_without_an_s3_body_are_retried(monkeypatch):
+    """minio raises ``InvalidResponseError`` for a status whose body is not ``application/xml``: rclone's 500
+    InternalError sent as ``text/xml`` (seen once on a rank's checkpoint PUT in the pod-contract test), a proxy's
+    503 page."""
+    from minio.error import InvalidResponseError
+
+    monkeypatch.setattr(storage.time, "sleep", lambda s: None)
+    internal = InvalidResponseError(500, "text/xml; charset=utf-8", "<Error><Code>InternalError</Code></Error>")
+    assert storage.is_transient(internal)
+    assert storage.is_transient(InvalidResponseError(503, "text/html", "<html>busy</html>"))
+    assert storage.is_transient(InvalidResponseError(429, "text/plain", "slow down"))
+    assert not storage.is_transient(InvalidResponseError(403, "text/html", "<html>forbidden</html>"))
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 2:
+            raise internal
+        return "ok"
+
+    assert storage.with_retries(flaky, "put s3://b/k", retries=5) == "ok" and len(calls) == 2
+
+    def forbidden():
+        calls.append(1)
+        raise InvalidResponseError(403, "text/html", "forbidden")
+
+    calls.clear()
+    with pytest.raises(StorageError, match="forbidden"):
+        storage.with_retries(forbidden, "get s3://b/k")
+    assert len(calls) == 1  # not retried
+
+
 def test_s3_needs_endpoint_and_credentials(monkeypatch):
     storage._CLIENTS.clear()
     for var in ("AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):

@@ -329,11 +329,16 @@ class S3Store(Store):
 
 def is_transient(exc: BaseException) -> bool:
     """Whether an error from the S3 client is worth retrying."""
-    from minio.error import S3Error, ServerError
+    from minio.error import InvalidResponseError, S3Error, ServerError
     from urllib3.exceptions import HTTPError as Urllib3Error
 
     if isinstance(exc, ServerError):
         return True
+    if isinstance(exc, InvalidResponseError):
+        # a status without a body minio parses: a proxy's 502/503 page, or an S3 error sent as text/xml (rclone
+        # answered a rank's checkpoint PUT so once, with 500 InternalError); 5xx and throttling are worth retrying
+        status = getattr(exc, "_code", None)
+        return isinstance(status, int) and (status >= 500 or status == 429)
     if isinstance(exc, S3Error):
         return exc.code in TRANSIENT_S3_CODES
     return isinstance(exc, (Urllib3Error, ConnectionError, TimeoutError))
