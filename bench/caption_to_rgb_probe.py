@@ -32,7 +32,7 @@ from fourm_kfp.config.schema import to_dict
 from fourm_kfp.contract.addressing import stage_address
 from fourm_kfp.evaluation import task_metrics as tm
 from fourm_kfp.evaluation.any_to_any import AnyToAny
-from fourm_kfp.evaluation.tasks import Baselines
+from fourm_kfp.evaluation.tasks import Baselines, read_semseg
 from fourm_kfp.hardware import reuse_freed_memory
 from fourm_kfp.model.generation import SamplingArgs
 from fourm_kfp.stages import STAGES
@@ -82,9 +82,8 @@ def main() -> None:
 
     def read(rgb_tokens: list[np.ndarray], images: list[np.ndarray] | None = None) -> list[frozenset[str]]:
         images = images if images is not None else engine.detokenize("rgb", rgb_tokens)
-        inputs = engine.token_inputs("rgb", [np.asarray(t).reshape(-1) for t in rgb_tokens], images)
-        semseg = engine.generate_tokens(inputs, "semseg", reading, cfg.seed + 1, cfg.batch_size)
-        return [tm.shapes_in_semseg(s) for s in engine.detokenize("semseg", [g.tokens for g in semseg])]
+        semseg = read_semseg(engine, rgb_tokens, images, reading, cfg.seed + 1, cfg.batch_size)
+        return [tm.shapes_in_semseg(s) for s in semseg]
 
     def generated_from(order: list[int]) -> list[frozenset[str]]:
         inputs = engine.token_inputs("caption", [scenes.tokens["caption"][i] for i in order])

@@ -172,12 +172,12 @@ def _caption_to_rgb(engine: AnyToAny, scenes: Scenes, inputs: list[dict[str, np.
     captions = scenes.truth["caption"]
     rgb = engine.generate_tokens(inputs, "rgb", sampling, seed, batch_size)
     images = engine.detokenize("rgb", [g.tokens for g in rgb])
-    predicted = _read_semseg(engine, [g.tokens for g in rgb], images, map_sampling, seed + 1, batch_size)
+    predicted = read_semseg(engine, [g.tokens for g in rgb], images, map_sampling, seed + 1, batch_size)
     metrics = tm.shape_presence_stats(predicted, captions)
     # The ceiling goes the same way from the true image's tokens: what a perfect rgb token predictor would score
     # with this reader, whose own mistakes (a shape's pixels given another shape's class) cap it below 1.
     true_tokens = scenes.tokens["rgb"]
-    ceiling = tm.shape_presence_stats(_read_semseg(engine, true_tokens, engine.detokenize("rgb", true_tokens),
+    ceiling = tm.shape_presence_stats(read_semseg(engine, true_tokens, engine.detokenize("rgb", true_tokens),
                                                    map_sampling, seed + 1, batch_size), captions)
     baseline = tm.shape_set_stats([baselines.shapes] * len(captions), [tm.caption_shapes(c) for c in captions])
     examples = [{"input": ("caption", captions[i]), "generated": ("rgb", images[i]),
@@ -186,8 +186,8 @@ def _caption_to_rgb(engine: AnyToAny, scenes: Scenes, inputs: list[dict[str, np.
     return TaskResult.scored("caption-to-rgb", primary, True, scenes.keys, metrics, ceiling, baseline, examples)
 
 
-def _read_semseg(engine: AnyToAny, rgb_tokens: list[np.ndarray], images: list[np.ndarray], sampling: SamplingArgs,
-                 seed: int, batch_size: int) -> list[np.ndarray]:
+def read_semseg(engine: AnyToAny, rgb_tokens: list[np.ndarray], images: list[np.ndarray], sampling: SamplingArgs,
+                seed: int, batch_size: int) -> list[np.ndarray]:
     """The model reads an image: semseg predicted from the rgb (its tokens and decoded pixels) alone."""
     semseg = engine.generate_tokens(engine.token_inputs("rgb", [np.asarray(t).reshape(-1) for t in rgb_tokens],
                                                         images), "semseg", sampling, seed, batch_size)
