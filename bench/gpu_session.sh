@@ -13,6 +13,12 @@
 #                                        # time (the kernels to work on next)
 #   bash bench/gpu_session.sh gpu-demo   # the gpu-demo preset's stages, each timed; resumable: a call that hits the
 #                                        # device's 10-minute limit continues where it stopped when run again
+#   bash bench/gpu_session.sh budget SECONDS [--set SECTION.KEY=VALUE ...]
+#                                        # PRESET's recipe (default proof) with the overrides, trained for as many
+#                                        # steps as fit SECONDS of this call after the data stages: a 300-step run
+#                                        # measures the step first. Then evaluate and, where the model has captions
+#                                        # and rgb, bench/caption_to_rgb_probe.py. Stage outputs already under ROOT
+#                                        # (default runs/PRESET) are reused, e.g. carried tokenizers
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="$PWD/src:$PWD/bench:/tmp/site" MLFLOW_TRACKING_URI=none PYTHONUNBUFFERED=1
@@ -21,7 +27,7 @@ mkdir -p "$out"
 gpu=$(python3 -c 'import torch; print(torch.cuda.get_device_name().split()[-1].lower() if torch.cuda.is_available() else "cpu")')
 day=$(date +%F)
 preset="${PRESET:-gpu-demo}"  # PRESET=smoke rehearses the gpu-demo command on a CPU
-case "${1:?usage: gpu_session.sh benches|mfu|gpu-demo}" in
+case "${1:?usage: gpu_session.sh benches|mfu|gpu-demo|budget}" in
   benches)
     python3 bench/train_step.py --device cuda --shapes 4m-b --compile --output "$out/train_step-4m-b-compile-$gpu-$day.json"
     python3 bench/pretokenize.py --device cuda --samples 4096 --output "$out/pretokenize-$gpu-$day.json"
@@ -50,5 +56,58 @@ PY
       cp "$evaluation/reports/scores_vs_steps.png" "$out/$preset-scores_vs_steps-$gpu-$day.png"
     fi
     ;;
-  *) echo "unknown command $1: benches, mfu or gpu-demo" >&2; exit 2 ;;
+  budget)
+    seconds="${2:?usage: gpu_session.sh budget SECONDS [--set SECTION.KEY=VALUE ...]}"
+    shift 2
+    deadline=$(( $(date +%s) + seconds ))
+    root="${ROOT:-runs/$preset}"
+    log="$out/$preset-budget-$gpu-$day.jsonl"
+    stage() {  # stage NAME [ARGS...]: run it, append {stage, status, wall_s, metrics} to $log
+      local name=$1 start
+      shift
+      start=$(date +%s.%N)
+      python3 -m fourm_kfp.cli stage "$name" --preset "$preset" --root "$root" "$@" --json "$root-$name.json" > /dev/null
+      python3 - "$name" "$start" "$root-$name.json" >> "$log" <<'PY'
+import json, sys, time
+name, start, outcome = sys.argv[1], float(sys.argv[2]), json.load(open(sys.argv[3]))
+print(json.dumps({"stage": name, "status": outcome["status"], "wall_s": round(time.time() - float(start), 1),
+                  "output_uri": outcome["output_uri"], "metrics": outcome.get("metrics", {})}))
+PY
+      tail -n 1 "$log"
+    }
+    for name in prepare-data train-tokenizers pretokenize; do stage "$name" "$@"; done
+    stage pretrain "$@" --set train.steps=300 --set train.log_every=50 --set train.val_every=0 \
+      --set train.snapshot_every=0 --set train.checkpoint_every=300
+    # Steps that leave a fifth of the time left (at least RESERVE s, default 150) for evaluate and the probe; 10%
+    # margin on the measured step, which excludes start-up (the first logged interval).
+    read -r steps every < <(RESERVE="${RESERVE:-150}" python3 - "$preset" "$root-pretrain.json" "$deadline" "$@" <<'PY'
+import json, os, sys, time
+from fourm_kfp.config.loader import load_config
+preset, outcome, deadline, rest = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4:]
+train = load_config(preset, overrides=[v for k, v in zip(rest, rest[1:]) if k == "--set"]).train
+step_s = train.global_batch_size * (train.input_budget + train.target_budget) / json.load(open(outcome))["metrics"]["tokens_per_s"]
+left = deadline - time.time()
+steps = max(500, int((left - max(float(os.environ["RESERVE"]), left / 5) - 30) / (1.1 * step_s)) // 500 * 500)
+print(steps, max(100, steps // 6 // 100 * 100))
+PY
+)
+    echo "pretrain: $steps steps, snapshots every $every" >&2
+    run=(--set "train.steps=$steps" --set "train.snapshot_every=$every" --set "train.val_every=$every"
+         --set "train.checkpoint_every=$every")
+    stage pretrain "$@" "${run[@]}"
+    stage evaluate "$@" "${run[@]}"
+    evaluation=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["output_uri"])' "$root-evaluate.json")
+    model=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["output_uri"])' "$root-pretrain.json")
+    cp "$evaluation/evaluation.json" "$out/$preset-budget-evaluation-$gpu-$day.json"
+    cp "$evaluation/reports/evaluation_report.md" "$out/$preset-budget-evaluation_report-$gpu-$day.md"
+    for figure in scores_vs_steps grid_caption-to-rgb; do
+      if [ -f "$evaluation/reports/$figure.png" ]; then cp "$evaluation/reports/$figure.png" "$out/$preset-budget-$figure-$gpu-$day.png"; fi
+    done
+    cp "$model/reports/training_curves.png" "$out/$preset-budget-training_curves-$gpu-$day.png"
+    if [ $(( deadline - $(date +%s) )) -gt 20 ] && grep -q caption "$model/model/model.json" 2>/dev/null; then
+      timeout $(( deadline - $(date +%s) )) python3 bench/caption_to_rgb_probe.py --preset "$preset" --root "$root" "$@" \
+        "${run[@]}" --output "$out/$preset-budget-caption_to_rgb_probe-$gpu-$day.json" > /dev/null || true
+    fi
+    ;;
+  *) echo "unknown command $1: benches, mfu, gpu-demo or budget" >&2; exit 2 ;;
 esac
