@@ -10,7 +10,13 @@ This probe takes that score apart, on the same val scenes, sampling and seed as 
   its rgb tokens decoded (the stage's ceiling): what a perfect generator would score with this reader;
 * ``constant_best`` (the stage's baseline, fitted on training captions) and ``constant_most_common``: one set of
   shapes for every scene;
-* ``shapes_per_image``: how many shapes the reader finds in a generated image, against ``shapes_per_caption``.
+* ``shapes_per_image``: how many shapes the reader finds in a generated image, against ``shapes_per_caption``;
+* ``caption_cross_entropy``: per image target (semseg, rgb), the model's cross-entropy of the scene's true tokens
+  (every position) with the scene's whole caption as the only input, and with another scene's (``shuffled``):
+  how much the caption alone tells the model about the image. Equal means the model ignores the caption;
+* ``caption_to_semseg``: the semseg map generated from the caption alone, its shapes read directly (no rgb in
+  between), with the caption and with another scene's: in one argmax pass (``one_pass``: whether the model can
+  draw the named shapes at all) and with caption-to-rgb's sampling (``sampled``).
 
     .venv/bin/python bench/caption_to_rgb_probe.py --preset proof --root runs/proof
 
@@ -25,6 +31,7 @@ import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from bench_output import emit
 from fourm_kfp.config.loader import load_config
@@ -34,6 +41,7 @@ from fourm_kfp.evaluation import task_metrics as tm
 from fourm_kfp.evaluation.any_to_any import AnyToAny
 from fourm_kfp.evaluation.tasks import Baselines, read_semseg
 from fourm_kfp.hardware import reuse_freed_memory
+from fourm_kfp.masking.multimodal_masking import MaskedSample, MaskingArgs, collate
 from fourm_kfp.model.generation import SamplingArgs
 from fourm_kfp.stages import STAGES
 from fourm_kfp.stages.evaluate import load_scenes, train_ground_truth
@@ -53,6 +61,35 @@ def _scores(sets: list[frozenset[str]], true: list[frozenset[str]]) -> dict[str,
     whole = tm.shape_set_f1(sets, true)
     return {"f1": whole["shape_presence_f1"], "precision": whole["shape_presence_f1.precision"],
             "recall": whole["shape_presence_f1.recall"]}
+
+
+@torch.inference_mode()
+def caption_cross_entropy(engine: AnyToAny, captions: list[np.ndarray], truth: list[np.ndarray], target: str,
+                          batch_size: int) -> float:
+    """Mean cross-entropy (nats a token) of every position of ``target``'s true token grids, each scene's whole
+    caption the only encoder input: one batch through the model's forward, as the loader would collate it."""
+    model, specs = engine.generator.model, engine.specs
+    names = model.args.names
+    caption, image = names.index("caption"), names.index(target)
+    positions = specs[target].num_positions
+    masking = MaskingArgs(model.args.modalities, input_budget=max(len(c) for c in captions),
+                          target_budget=positions, mixture=(), sentinels=())
+    total, count = 0.0, 0
+    for start in range(0, len(captions), batch_size):
+        samples = []
+        for ids, grid in zip(captions[start:start + batch_size], truth[start:start + batch_size]):
+            ids = np.asarray(ids, np.int64)
+            enc = np.stack([ids, np.full(ids.size, caption), np.arange(ids.size)], axis=1)
+            dec = np.stack([np.zeros(positions, np.int64), np.asarray(grid, np.int64).reshape(-1),
+                            np.full(positions, image), np.arange(positions)], axis=1)
+            samples.append(MaskedSample(enc, dec))
+        batch = collate(samples, masking).to(engine.device)
+        hidden = model.decode(model.encode(batch), batch)
+        logits = model.logits(hidden, image).float()
+        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.dec_targets.reshape(-1),
+                                 reduction="sum").item()
+        count += int(batch.dec_valid.sum())
+    return total / count
 
 
 def main() -> None:
@@ -90,8 +127,21 @@ def main() -> None:
         rgb = engine.generate_tokens(inputs, "rgb", sampling, cfg.seed, cfg.batch_size)
         return read([g.tokens for g in rgb])
 
-    generated = generated_from(list(range(len(scenes))))
-    shuffled = generated_from(_derangement(len(scenes), cfg.seed))
+    order = list(range(len(scenes)))
+    derangement = _derangement(len(scenes), cfg.seed)
+    generated = generated_from(order)
+    shuffled = generated_from(derangement)
+
+    def semseg_from(order: list[int], args: SamplingArgs) -> dict[str, float]:
+        inputs = engine.token_inputs("caption", [scenes.tokens["caption"][i] for i in order])
+        maps = engine.generate_tokens(inputs, "semseg", args, cfg.seed, cfg.batch_size)
+        sets = [tm.shapes_in_semseg(m) for m in engine.detokenize("semseg", [g.tokens for g in maps])]
+        return {**_scores(sets, true), "shapes_per_map": float(np.mean([len(s) for s in sets]))}
+
+    conditioning = {target: {label: caption_cross_entropy(engine, [scenes.tokens["caption"][i] for i in o],
+                                                          scenes.tokens[target], target, cfg.batch_size)
+                             for label, o in (("matched", order), ("shuffled", derangement))}
+                    for target in ("semseg", "rgb")}
     train_captions = train_ground_truth(prepared, ["caption"], cfg.baseline_samples)["caption"]
     best = Baselines.fit({"caption": train_captions}).shapes
     most_common = tm.most_common([tm.caption_shapes(c) for c in train_captions])
@@ -106,6 +156,9 @@ def main() -> None:
         "constant_most_common": {"shapes": sorted(most_common), **_scores([most_common] * len(true), true)},
         "shapes_per_image": float(np.mean([len(s) for s in generated])),
         "shapes_per_caption": float(np.mean([len(t) for t in true])),
+        "caption_cross_entropy": conditioning,
+        "caption_to_semseg": {name: {"matched": semseg_from(order, args), "shuffled": semseg_from(derangement, args)}
+                              for name, args in (("one_pass", reading), ("sampled", sampling))},
         "seconds": round(time.perf_counter() - start, 1), "threads": torch.get_num_threads(),
     }
     emit(result, args.output)
