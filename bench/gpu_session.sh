@@ -27,6 +27,32 @@ mkdir -p "$out"
 gpu=$(python3 -c 'import torch; print(torch.cuda.get_device_name().split()[-1].lower() if torch.cuda.is_available() else "cpu")')
 day=$(date +%F)
 preset="${PRESET:-gpu-demo}"  # PRESET=smoke rehearses the gpu-demo command on a CPU
+stage() {  # stage NAME [ARGS...]: run it under $root, append {stage, status, wall_s, stage_s, output_uri, metrics}
+  local name=$1 start
+  shift
+  start=$(date +%s.%N)
+  python3 -m fourm_kfp.cli stage "$name" --preset "$preset" --root "$root" "$@" --json "$root-$name.json" > /dev/null
+  python3 - "$name" "$start" "$root-$name.json" >> "$log" <<'PY'
+import json, sys, time
+name, start, outcome = sys.argv[1], float(sys.argv[2]), json.load(open(sys.argv[3]))
+print(json.dumps({"stage": name, "status": outcome["status"], "wall_s": round(time.time() - start, 1),
+                  "stage_s": outcome["seconds"], "output_uri": outcome["output_uri"],
+                  "metrics": outcome.get("metrics", {})}))
+PY
+  tail -n 1 "$log"
+}
+output_uri() {  # output_uri NAME: where the last `stage NAME` committed
+  python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["output_uri"])' "$root-$1.json"
+}
+copy_evaluation() {  # copy_evaluation PREFIX: the last evaluation's JSON, report and figures into $out
+  local evaluation figure
+  evaluation=$(output_uri evaluate)
+  cp "$evaluation/evaluation.json" "$out/$1-evaluation-$gpu-$day.json"
+  cp "$evaluation/reports/evaluation_report.md" "$out/$1-evaluation_report-$gpu-$day.md"
+  for figure in scores_vs_steps grid_caption-to-rgb; do
+    if [ -f "$evaluation/reports/$figure.png" ]; then cp "$evaluation/reports/$figure.png" "$out/$1-$figure-$gpu-$day.png"; fi
+  done
+}
 case "${1:?usage: gpu_session.sh benches|mfu|gpu-demo|budget}" in
   benches)
     python3 bench/train_step.py --device cuda --shapes 4m-b --compile --output "$out/train_step-4m-b-compile-$gpu-$day.json"
@@ -38,23 +64,9 @@ case "${1:?usage: gpu_session.sh benches|mfu|gpu-demo|budget}" in
     ;;
   gpu-demo)
     root="runs/$preset"
-    for stage in prepare-data train-tokenizers pretokenize pretrain evaluate; do
-      start=$(date +%s.%N)
-      python3 -m fourm_kfp.cli stage "$stage" --preset "$preset" --root "$root" > "$root-$stage.json"
-      python3 - "$stage" "$start" "$root-$stage.json" >> "$out/$preset-$gpu-$day.jsonl" <<'PY'
-import json, sys, time
-stage, start, outcome = sys.argv[1], float(sys.argv[2]), open(sys.argv[3]).read()
-outcome = json.loads(outcome[outcome.index("{"):])
-print(json.dumps({"stage": stage, "status": outcome["status"], "wall_s": round(time.time() - start, 1),
-                  "stage_s": outcome["seconds"]}))
-PY
-    done
-    evaluation=$(python3 -c 'import json, sys; t = open(sys.argv[1]).read(); print(json.loads(t[t.index("{"):])["output_uri"])' "$root-evaluate.json")
-    cp "$evaluation/evaluation.json" "$out/$preset-evaluation-$gpu-$day.json"
-    cp "$evaluation/reports/evaluation_report.md" "$out/$preset-evaluation_report-$gpu-$day.md"
-    if [ -f "$evaluation/reports/scores_vs_steps.png" ]; then
-      cp "$evaluation/reports/scores_vs_steps.png" "$out/$preset-scores_vs_steps-$gpu-$day.png"
-    fi
+    log="$out/$preset-$gpu-$day.jsonl"
+    for name in prepare-data train-tokenizers pretokenize pretrain evaluate; do stage "$name"; done
+    copy_evaluation "$preset"
     ;;
   budget)
     seconds="${2:?usage: gpu_session.sh budget SECONDS [--set SECTION.KEY=VALUE ...]}"
@@ -62,19 +74,6 @@ PY
     deadline=$(( $(date +%s) + seconds ))
     root="${ROOT:-runs/$preset}"
     log="$out/$preset-budget-$gpu-$day.jsonl"
-    stage() {  # stage NAME [ARGS...]: run it, append {stage, status, wall_s, metrics} to $log
-      local name=$1 start
-      shift
-      start=$(date +%s.%N)
-      python3 -m fourm_kfp.cli stage "$name" --preset "$preset" --root "$root" "$@" --json "$root-$name.json" > /dev/null
-      python3 - "$name" "$start" "$root-$name.json" >> "$log" <<'PY'
-import json, sys, time
-name, start, outcome = sys.argv[1], float(sys.argv[2]), json.load(open(sys.argv[3]))
-print(json.dumps({"stage": name, "status": outcome["status"], "wall_s": round(time.time() - float(start), 1),
-                  "output_uri": outcome["output_uri"], "metrics": outcome.get("metrics", {})}))
-PY
-      tail -n 1 "$log"
-    }
     for name in prepare-data train-tokenizers pretokenize; do stage "$name" "$@"; done
     stage pretrain "$@" --set train.steps=300 --set train.log_every=50 --set train.val_every=0 \
       --set train.snapshot_every=0 --set train.checkpoint_every=300
@@ -96,13 +95,8 @@ PY
          --set "train.checkpoint_every=$every")
     stage pretrain "$@" "${run[@]}"
     stage evaluate "$@" "${run[@]}"
-    evaluation=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["output_uri"])' "$root-evaluate.json")
-    model=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["output_uri"])' "$root-pretrain.json")
-    cp "$evaluation/evaluation.json" "$out/$preset-budget-evaluation-$gpu-$day.json"
-    cp "$evaluation/reports/evaluation_report.md" "$out/$preset-budget-evaluation_report-$gpu-$day.md"
-    for figure in scores_vs_steps grid_caption-to-rgb; do
-      if [ -f "$evaluation/reports/$figure.png" ]; then cp "$evaluation/reports/$figure.png" "$out/$preset-budget-$figure-$gpu-$day.png"; fi
-    done
+    copy_evaluation "$preset-budget"
+    model=$(output_uri pretrain)
     cp "$model/reports/training_curves.png" "$out/$preset-budget-training_curves-$gpu-$day.png"
     if [ $(( deadline - $(date +%s) )) -gt 20 ] && grep -q caption "$model/model/model.json" 2>/dev/null; then
       timeout $(( deadline - $(date +%s) )) python3 bench/caption_to_rgb_probe.py --preset "$preset" --root "$root" "$@" \
