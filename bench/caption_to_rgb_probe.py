@@ -31,7 +31,6 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from bench_output import emit
 from fourm_kfp.config.loader import load_config
@@ -66,12 +65,12 @@ def _scores(sets: list[frozenset[str]], true: list[frozenset[str]]) -> dict[str,
 @torch.inference_mode()
 def caption_cross_entropy(engine: AnyToAny, captions: list[np.ndarray], truth: list[np.ndarray], target: str,
                           batch_size: int) -> float:
-    """Mean cross-entropy (nats a token) of every position of ``target``'s true token grids, each scene's whole
-    caption the only encoder input: one batch through the model's forward, as the loader would collate it."""
-    model, specs = engine.generator.model, engine.specs
+    """Mean cross-entropy (nats a token: the model's own loss) of every position of ``target``'s true token grids,
+    each scene's whole caption the only encoder input, batched as the loader would collate it."""
+    model = engine.generator.model
     names = model.args.names
     caption, image = names.index("caption"), names.index(target)
-    positions = specs[target].num_positions
+    positions = engine.specs[target].num_positions
     masking = MaskingArgs(model.args.modalities, input_budget=max(len(c) for c in captions),
                           target_budget=positions, mixture=(), sentinels=())
     total, count = 0.0, 0
@@ -83,12 +82,9 @@ def caption_cross_entropy(engine: AnyToAny, captions: list[np.ndarray], truth: l
             dec = np.stack([np.zeros(positions, np.int64), np.asarray(grid, np.int64).reshape(-1),
                             np.full(positions, image), np.arange(positions)], axis=1)
             samples.append(MaskedSample(enc, dec))
-        batch = collate(samples, masking).to(engine.device)
-        hidden = model.decode(model.encode(batch), batch)
-        logits = model.logits(hidden, image).float()
-        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.dec_targets.reshape(-1),
-                                 reduction="sum").item()
-        count += int(batch.dec_valid.sum())
+        out = model(collate(samples, masking).to(engine.device))
+        total += float(out.modality_losses[target]) * out.token_counts[target]
+        count += out.token_counts[target]
     return total / count
 
 
