@@ -233,9 +233,9 @@ def test_the_generated_map_follows_the_caption(tokenizers):
             captions.add(scene["caption"])
             scenes.append(scene)
     words = sorted({w for c in captions for w in c.split()})
+    scenes = tokenize(tokenizers, scenes)
     for scene in scenes:  # a word-level vocabulary: the tokenizer is not what this test is about
-        scene["tokens"] = {"caption": np.array([words.index(w) for w in scene["caption"].split()], np.int64)}
-    scenes = [{**s, "tokens": {**s["tokens"], **t["tokens"]}} for s, t in zip(scenes, tokenize(tokenizers, scenes))]
+        scene["tokens"]["caption"] = np.array([words.index(w) for w in scene["caption"].split()], np.int64)
     caption = ModalitySpec("caption", "sequence", len(words), max_length=32)
     semseg = ModalitySpec("semseg", "image", 256, grid=(GRID, GRID))
     model = train(scenes, pixels=False, steps=CAPTION_STEPS, model_specs=(semseg, caption),
