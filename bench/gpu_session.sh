@@ -14,7 +14,7 @@
 #   bash bench/gpu_session.sh gpu-demo   # the gpu-demo preset's stages, each timed; resumable: a call that hits the
 #                                        # device's 10-minute limit continues where it stopped when run again
 #   bash bench/gpu_session.sh budget SECONDS [--set SECTION.KEY=VALUE ...]
-#                                        # PRESET's recipe (default proof) with the overrides, trained for as many
+#                                        # PRESET's recipe (default gpu-demo) with the overrides, trained for as many
 #                                        # steps as fit SECONDS of this call after the data stages: a 300-step run
 #                                        # measures the step first. Then evaluate and, where the model has captions
 #                                        # and rgb, bench/caption_to_rgb_probe.py. Stage outputs already under ROOT
