@@ -121,3 +121,26 @@ def test_collated_pixels_are_the_stored_pixels_normalised_and_zeros_where_a_samp
         want = torch.zeros(3, 8, 8) if image is None else torch.from_numpy(image).permute(2, 0, 1) / 127.5 - 1
         assert torch.allclose(got, want, atol=1e-6)
     assert pixels[0].min() < -0.9 and pixels[0].max() > 0.9  # the full uint8 range maps to [-1, 1]
+
+
+def test_without_fill_budgets_what_text_cannot_use_stays_empty():
+    """ml-4m's rule: a text's share is capped by the model's max_length, not by this caption's tokens, and what the
+    caption cannot use is left empty; so a caption-heavy draw keeps the caption nearly alone among the inputs."""
+    caption_heavy = MixtureComponent(1.0, (0.05, 0.05, 5.0), (0.5, 0.5, 0.0))
+    filled = MaskingArgs(SPECS, 12, 10, (caption_heavy,), SENTINELS)
+    empty = MaskingArgs(SPECS, 12, 10, (caption_heavy,), SENTINELS, fill_budgets=False)
+    image_inputs = {True: [], False: []}
+    for seed in range(200):
+        for fill, args in ((True, filled), (False, empty)):
+            sample = mask_sample(np.random.default_rng(seed), args, _tokens(np.random.default_rng(seed), 4), None)
+            caption = [t for t, m, _ in sample.enc if m == 2]
+            assert caption == [30, 31, 32, 33]  # the whole caption: it is not a target in this component
+            image_inputs[fill].append(sum(m != 2 for _, m, _ in sample.enc))
+            assert len(sample.dec) == 10  # the image targets fill the target budget either way
+    assert all(n == 8 for n in image_inputs[True])  # 12 - 4: the caption's unused share went to the images
+    assert np.mean(image_inputs[False]) < 1.5  # only the images' own small shares
+    # A text target's share is not capped by its length either: the unused target slots stay empty too.
+    text_target = MaskingArgs(SPECS, 4, 10, (MixtureComponent(1.0, (1.0, 0.0, 0.0), (0.0, 0.0, 1.0)),), SENTINELS,
+                              fill_budgets=False)
+    sample = mask_sample(np.random.default_rng(0), text_target, _tokens(np.random.default_rng(0), 4), None)
+    assert len(sample.enc) == 4 and len(sample.dec) == 5  # [S_0] and 4 tokens in; 4 tokens and [S_1] out

@@ -84,6 +84,10 @@ class TrainConfig:
         "modality", "mean of per-modality losses (4M) or mean over all target tokens")
     label_smoothing: float = option(0.0, "cross-entropy label smoothing", min=0.0, max=0.5)
     span_mean_length: float = option(3.0, "text span masking: mean span length in tokens", min=1.0)
+    fill_budgets: bool = option(True, "what text cannot use of its share (a short caption, the sentinels' overhead) "
+                                      "goes to image modalities, so every sample fills its budgets; false: it is "
+                                      "left empty, as in ml-4m, and a text-heavy draw keeps the text nearly alone "
+                                      "among the inputs (what teaches generating from a caption)")
     optimizer: OptimizerConfig = option(OptimizerConfig(), "optimizer and schedule")
     steps: int = option(0, "optimizer steps (0: from epochs or tokens)", min=0)
     epochs: float = option(0.0, "passes over the train split (0: from steps or tokens)", min=0.0)

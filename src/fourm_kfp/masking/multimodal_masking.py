@@ -8,8 +8,11 @@ Per sample (all on the CPU, in the loader's workers, from a generator seeded for
 3. image modalities: one random permutation of the grid, the first ``k`` cells are inputs and the next ``m``
    targets, so they never overlap; text modalities: span masking (:mod:`.span_masking`) sized by the same
    budgets, the target decoded with teacher forcing (the decoder sees the previous target token);
-4. what text could not use (its sentinel overhead, a short caption) moves to image modalities with cells left,
-   so the budgets are filled exactly whenever the sample has the tokens.
+4. with ``fill_budgets`` (the default), a text's share is capped by the tokens it has and what it could not use
+   (its sentinel overhead, a short caption) moves to image modalities with cells left, so the budgets are filled
+   exactly whenever the sample has the tokens. Without it (ml-4m's rule), a text's share is capped only by the
+   model's ``max_length`` and what the text cannot use stays empty: a draw that gives the caption most of the input
+   budget has the caption nearly alone among the inputs, the situation of generating from a caption.
 
 A modality the sample lacks gets no budget. :func:`collate` pads to the budgets and computes the host-side
 ``target_order``/``target_counts`` the model's heads use.
@@ -36,6 +39,7 @@ class MaskingArgs:
     mixture: tuple[MixtureComponent, ...]
     sentinels: tuple[int, ...]  # ids of [S_0], [S_1], ...
     span_mean_length: float = 3.0
+    fill_budgets: bool = True  # text's unused share to image modalities (False: left empty, as ml-4m)
 
 
 @dataclass
@@ -67,10 +71,15 @@ def mask_sample(rng: np.random.Generator, args: MaskingArgs, tokens: dict[str, A
     """``tokens``: per modality name, a token grid ``[h, w]`` (image) or an id list (text); absent = not there."""
     specs = args.modalities
     sizes = np.array([np.asarray(tokens[s.name]).size if s.name in tokens else 0 for s in specs], dtype=np.int64)
+    is_image = np.array([s.kind == "image" for s in specs])
+    # What a modality can take of a budget: a grid its cells; a text its tokens (+1: the target's closing
+    # sentinel), or without fill_budgets the longest text the model reads, whatever this one's length.
+    text_room = sizes if args.fill_budgets else np.array([s.max_length for s in specs], dtype=np.int64)
     component = pick_component(rng, args.mixture)
-    k = split_budget(rng, args.input_budget, np.array(component.input_alphas), sizes)
+    k = split_budget(rng, args.input_budget, np.array(component.input_alphas),
+                     np.where(is_image, sizes, text_room) * (sizes > 0))
     m = split_budget(rng, args.target_budget, np.array(component.target_alphas),
-                     np.where([s.kind == "image" for s in specs], sizes - k, sizes + 1) * (sizes > 0))
+                     np.where(is_image, sizes - k, text_room + args.fill_budgets) * (sizes > 0))
     sample = MaskedSample(key=key)
     text_unused_in, text_unused_out = 0, 0
     texts = {}
@@ -82,7 +91,7 @@ def mask_sample(rng: np.random.Generator, args: MaskingArgs, tokens: dict[str, A
             text_unused_in += int(k[i]) - len(inputs)
             text_unused_out += int(m[i]) - max(len(target) - 1, 0)
     # Give what text could not use to image modalities with cells left (inputs first, then targets).
-    for budget, unused in ((k, text_unused_in), (m, text_unused_out)):
+    for budget, unused in ((k, text_unused_in), (m, text_unused_out)) if args.fill_budgets else ():
         for i, spec in enumerate(specs):
             if unused <= 0:
                 break

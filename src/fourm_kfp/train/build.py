@@ -95,7 +95,8 @@ def masking_args(config: Any, specs: tuple[ModalitySpec, ...], inputs: TrainingI
     if not usable:
         raise ValueError(f"no alphas component has both an input and a target among the model's modalities {names}")
     return MaskingArgs(specs, config.train.input_budget, config.train.target_budget, tuple(usable),
-                       inputs.sentinels or tuple(range(4, 24)), config.train.span_mean_length)
+                       inputs.sentinels or tuple(range(4, 24)), config.train.span_mean_length,
+                       config.train.fill_budgets)
 
 
 def loader_args(config: Any, inputs: TrainingInputs, masking: MaskingArgs, batch_size: int, rank: int,
