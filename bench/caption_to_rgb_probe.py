@@ -16,7 +16,11 @@ This probe takes that score apart, on the same val scenes, sampling and seed as 
   how much the caption alone tells the model about the image. Equal means the model ignores the caption;
 * ``caption_to_semseg``: the semseg map generated from the caption alone, its shapes read directly (no rgb in
   between), with the caption and with another scene's: in one argmax pass (``one_pass``: whether the model can
-  draw the named shapes at all) and with caption-to-rgb's sampling (``sampled``).
+  draw the named shapes at all) and with caption-to-rgb's sampling (``sampled``);
+* ``via_semseg``: a chain, as 4M generates: the semseg map from the caption first (``one_pass`` or ``sampled`` as
+  above), then the image from the caption and that map, read as ``generated`` is (``shuffled``: both from another
+  scene's caption); ``from_true_semseg``: the image from the caption and the scene's true semseg tokens, what the
+  chain would score with a perfect first step.
 
     .venv/bin/python bench/caption_to_rgb_probe.py --preset proof --root runs/proof
 
@@ -134,6 +138,17 @@ def main() -> None:
         sets = [tm.shapes_in_semseg(m) for m in engine.detokenize("semseg", [g.tokens for g in maps])]
         return {**_scores(sets, true), "shapes_per_map": float(np.mean([len(s) for s in sets]))}
 
+    def rgb_via_semseg(order: list[int], semseg_args: SamplingArgs | None) -> list[frozenset[str]]:
+        captions = [scenes.tokens["caption"][i] for i in order]
+        if semseg_args is None:  # the scene's own semseg (order is the identity)
+            maps = [scenes.tokens["semseg"][i] for i in order]
+        else:
+            maps = [g.tokens for g in engine.generate_tokens(engine.token_inputs("caption", captions), "semseg",
+                                                              semseg_args, cfg.seed, cfg.batch_size)]
+        inputs = [{"caption": c, "semseg": np.asarray(m).reshape(-1)} for c, m in zip(captions, maps)]
+        rgb = engine.generate_tokens(inputs, "rgb", sampling, cfg.seed, cfg.batch_size)
+        return read([g.tokens for g in rgb])
+
     conditioning = {target: {label: caption_cross_entropy(engine, [scenes.tokens["caption"][i] for i in o],
                                                           scenes.tokens[target], target, cfg.batch_size)
                              for label, o in (("matched", order), ("shuffled", derangement))}
@@ -155,6 +170,10 @@ def main() -> None:
         "caption_cross_entropy": conditioning,
         "caption_to_semseg": {name: {"matched": semseg_from(order, args), "shuffled": semseg_from(derangement, args)}
                               for name, args in (("one_pass", reading), ("sampled", sampling))},
+        "via_semseg": {name: {"matched": _scores(rgb_via_semseg(order, args), true),
+                              "shuffled": _scores(rgb_via_semseg(derangement, args), true)}
+                       for name, args in (("one_pass", reading), ("sampled", sampling))},
+        "from_true_semseg": _scores(rgb_via_semseg(order, None), true),
         "seconds": round(time.perf_counter() - start, 1), "threads": torch.get_num_threads(),
     }
     emit(result, args.output)
