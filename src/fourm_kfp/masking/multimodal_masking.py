@@ -72,14 +72,17 @@ def mask_sample(rng: np.random.Generator, args: MaskingArgs, tokens: dict[str, A
     specs = args.modalities
     sizes = np.array([np.asarray(tokens[s.name]).size if s.name in tokens else 0 for s in specs], dtype=np.int64)
     is_image = np.array([s.kind == "image" for s in specs])
-    # What a modality can take of a budget: a grid its cells; a text its tokens (+1: the target's closing
-    # sentinel), or without fill_budgets the longest text the model reads, whatever this one's length.
-    text_room = sizes if args.fill_budgets else np.array([s.max_length for s in specs], dtype=np.int64)
+    # What a text can take of a budget: its own tokens (+1 as a target: the closing sentinel), or without
+    # fill_budgets the longest text the model reads, whatever this one's length. A grid: its cells.
+    if args.fill_budgets:
+        text_in, text_out = sizes, sizes + 1
+    else:
+        text_in = text_out = np.array([s.max_length for s in specs], dtype=np.int64)
     component = pick_component(rng, args.mixture)
     k = split_budget(rng, args.input_budget, np.array(component.input_alphas),
-                     np.where(is_image, sizes, text_room) * (sizes > 0))
+                     np.where(is_image, sizes, text_in) * (sizes > 0))
     m = split_budget(rng, args.target_budget, np.array(component.target_alphas),
-                     np.where(is_image, sizes - k, text_room + args.fill_budgets) * (sizes > 0))
+                     np.where(is_image, sizes - k, text_out) * (sizes > 0))
     sample = MaskedSample(key=key)
     text_unused_in, text_unused_out = 0, 0
     texts = {}
@@ -90,7 +93,8 @@ def mask_sample(rng: np.random.Generator, args: MaskingArgs, tokens: dict[str, A
             texts[i] = (inputs, target)
             text_unused_in += int(k[i]) - len(inputs)
             text_unused_out += int(m[i]) - max(len(target) - 1, 0)
-    # Give what text could not use to image modalities with cells left (inputs first, then targets).
+    # With fill_budgets, what text could not use goes to image modalities with cells left (inputs first, then
+    # targets); without, it stays empty.
     for budget, unused in ((k, text_unused_in), (m, text_unused_out)) if args.fill_budgets else ():
         for i, spec in enumerate(specs):
             if unused <= 0:
