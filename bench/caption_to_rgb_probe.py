@@ -132,22 +132,24 @@ def main() -> None:
     generated = generated_from(order)
     shuffled = generated_from(derangement)
 
-    def semseg_from(order: list[int], args: SamplingArgs) -> dict[str, float]:
+    def semseg_tokens(order: list[int], args: SamplingArgs) -> list[np.ndarray]:
         inputs = engine.token_inputs("caption", [scenes.tokens["caption"][i] for i in order])
-        maps = engine.generate_tokens(inputs, "semseg", args, cfg.seed, cfg.batch_size)
-        sets = [tm.shapes_in_semseg(m) for m in engine.detokenize("semseg", [g.tokens for g in maps])]
+        return [g.tokens for g in engine.generate_tokens(inputs, "semseg", args, cfg.seed, cfg.batch_size)]
+
+    def semseg_scores(maps: list[np.ndarray]) -> dict[str, float]:
+        sets = [tm.shapes_in_semseg(m) for m in engine.detokenize("semseg", maps)]
         return {**_scores(sets, true), "shapes_per_map": float(np.mean([len(s) for s in sets]))}
 
-    def rgb_via_semseg(order: list[int], semseg_args: SamplingArgs | None) -> list[frozenset[str]]:
-        captions = [scenes.tokens["caption"][i] for i in order]
-        if semseg_args is None:  # the scene's own semseg (order is the identity)
-            maps = [scenes.tokens["semseg"][i] for i in order]
-        else:
-            maps = [g.tokens for g in engine.generate_tokens(engine.token_inputs("caption", captions), "semseg",
-                                                              semseg_args, cfg.seed, cfg.batch_size)]
-        inputs = [{"caption": c, "semseg": np.asarray(m).reshape(-1)} for c, m in zip(captions, maps)]
+    def rgb_via_semseg(order: list[int], maps: list[np.ndarray]) -> dict[str, float]:
+        inputs = [{"caption": scenes.tokens["caption"][i], "semseg": np.asarray(m).reshape(-1)}
+                  for i, m in zip(order, maps)]
         rgb = engine.generate_tokens(inputs, "rgb", sampling, cfg.seed, cfg.batch_size)
-        return read([g.tokens for g in rgb])
+        return _scores(read([g.tokens for g in rgb]), true)
+
+    # Each semseg drawn from the captions once: scored directly (caption_to_semseg) and as the chain's first step.
+    drawn = {(name, label): semseg_tokens(o, args) for name, args in (("one_pass", reading), ("sampled", sampling))
+             for label, o in (("matched", order), ("shuffled", derangement))}
+    orders = {"matched": order, "shuffled": derangement}
 
     conditioning = {target: {label: caption_cross_entropy(engine, [scenes.tokens["caption"][i] for i in o],
                                                           scenes.tokens[target], target, cfg.batch_size)
@@ -168,12 +170,11 @@ def main() -> None:
         "shapes_per_image": float(np.mean([len(s) for s in generated])),
         "shapes_per_caption": float(np.mean([len(t) for t in true])),
         "caption_cross_entropy": conditioning,
-        "caption_to_semseg": {name: {"matched": semseg_from(order, args), "shuffled": semseg_from(derangement, args)}
-                              for name, args in (("one_pass", reading), ("sampled", sampling))},
-        "via_semseg": {name: {"matched": _scores(rgb_via_semseg(order, args), true),
-                              "shuffled": _scores(rgb_via_semseg(derangement, args), true)}
-                       for name, args in (("one_pass", reading), ("sampled", sampling))},
-        "from_true_semseg": _scores(rgb_via_semseg(order, None), true),
+        "caption_to_semseg": {name: {label: semseg_scores(drawn[name, label]) for label in orders}
+                              for name in ("one_pass", "sampled")},
+        "via_semseg": {name: {label: rgb_via_semseg(o, drawn[name, label]) for label, o in orders.items()}
+                       for name in ("one_pass", "sampled")},
+        "from_true_semseg": rgb_via_semseg(order, [scenes.tokens["semseg"][i] for i in order]),
         "seconds": round(time.perf_counter() - start, 1), "threads": torch.get_num_threads(),
     }
     emit(result, args.output)
