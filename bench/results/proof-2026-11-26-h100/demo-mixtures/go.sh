@@ -1,17 +1,19 @@
+#!/usr/bin/env bash
 set -eo pipefail
+: "${OUT:?set OUT to the folder for what this writes (the device sets it)}"
 nvidia-smi --query-gpu=name --format=csv,noheader
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH="$PWD/src:$PWD/bench:/tmp/site" MLFLOW_TRACKING_URI=none PYTHONUNBUFFERED=1
 root=runs/gpu-demo-carry
 source bench/results/proof-2026-11-26-h100/demo-mixtures/sets.sh
 for s in prepare-data train-tokenizers pretokenize; do
-  python3 -m fourm_kfp.cli stage $s --preset demo --root $root --json $OUT/$s.json > $OUT/$s.log 2>&1; echo "$s done $SECONDS s"
+  python3 -m fourm_kfp.cli stage "$s" --preset demo --root "$root" --json "$OUT/$s.json" > "$OUT/$s.log" 2>&1; echo "$s done $SECONDS s"
 done
 run() {
   tag=$1; shift
-  python3 -m fourm_kfp.cli stage pretrain --preset demo --root $root --set train.loader_workers=-1 "$@" --json $OUT/$tag-pretrain.json > $OUT/$tag-pretrain.log 2>&1
-  python3 -m fourm_kfp.cli stage evaluate --preset demo --root $root --set train.loader_workers=-1 "$@" --json $OUT/$tag-evaluate.json > $OUT/$tag-evaluate.log 2>&1
-  echo "== $tag $SECONDS s"; grep -o "evaluate [a-z-]*: [a-z_0-9]* [0-9.]* .*interval[^)]*" $OUT/$tag-evaluate.log || true
+  python3 -m fourm_kfp.cli stage pretrain --preset demo --root "$root" --set train.loader_workers=-1 "$@" --json "$OUT/$tag-pretrain.json" > "$OUT/$tag-pretrain.log" 2>&1
+  python3 -m fourm_kfp.cli stage evaluate --preset demo --root "$root" --set train.loader_workers=-1 "$@" --json "$OUT/$tag-evaluate.json" > "$OUT/$tag-evaluate.log" 2>&1
+  echo "== $tag $SECONDS s"; grep -o "evaluate [a-z-]*: [a-z_0-9]* [0-9.]* .*interval[^)]*" "$OUT/$tag-evaluate.log" || true
 }
 run A
 run B --set "$MIXB"
