@@ -20,8 +20,7 @@
 #                                        # and rgb, bench/caption_to_rgb_probe.py. Stage outputs already under ROOT
 #                                        # (default runs/PRESET) are reused, e.g. carried tokenizers
 set -euo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH="$PWD/src:$PWD/bench:/tmp/site" MLFLOW_TRACKING_URI=none PYTHONUNBUFFERED=1
+source bench/device_env.sh
 out="${OUT:-bench/results}"
 mkdir -p "$out"
 gpu=$(python3 -c 'import torch; print(torch.cuda.get_device_name().split()[-1].lower() if torch.cuda.is_available() else "cpu")')

@@ -2,8 +2,7 @@
 set -eo pipefail
 : "${OUT:?set OUT to the folder for what this writes (the device sets it)}"
 nvidia-smi --query-gpu=name --format=csv,noheader
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH="$PWD/src:$PWD/bench:/tmp/site" MLFLOW_TRACKING_URI=none PYTHONUNBUFFERED=1
+source bench/device_env.sh
 root=runs/gpu-demo-carry
 for s in prepare-data train-tokenizers pretokenize; do
   python3 -m fourm_kfp.cli stage "$s" --preset demo --root "$root" --json /tmp/"$s".json > /tmp/"$s".log 2>&1; echo "$s done $SECONDS s"
