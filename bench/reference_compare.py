@@ -36,6 +36,15 @@ takes ``modality_info`` as an argument) gets an empty dict, and ``fm.py``'s ``ra
 Timing: warm-up steps for both, then ``--rounds`` rounds alternating ours and the reference's (``--steps`` steps
 each); best and median seconds per step and tokens/s (tokens = (input + target) x batch), and ours/reference; the
 machine's fp32 matmul rate before and after (``machine_before``/``machine_after``), since 2-core machines differ.
+
+What bounds the ratio at equal arithmetic: before timing, one step of each runs under torch's FLOP counter
+(``matmul_gflop_per_step``: every matrix product, batched product and fused attention kernel, forward and
+backward; equal for both at tiny, ours 0.5% more at base in fp32, where the fused kernel's backward computes the
+scores again). ``matmul_floor_s`` is that count at the machine's square-matmul rate of the run's precision
+(``machine_before``), the time of a step that did nothing but its products at that rate, and
+``ratio_ceiling_at_equal_flops`` the reference's median step over our floor: the most any implementation with our
+products could reach against this reference on this machine (an optimistic bound: the step's thinner products
+run below the square-matmul rate, and everything else takes time).
 Both steps run in one process, so both get the allocator setting our stage runner makes
 (:func:`fourm_kfp.hardware.reuse_freed_memory`, ``--allocator reuse``, the default) or neither
 (``--allocator default``).
@@ -62,6 +71,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+from torch.utils import flop_counter
 
 from fourm_kfp.batch import ModalitySpec, normalised_pixels
 from fourm_kfp.config.fourm_config import OptimizerConfig
@@ -260,8 +270,37 @@ def summary(times: list[float], tokens: int) -> dict:
             "tokens_per_s_median": tokens / median, "step_s_rounds": times}
 
 
+def _fused_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _fused_attention_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                                    **kwargs) -> int:
+    return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+def _inplace_addmm_flops(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
+
+#: What torch's FLOP counter does not list: the CPU's fused attention kernels, counted as its other fused kernels are
+#: (two batched products forward; five backward, the scores computed again), and the in-place product-and-add (``addmm_``) with which our
+#: token tables accumulate their gradients (model/table_gradients.py; in fp32 the tied head's weight gradient).
+UNLISTED_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _fused_attention_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _fused_attention_backward_flops,
+    torch.ops.aten.addmm_: _inplace_addmm_flops}
+
+
+def matmul_flops(run) -> int:
+    """The FLOPs of the matrix products in one call of ``run`` (a train step: forward, backward, optimizer)."""
+    with flop_counter.FlopCounterMode(display=False, custom_mapping=UNLISTED_FLOPS) as counter:
+        run()
+    return counter.get_total_flops()
+
+
 def compare(name: str, ref: SimpleNamespace | None, rounds: int, steps: int, warmup: int,
-            dtype: torch.dtype | None) -> dict:
+            dtype: torch.dtype | None, matmul_gflops: float) -> dict:
     config, layers = CONFIGS[name]
     specs = our_specs()
     masking, samples, raw = masked_samples(specs)
@@ -291,6 +330,7 @@ def compare(name: str, ref: SimpleNamespace | None, rounds: int, steps: int, war
     for label, run in runners.items():
         for _ in range(warmup):
             losses[label] = float(run())
+    flops = {label: matmul_flops(run) for label, run in runners.items()}
     times: dict[str, list[float]] = {label: [] for label in runners}
     for _ in range(rounds):
         for label, run in runners.items():  # interleaved: ours, reference, ours, reference, ...
@@ -301,10 +341,13 @@ def compare(name: str, ref: SimpleNamespace | None, rounds: int, steps: int, war
     for label in runners:
         result[label].update(summary(times[label], tokens))
         result[label]["loss_after_warmup"] = losses[label]
+        result[label]["matmul_gflop_per_step"] = flops[label] / 1e9
+        result[label]["matmul_floor_s"] = flops[label] / (matmul_gflops * 1e9)
     if ref is not None:
         o, r = result["ours"], result["reference"]
         result["ratio_ours_over_reference"] = {"best": o["tokens_per_s_best"] / r["tokens_per_s_best"],
                                                "median": o["tokens_per_s_median"] / r["tokens_per_s_median"]}
+        result["ratio_ceiling_at_equal_flops"] = r["step_s_median"] / o["matmul_floor_s"]
         result["parameter_difference_ours_minus_reference"] = o["parameters"] - r["parameters"]
     return result
 
@@ -407,7 +450,8 @@ def main(argv: list[str] | None = None) -> dict:
                                "no ml-4m checkout given (--reference PATH or $FOURM_REFERENCE)"}
     result["configs"] = {}
     for name in args.configs.split(","):
-        result["configs"][name] = compare(name, ref, args.rounds, args.steps, args.warmup, dtype)
+        rate = result["machine_before"]["bf16_matmul_gflops" if dtype == torch.bfloat16 else "fp32_matmul_gflops"]
+        result["configs"][name] = compare(name, ref, args.rounds, args.steps, args.warmup, dtype, rate)
         print(f"{name}: done", file=sys.stderr)
     if Path("/proc/loadavg").exists():
         result["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
