@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from importlib import metadata
@@ -20,8 +21,9 @@ from fourm_kfp.contract.manifest import MANIFEST_NAME, IncompleteOutputError
 from fourm_kfp.launchers.remote import stage_command
 from fourm_kfp.launchers.stage import RunContext
 from fourm_kfp.storage import open_store
-from fourm_kfp.launchers.torchx_job import (KUBERNETES_ROOT, TorchxParams, build_app, free_port, launch_torchx,
-                                     replica_resources, rendezvous_port, scheduler_config)
+from fourm_kfp.launchers.torchx_job import (KUBERNETES_ROOT, TORCHX_SIGNALS, TorchxParams, build_app, free_port,
+                                     keeping_signal_handlers, launch_torchx, replica_resources, rendezvous_port,
+                                     scheduler_config)
 from tests.train.pretrain_helpers import input_args, smoke_upstream
 
 BIN = Path(sys.executable).parent
@@ -129,7 +131,8 @@ def test_kubernetes_renders_a_volcano_job_of_the_image_and_scheduler_config_is_c
                          {"pretokenize": "s3://b/p/x", "train-tokenizers": "s3://b/p/y"}, KUBERNETES_ROOT)
     params = TorchxParams(scheduler="kubernetes", j="2x4", gpu=4, image="registry.example/fourm:1",
                           env={"AWS_ACCESS_KEY_ID": "k"})
-    with get_runner() as runner:
+    handlers = [signal.getsignal(s) for s in TORCHX_SIGNALS]
+    with get_runner() as runner, keeping_signal_handlers():
         cfg = scheduler_config(runner, "kubernetes", ["queue=default", "namespace=ml"])
         job = runner.dryrun(build_app(args, ADDRESS, params, 21000), "kubernetes", cfg=cfg).request.resource
         with pytest.raises(ConfigError, match="needs --scheduler-arg queue="):
@@ -137,6 +140,9 @@ def test_kubernetes_renders_a_volcano_job_of_the_image_and_scheduler_config_is_c
         with pytest.raises(ConfigError, match="slurm has no such option; its options: .*partition"):
             scheduler_config(runner, "slurm", ["queue=default"])
         assert scheduler_config(runner, "local_cwd", ["prepend_cwd=true"]) == {"prepend_cwd": True}
+        assert signal.getsignal(signal.SIGTERM) not in handlers  # torchx's local scheduler set its own
+    # and the process handles its signals as before: a worker forked later ends on a pool's SIGTERM
+    assert [signal.getsignal(s) for s in TORCHX_SIGNALS] == handlers
     assert job["kind"] == "Job" and job["spec"]["queue"] == "default" and len(job["spec"]["tasks"]) == 2
     container = job["spec"]["tasks"][0]["template"].spec.containers[0]
     assert container.image == "registry.example/fourm:1" and "PATH" not in {e.name for e in container.env}

@@ -100,6 +100,28 @@ def test_tokenizers_trained_side_by_side_are_those_trained_one_at_a_time(smoke_d
                 f"{modality}/{name}"
 
 
+def _raise_on_sigterm(signum, frame):
+    raise RuntimeError("SIGTERM")  # as torchx's local scheduler's handler does (SignalException)
+
+
+def test_forked_tokenizer_workers_end_on_sigterm_whatever_the_calling_process_handles():
+    """A worker forked under a handler that raises on SIGTERM (torchx's local scheduler sets one, for the process)
+    does not keep it, so Pool.terminate's SIGTERM ends the worker: one that had just sent its result used to catch
+    the exception as a failed send and wait on the task queue, whose lock the terminating parent holds, forever (a
+    test session hung so in the train-tokenizers stage after the torchx tests)."""
+    import signal
+
+    from fourm_kfp.stages.train_tokenizers import tokenizer_pool
+
+    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        with tokenizer_pool(2, 1) as pool:
+            handlers = pool.map(signal.getsignal, [signal.SIGTERM] * 4, chunksize=1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert handlers == [signal.SIG_DFL] * 4
+
+
 @pytest.mark.slow
 def test_two_process_torchrun_training(smoke_data):
     root, _, _ = smoke_data

@@ -28,9 +28,11 @@ kfp's pin; see the Makefile); it is imported only when a launch runs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -142,10 +144,32 @@ def build_app(stage_args: Sequence[str], address: str, params: TorchxParams, rdz
                cpu=cpu, gpu=params.gpu, memMB=mem_mb, env=env, rdzv_port=rdzv_port, max_retries=params.max_retries)
 
 
+#: The signals whose handlers torchx's local schedulers replace, for the process and for good, when they are created
+#: (with one raising an exception, so that Ctrl-C or SIGTERM while an app is followed stops its processes).
+TORCHX_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def keeping_signal_handlers():
+    """Whatever torchx does inside, the process handles :data:`TORCHX_SIGNALS` afterwards as it did before: a
+    process that goes on (a notebook, a test session, a stage run in the same process) would otherwise keep torchx's
+    handler, and a worker it forks later inherits it (a pool's SIGTERM then no longer ends that worker)."""
+    if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's to set
+        yield
+        return
+    saved = {signum: signal.getsignal(signum) for signum in TORCHX_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:  # None: set outside Python, which cannot be put back from here
+                signal.signal(signum, handler)
+
+
 def scheduler_config(runner, scheduler: str, items: Sequence[str], defaults: dict[str, Any] | None = None
                      ) -> dict[str, Any]:
     """The scheduler's run config from ``KEY=VALUE`` items, typed by torchx; an unknown key is an error."""
-    opts = runner.scheduler_run_opts(scheduler)
+    opts = runner.scheduler_run_opts(scheduler)  # creates the scheduler (see keeping_signal_handlers)
     known = {name: opt for name, opt in opts}
     cfg: dict[str, Any] = dict(defaults or {})
     for item in items:
@@ -224,19 +248,20 @@ class TorchxApp(RemoteBackend):
         interval = params.wait_interval_s or (1.0 if params.scheduler == "local_cwd" else 10.0)
         own_runner = self.runner is None
         runner = self.runner if self.runner is not None else get_runner()
-        try:
-            defaults = {"log_dir": str(self.local_root / "torchx")} if params.scheduler == "local_cwd" else {}
-            cfg = scheduler_config(runner, params.scheduler, params.scheduler_args, defaults)
-            info = runner.dryrun(app, params.scheduler, cfg=cfg)  # a bad config fails before anything is cleared
-            self.out(f"{self.prefix} {plan.stage} {plan.address}: {params.scheduler} dist.ddp -j {params.j}, "
-                     f"rendezvous port {port}, output {plan.output.uri}")
-            clear_output()
-            handle = runner.schedule(info)
-            self.out(f"{self.prefix} app {handle}")
-            status = follow(runner, handle, role, self.out, interval)
-        finally:
-            if own_runner:
-                runner.close()
+        with keeping_signal_handlers():  # torchx's while the app is followed, the caller's again after
+            try:
+                defaults = {"log_dir": str(self.local_root / "torchx")} if params.scheduler == "local_cwd" else {}
+                cfg = scheduler_config(runner, params.scheduler, params.scheduler_args, defaults)
+                info = runner.dryrun(app, params.scheduler, cfg=cfg)  # a bad config fails before anything is cleared
+                self.out(f"{self.prefix} {plan.stage} {plan.address}: {params.scheduler} dist.ddp -j {params.j}, "
+                         f"rendezvous port {port}, output {plan.output.uri}")
+                clear_output()
+                handle = runner.schedule(info)
+                self.out(f"{self.prefix} app {handle}")
+                status = follow(runner, handle, role, self.out, interval)
+            finally:
+                if own_runner:
+                    runner.close()
         if status is None or status.state != AppState.SUCCEEDED:
             state = status.state.name if status is not None else "gone"
             error = status.structured_error_msg if status is not None else NONE

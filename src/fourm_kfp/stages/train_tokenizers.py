@@ -8,7 +8,9 @@ mean image / majority class), trains the text tokenizer on captions and det stri
 
 In one process on a CPU with several cores, the image tokenizers train side by side in forked worker processes,
 the cores split among them: their steps are short (batch 4 at 64 px: ~20 ms), so two threads on one tokenizer run
-only 1.4x one thread, while two tokenizers on a thread each run 2x (:func:`_train_image_tokenizers`).
+only 1.4x one thread, while two tokenizers on a thread each run 2x (:func:`_train_image_tokenizers`). The workers
+take SIGTERM's default action whatever handler the calling process has (:func:`tokenizer_pool`), and end on the
+pool's close when all went well.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import itertools
 import json
 import logging
 import multiprocessing
+import multiprocessing.pool
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -129,6 +133,20 @@ def tokenizer_workers(modalities: int, cpus: int, device: str) -> int:
 _FORK_CONTEXT: StageContext | None = None
 
 
+def _init_worker(threads: int) -> None:
+    # A forked child inherits the parent's Python signal handlers. Pool.terminate ends its workers with SIGTERM, which
+    # a handler that raises an Exception (torchx's LocalScheduler installs one) does not: a worker whose result had
+    # just been sent catches it as a failed send, goes back to the task queue, whose lock the terminating parent
+    # holds, and waits there forever.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    torch.set_num_threads(threads)
+
+
+def tokenizer_pool(workers: int, threads: int) -> multiprocessing.pool.Pool:
+    """``workers`` forked processes of ``threads`` threads each, taking SIGTERM's default action."""
+    return multiprocessing.get_context("fork").Pool(workers, initializer=_init_worker, initargs=(threads,))
+
+
 def _train_in_worker(modality: str) -> tuple[VQVAEConfig, dict[str, np.ndarray], dict[str, float], dict]:
     model, metrics, extra = _train_image_tokenizer(_FORK_CONTEXT, modality, "cpu")
     return model.config, {k: v.numpy() for k, v in model.state_dict().items()}, metrics, extra
@@ -150,10 +168,11 @@ def _train_image_tokenizers(ctx: StageContext, modalities: list[str], device: st
              threads)
     _FORK_CONTEXT = ctx
     try:
-        with multiprocessing.get_context("fork").Pool(workers, initializer=torch.set_num_threads,
-                                                      initargs=(threads,)) as pool:
+        with tokenizer_pool(workers, threads) as pool:
             pending = {m: pool.apply_async(_train_in_worker, (m,)) for m in longest_first}
             done = {m: pending[m].get() for m in longest_first}
+            pool.close()  # the workers end on their own; terminate (the with's exit) is for a failure
+            pool.join()
     finally:
         _FORK_CONTEXT = None
     trained = {}
