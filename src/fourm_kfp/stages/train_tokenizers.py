@@ -135,9 +135,9 @@ _FORK_CONTEXT: StageContext | None = None
 
 def _init_worker(threads: int) -> None:
     # A forked child inherits the parent's Python signal handlers. Pool.terminate ends its workers with SIGTERM, which
-    # a handler that raises an Exception (torchx's LocalScheduler installs one) does not: a worker whose result had
-    # just been sent catches it as a failed send, goes back to the task queue, whose lock the terminating parent
-    # holds, and waits there forever.
+    # a handler that raises an Exception (torchx's LocalScheduler installs one) does not reliably do: a worker still
+    # in the pool's result send can catch it as a failed send, go back to the task queue, whose lock the terminating
+    # parent holds, and wait there forever (a test session hung so).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     torch.set_num_threads(threads)
 
