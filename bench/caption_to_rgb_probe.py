@@ -147,9 +147,9 @@ def main() -> None:
         return _scores(read([g.tokens for g in rgb]), true)
 
     # Each semseg drawn from the captions once: scored directly (caption_to_semseg) and as the chain's first step.
-    drawn = {(name, label): semseg_tokens(o, args) for name, args in (("one_pass", reading), ("sampled", sampling))
-             for label, o in (("matched", order), ("shuffled", derangement))}
     orders = {"matched": order, "shuffled": derangement}
+    drawn = {(name, label): semseg_tokens(o, args) for name, args in (("one_pass", reading), ("sampled", sampling))
+             for label, o in orders.items()}
 
     conditioning = {target: {label: caption_cross_entropy(engine, [scenes.tokens["caption"][i] for i in o],
                                                           scenes.tokens[target], target, cfg.batch_size)

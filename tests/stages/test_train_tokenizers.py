@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -109,8 +110,6 @@ def test_forked_tokenizer_workers_end_on_sigterm_whatever_the_calling_process_ha
     does not keep it, so Pool.terminate's SIGTERM ends the worker: one that had just sent its result used to catch
     the exception as a failed send and wait on the task queue, whose lock the terminating parent holds, forever (a
     test session hung so in the train-tokenizers stage after the torchx tests)."""
-    import signal
-
     from fourm_kfp.stages.train_tokenizers import tokenizer_pool
 
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
