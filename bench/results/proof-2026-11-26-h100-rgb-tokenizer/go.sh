@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# One device call, from the repository root with .whl/ and runs/gpu-proof/ (the train-tokenizers output of
+# overrides.sh's TOKENIZER, trained on the CPU here) carried: the budget run of gpu_session.sh with overrides.sh.
+set -eo pipefail
+: "${OUT:?set OUT to the folder for what this writes (the device sets it)}"
+nvidia-smi --query-gpu=name --format=csv,noheader
+source bench/results/proof-2026-11-26-h100-rgb-tokenizer/overrides.sh
+PRESET=proof ROOT=runs/gpu-proof bash bench/gpu_session.sh budget "${1:-480}" "${SETS[@]}"
