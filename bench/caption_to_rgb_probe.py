@@ -20,9 +20,13 @@ This probe takes that score apart, on the same val scenes, sampling and seed as 
 * ``via_semseg``: a chain, as 4M generates: the semseg map from the caption first (``one_pass`` or ``sampled`` as
   above), then the image from the caption and that map, read as ``generated`` is (``shuffled``: both from another
   scene's caption); ``from_true_semseg``: the image from the caption and the scene's true semseg tokens, what the
-  chain would score with a perfect first step.
+  chain would score with a perfect first step;
+* ``sweep`` (with ``--sweep``): ``generated``, ``generated_captions_shuffled`` and ``from_true_semseg`` again under
+  other sampling settings of the image, each given as ``key=value`` pairs over the evaluation's sampling
+  (``--sweep temperature=0.5 --sweep temperature=0.7,guidance=1``): which settings draw images that follow their
+  caption, and whether the generator draws a cleaner image from a perfect layout.
 
-    .venv/bin/python bench/caption_to_rgb_probe.py --preset proof --root runs/proof
+    .venv/bin/python bench/caption_to_rgb_probe.py --preset proof --root runs/proof [--sweep temperature=0.5 ...]
 
 Prints one JSON object (``--output`` writes it too). The stage outputs are found by content address under
 ``--root``, as ``fourm-kfp stage`` finds them (``--set`` as there).
@@ -31,6 +35,7 @@ Prints one JSON object (``--output`` writes it too). The stage outputs are found
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
@@ -58,6 +63,24 @@ def _derangement(n: int, seed: int) -> list[int]:
         order = rng.permutation(n)
         if n < 2 or not np.any(order == np.arange(n)):
             return [int(i) for i in order]
+
+
+def _sampling_variant(base: SamplingArgs, spec: str) -> SamplingArgs:
+    """``base`` with the ``key=value`` pairs of ``spec`` (comma-separated) replaced, each value parsed as its
+    field's type."""
+    fields = {f.name: f for f in dataclasses.fields(SamplingArgs)}
+    changes = {}
+    for pair in filter(None, spec.split(",")):
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or key not in fields:
+            raise SystemExit(f"--sweep {spec!r}: {pair!r} is not KEY=VALUE with KEY one of {sorted(fields)}")
+        kind = type(getattr(base, key))
+        try:
+            changes[key] = kind(value.strip())
+        except ValueError:
+            raise SystemExit(f"--sweep {spec!r}: {key} takes a {kind.__name__}, got {value.strip()!r}") from None
+    return dataclasses.replace(base, **changes)
 
 
 def _scores(sets: list[frozenset[str]], true: list[frozenset[str]]) -> dict[str, float]:
@@ -100,6 +123,8 @@ def main() -> None:
     parser.add_argument("--model", help="a pretrain output URI to probe instead of the one the config addresses "
                         "(another model on the same data and tokenizers)")
     parser.add_argument("--scenes", type=int, help="val scenes (default: evaluate.num_samples)")
+    parser.add_argument("--sweep", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE...]",
+                        help="another sampling of the image (over evaluate.sampling) to score; repeatable")
     parser.add_argument("--output")
     args = parser.parse_args()
     reuse_freed_memory()
@@ -114,6 +139,7 @@ def main() -> None:
     captions = scenes.truth["caption"]
     true = [tm.caption_shapes(c) for c in captions]
     sampling = SamplingArgs(**to_dict(cfg.sampling))
+    variants = [_sampling_variant(sampling, spec) for spec in args.sweep]  # bad specs fail before any work
     reading = SamplingArgs(steps=cfg.map_steps, temperature=0.0)
     start = time.perf_counter()
 
@@ -122,9 +148,9 @@ def main() -> None:
         semseg = read_semseg(engine, rgb_tokens, images, reading, cfg.seed + 1, cfg.batch_size)
         return [tm.shapes_in_semseg(s) for s in semseg]
 
-    def generated_from(order: list[int]) -> list[frozenset[str]]:
+    def generated_from(order: list[int], args: SamplingArgs = sampling) -> list[frozenset[str]]:
         inputs = engine.token_inputs("caption", [scenes.tokens["caption"][i] for i in order])
-        rgb = engine.generate_tokens(inputs, "rgb", sampling, cfg.seed, cfg.batch_size)
+        rgb = engine.generate_tokens(inputs, "rgb", args, cfg.seed, cfg.batch_size)
         return read([g.tokens for g in rgb])
 
     order = list(range(len(scenes)))
@@ -140,10 +166,10 @@ def main() -> None:
         sets = [tm.shapes_in_semseg(m) for m in engine.detokenize("semseg", maps)]
         return {**_scores(sets, true), "shapes_per_map": float(np.mean([len(s) for s in sets]))}
 
-    def rgb_via_semseg(order: list[int], maps: list[np.ndarray]) -> dict[str, float]:
+    def rgb_via_semseg(order: list[int], maps: list[np.ndarray], args: SamplingArgs = sampling) -> dict[str, float]:
         inputs = [{"caption": scenes.tokens["caption"][i], "semseg": np.asarray(m).reshape(-1)}
                   for i, m in zip(order, maps)]
-        rgb = engine.generate_tokens(inputs, "rgb", sampling, cfg.seed, cfg.batch_size)
+        rgb = engine.generate_tokens(inputs, "rgb", args, cfg.seed, cfg.batch_size)
         return _scores(read([g.tokens for g in rgb]), true)
 
     # Each semseg drawn from the captions once: scored directly (caption_to_semseg) and as the chain's first step.
@@ -155,6 +181,14 @@ def main() -> None:
                                                           scenes.tokens[target], target, cfg.batch_size)
                              for label, o in (("matched", order), ("shuffled", derangement))}
                     for target in ("semseg", "rgb")}
+    true_maps = [scenes.tokens["semseg"][i] for i in order]
+    sweep = []
+    for variant in variants:
+        matched = generated_from(order, variant)
+        sweep.append({"sampling": dataclasses.asdict(variant), "generated": _scores(matched, true),
+                      "generated_captions_shuffled": _scores(generated_from(derangement, variant), true),
+                      "from_true_semseg": rgb_via_semseg(order, true_maps, variant),
+                      "shapes_per_image": float(np.mean([len(s) for s in matched]))})
     train_captions = train_ground_truth(prepared, ["caption"], cfg.baseline_samples)["caption"]
     best = Baselines.fit({"caption": train_captions}).shapes
     most_common = tm.most_common([tm.caption_shapes(c) for c in train_captions])
@@ -174,7 +208,8 @@ def main() -> None:
                               for name in ("one_pass", "sampled")},
         "via_semseg": {name: {label: rgb_via_semseg(o, drawn[name, label]) for label, o in orders.items()}
                        for name in ("one_pass", "sampled")},
-        "from_true_semseg": rgb_via_semseg(order, [scenes.tokens["semseg"][i] for i in order]),
+        "from_true_semseg": rgb_via_semseg(order, true_maps),
+        **({"sweep": sweep} if sweep else {}),
         "seconds": round(time.perf_counter() - start, 1), "threads": torch.get_num_threads(),
     }
     emit(result, args.output)
