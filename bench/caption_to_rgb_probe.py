@@ -21,10 +21,11 @@ This probe takes that score apart, on the same val scenes, sampling and seed as 
   above), then the image from the caption and that map, read as ``generated`` is (``shuffled``: both from another
   scene's caption); ``from_true_semseg``: the image from the caption and the scene's true semseg tokens, what the
   chain would score with a perfect first step;
-* ``sweep`` (with ``--sweep``): ``generated``, ``generated_captions_shuffled`` and ``from_true_semseg`` again under
-  other sampling settings of the image, each given as ``key=value`` pairs over the evaluation's sampling
-  (``--sweep temperature=0.5 --sweep temperature=0.7,guidance=1``): which settings draw images that follow their
-  caption, and whether the generator draws a cleaner image from a perfect layout.
+* ``sweep`` (with ``--sweep``): ``generated``, ``generated_captions_shuffled``, ``from_true_semseg`` and
+  ``via_semseg`` (after the semseg map ``sampled`` above) again under other sampling settings of the image, each
+  given as ``key=value`` pairs over the evaluation's sampling (``--sweep temperature=0.5 --sweep
+  temperature=0.7,guidance=1``): which settings draw images that follow their caption, and whether the generator
+  draws a cleaner image from a perfect layout or from the chain's.
 
     .venv/bin/python bench/caption_to_rgb_probe.py --preset proof --root runs/proof [--sweep temperature=0.5 ...]
 
@@ -188,6 +189,7 @@ def main() -> None:
         sweep.append({"sampling": dataclasses.asdict(variant), "generated": _scores(matched, true),
                       "generated_captions_shuffled": _scores(generated_from(derangement, variant), true),
                       "from_true_semseg": rgb_via_semseg(order, true_maps, variant),
+                      "via_semseg": rgb_via_semseg(order, drawn["sampled", "matched"], variant),
                       "shapes_per_image": float(np.mean([len(s) for s in matched]))})
     train_captions = train_ground_truth(prepared, ["caption"], cfg.baseline_samples)["caption"]
     best = Baselines.fit({"caption": train_captions}).shapes
