@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call, from the repository root with .whl/ and runs/gpu-proof/ (the train-tokenizers output of
-# overrides.sh's TOKENIZER, trained on the CPU here) carried: the budget run of gpu_session.sh with overrides.sh.
+# One device call, from the repository root with .whl/ and runs/gpu-proof/train-tokenizers/9dae0de0ba203d9f (the
+# train-tokenizers output of overrides.sh's TOKENIZER, trained on the CPU) carried: gpu_session.sh budget with overrides.sh.
 set -eo pipefail
 : "${OUT:?set OUT to the folder for what this writes (the device sets it)}"
 nvidia-smi --query-gpu=name --format=csv,noheader

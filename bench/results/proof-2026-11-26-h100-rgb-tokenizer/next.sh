@@ -5,7 +5,7 @@
 # scored from the caption, from another scene's caption, from the true semseg map and through the semseg map drawn
 # from the caption. Carry .whl/ and runs/gpu-proof/train-tokenizers/9dae0de0ba203d9f (overrides.sh's TOKENIZER,
 # trained on the CPU: 568 s on 2 cores beside another job).
-#   RESERVE=100 bash bench/results/proof-2026-11-26-h100-rgb-tokenizer/next.sh 570 > $OUT/call.log 2>&1
+#   RESERVE=150 bash bench/results/proof-2026-11-26-h100-rgb-tokenizer/next.sh 570 > $OUT/call.log 2>&1
 set -eo pipefail
 : "${OUT:?set OUT to the folder for what this writes (the device sets it)}"
 nvidia-smi --query-gpu=name --format=csv,noheader
