@@ -66,24 +66,6 @@ def _derangement(n: int, seed: int) -> list[int]:
             return [int(i) for i in order]
 
 
-def _sampling_variant(base: SamplingArgs, spec: str) -> SamplingArgs:
-    """``base`` with the ``key=value`` pairs of ``spec`` (comma-separated) replaced, each value parsed as its
-    field's type."""
-    fields = {f.name: f for f in dataclasses.fields(SamplingArgs)}
-    changes = {}
-    for pair in filter(None, spec.split(",")):
-        key, sep, value = pair.partition("=")
-        key = key.strip()
-        if not sep or key not in fields:
-            raise SystemExit(f"--sweep {spec!r}: {pair!r} is not KEY=VALUE with KEY one of {sorted(fields)}")
-        kind = type(getattr(base, key))
-        try:
-            changes[key] = kind(value.strip())
-        except ValueError:
-            raise SystemExit(f"--sweep {spec!r}: {key} takes a {kind.__name__}, got {value.strip()!r}") from None
-    return dataclasses.replace(base, **changes)
-
-
 def _scores(sets: list[frozenset[str]], true: list[frozenset[str]]) -> dict[str, float]:
     whole = tm.shape_set_f1(sets, true)
     return {"f1": whole["shape_presence_f1"], "precision": whole["shape_presence_f1.precision"],
@@ -125,7 +107,8 @@ def main() -> None:
                         "(another model on the same data and tokenizers)")
     parser.add_argument("--scenes", type=int, help="val scenes (default: evaluate.num_samples)")
     parser.add_argument("--sweep", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE...]",
-                        help="another sampling of the image (over evaluate.sampling) to score; repeatable")
+                        help="another sampling of the image to score (evaluate.sampling keys over the config's); "
+                        "repeatable")
     parser.add_argument("--output")
     args = parser.parse_args()
     reuse_freed_memory()
@@ -140,7 +123,9 @@ def main() -> None:
     captions = scenes.truth["caption"]
     true = [tm.caption_shapes(c) for c in captions]
     sampling = SamplingArgs(**to_dict(cfg.sampling))
-    variants = [_sampling_variant(sampling, spec) for spec in args.sweep]  # bad specs fail before any work
+    # each sweep spec as evaluate.sampling overrides, typed and checked by the config (before any work)
+    variants = [SamplingArgs(**to_dict(load_config(args.preset, overrides=args.overrides + [
+        f"evaluate.sampling.{pair}" for pair in spec.split(",") if pair]).evaluate.sampling)) for spec in args.sweep]
     reading = SamplingArgs(steps=cfg.map_steps, temperature=0.0)
     start = time.perf_counter()
 
