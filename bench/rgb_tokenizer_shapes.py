@@ -2,12 +2,13 @@
 
 caption-to-rgb is scored by the shapes a reader finds in the generated image (``shape_presence_f1``: a shape is
 present where it covers at least 0.2% of the pixels), and its ceiling is the true image's rgb tokens decoded and
-read the same way. On the proof model that ceiling was 0.735 where the model read the true pixels at 0.927: the
+read the same way. On a GPU proof model that ceiling was 0.735 where the model read the true pixels at 0.927: the
 tokenizer's reconstructions lose shapes, or give some pixels of one shape another's look. This bench measures that
 loss for any number of rgb tokenizers without training a 4M model: a small per-pixel segmentation network (the
 reader) is trained on true train images → semseg for ``--reader-steps`` steps, then reads the val images from their
 pixels and from each tokenizer's reconstruction (encode → decode). Per tokenizer: shape presence F1 (precision,
-recall), pixel accuracy of the reading against the true semseg, reconstruction MSE and PSNR, and code usage.
+recall), pixel accuracy of the reading against the true semseg, reconstruction MSE (0..255 units) and PSNR as the
+tokenizer report computes them, and codes used.
 
     .venv/bin/python bench/rgb_tokenizer_shapes.py --data runs/proof/prepare-data/<id> \\
         --tokenizers runs/proof/train-tokenizers/<id> [more train-tokenizers outputs] --output out.json
@@ -31,6 +32,7 @@ from fourm_kfp.data.shard_stream import iter_split
 from fourm_kfp.evaluation import task_metrics as tm
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers
+from fourm_kfp.tokenizers.metrics import rgb_errors
 
 
 def load_split(data_uri: str, split: str, modalities: list[str], limit: int) -> dict[str, list]:
@@ -93,10 +95,10 @@ def read(reader: Reader, rgb: torch.Tensor, batch: int = 64) -> np.ndarray:
     return np.concatenate([reader(rgb[i:i + batch]).argmax(1).numpy() for i in range(0, len(rgb), batch)])
 
 
-def scores(reader: Reader, pixels: torch.Tensor, val: dict[str, list]) -> dict[str, float]:
+def scores(reader: Reader, pixels: torch.Tensor, captions: list[str], truth: np.ndarray) -> dict[str, float]:
+    """The reader's semseg of ``pixels``: shape presence against ``captions``, pixel accuracy against ``truth``."""
     semseg = read(reader, pixels)
-    f1 = tm.shape_presence_stats(list(semseg), val["caption"]).whole()
-    truth = np.stack(val["semseg"])
+    f1 = tm.shape_presence_stats(list(semseg), captions).whole()
     return {**{k: round(float(v), 4) for k, v in f1.items()},
             "pixel_accuracy": round(float((semseg == truth).mean()), 4),
             "shapes_per_image": round(float(np.mean([len(tm.shapes_in_semseg(s)) for s in semseg])), 3)}
@@ -119,22 +121,20 @@ def main() -> None:
     val = load_split(args.data, "val", ["rgb", "semseg", "caption"], args.val_images)
     reader = train_reader(as_pixels(train["rgb"]), torch.from_numpy(np.stack(train["semseg"]).astype(np.int64)),
                           args.reader_steps, args.batch, args.reader_width, args.seed)
-    val_pixels = as_pixels(val["rgb"])
+    val_rgb, val_semseg = np.stack(val["rgb"]), np.stack(val["semseg"])
     truth_sets = [tm.caption_shapes(c) for c in val["caption"]]
     result = {"data": args.data, "train_images": len(train["rgb"]), "val_images": len(val["rgb"]),
               "reader": {"steps": args.reader_steps, "width": args.reader_width, "batch": args.batch},
-              "true_pixels": scores(reader, val_pixels, val),
+              "true_pixels": scores(reader, as_pixels(val_rgb), val["caption"], val_semseg),
               "shapes_per_caption": round(float(np.mean([len(s) for s in truth_sets])), 3), "tokenizers": {}}
     for uri in args.tokenizers:
         tokenizer = load_tokenizers(uri).image["rgb"]
-        tokens = torch.cat([tokenizer.encode(val["rgb"][i:i + 64]) for i in range(0, len(val["rgb"]), 64)])
+        tokens = torch.cat([tokenizer.encode(val_rgb[i:i + 64]) for i in range(0, len(val_rgb), 64)])
         recon = np.concatenate([tokenizer.decode(tokens[i:i + 64]) for i in range(0, len(tokens), 64)])
-        error = (recon.astype(np.float64) - np.stack(val["rgb"]).astype(np.float64)) / 255.0
-        mse = float(np.mean(error ** 2))
         result["tokenizers"][uri] = {
             "config": {k: v for k, v in tokenizer.config.to_dict().items() if k != "norm_stats"},
-            "reconstruction": scores(reader, as_pixels(recon), val),
-            "mse": round(mse, 6), "psnr_db": round(float(-10 * np.log10(mse)), 2),
+            "reconstruction": scores(reader, as_pixels(recon), val["caption"], val_semseg),
+            **{k: round(v, 3) for k, v in rgb_errors(recon, val_rgb).items()},  # the tokenizer report's mse, psnr
             "codes_used": int(torch.unique(tokens).numel())}
     result["seconds"] = round(time.time() - start, 1)
     emit(result, args.output)
