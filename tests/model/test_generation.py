@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fourm_kfp.batch import ModalitySpec
+from fourm_kfp.batch import PIXEL_MEAN, PIXEL_STD, ModalitySpec
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
 from fourm_kfp.model.fourm import FourM, FourMArgs
@@ -204,3 +204,42 @@ def test_a_generated_image_the_model_reads_as_pixels_is_read_back_between_steps(
     assert len(calls) == 6
     one_step = Generator(model, pixel_decoders={"rgb": drawing(0)}).generate(samples, "rgb", replace(greedy, steps=1))
     assert len(calls) == 6 and all(o.tokens.shape == (4, 4) for o in one_step)  # nothing kept before the last step
+
+
+def test_the_pixels_read_back_for_a_kept_token_are_its_own_patch():
+    """Between steps, every rgb slot the encoder reads sits at a kept token's position, and the pixel patch at that
+    position of the image read back is the one the kept token decodes to: the grid is filled, decoded and cut into
+    patches in the order positions count them (a transposed or shifted image fails)."""
+    specs = (ModalitySpec("rgb", "image", 32, grid=(4, 4), pixel_input=True, patch_size=4),
+             ModalitySpec("caption", "sequence", 50, max_length=12))
+    torch.manual_seed(0)
+    model = FourM(FourMArgs(specs, encoder_layers=1, decoder_layers=1, dim=32, heads=4)).eval()
+    seen, encode = [], model.encode
+
+    def spy(batch):
+        seen.append((batch.enc_modality.clone(), batch.enc_position.clone(), batch.enc_valid.clone(),
+                     None if batch.pixels is None else batch.pixels.clone()))
+        return encode(batch)
+
+    def paint(grids: torch.Tensor) -> np.ndarray:  # each 4x4 patch one grey level, 8 x its token
+        grey = np.repeat(np.repeat(8 * np.asarray(grids, np.int64), 4, axis=1), 4, axis=2).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=-1)
+
+    model.encode = spy
+    samples = [{"caption": np.array([11, 12, 13])}, {"caption": np.array([20, 21])}, {"caption": np.array([7])}]
+    out = Generator(model, pixel_decoders={"rgb": paint}, precision="fp32").generate(
+        samples, "rgb", SamplingArgs(steps=5, order="roar", temperature=1.0))
+    final = np.stack([o.tokens.reshape(-1) for o in out])
+    rgb, checked = model.args.names.index("rgb"), 0
+    for modality, position, valid, pixels in seen:
+        slots = (modality == rgb) & valid
+        if not slots.any():
+            continue
+        values = pixels.numpy() * PIXEL_STD + PIXEL_MEAN
+        for b, j in zip(*np.nonzero(slots.numpy())):
+            where = int(position[b, j])
+            row, col = divmod(where, 4)
+            patch = values[b, :, 4 * row:4 * row + 4, 4 * col:4 * col + 4]
+            np.testing.assert_allclose(patch, 8 * final[b, where], atol=0.01)
+            checked += 1
+    assert checked == 3 * sum(np.cumsum(unmasking_schedule(16, 5))[:-1])  # every kept slot of every later step
