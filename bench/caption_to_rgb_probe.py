@@ -45,7 +45,7 @@ import torch
 from bench_output import emit
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import to_dict
-from fourm_kfp.contract.addressing import stage_address
+from fourm_kfp.contract.runner import output_store
 from fourm_kfp.evaluation import task_metrics as tm
 from fourm_kfp.evaluation.any_to_any import AnyToAny
 from fourm_kfp.evaluation.tasks import Baselines, read_semseg
@@ -114,7 +114,8 @@ def main() -> None:
     reuse_freed_memory()
     config = load_config(args.preset, overrides=args.overrides)
     cfg = config.evaluate
-    uri = {name: f"{args.root.rstrip('/')}/{name}/{stage_address(STAGES[name], config)}"
+    root = open_store(args.root)
+    uri = {name: output_store(STAGES[name], config, root).uri
            for name in ("prepare-data", "train-tokenizers", "pretokenize", "pretrain")}
     uri["pretrain"] = args.model or uri["pretrain"]
     engine = AnyToAny(uri["pretrain"], tokenizers_uri=uri["train-tokenizers"])

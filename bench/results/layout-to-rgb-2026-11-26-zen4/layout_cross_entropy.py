@@ -4,9 +4,10 @@ whether the same position's semseg token is among the inputs (the training input
     .venv/bin/python bench/results/layout-to-rgb-2026-11-26-zen4/layout_cross_entropy.py demo runs/demo 64
 """
 import sys, json, time
+from pathlib import Path
 import numpy as np, torch
 from fourm_kfp.config.loader import load_config
-from fourm_kfp.contract.addressing import stage_address
+from fourm_kfp.contract.runner import output_store
 from fourm_kfp.evaluation.any_to_any import AnyToAny
 from fourm_kfp.masking.multimodal_masking import MaskedSample, MaskingArgs, collate
 from fourm_kfp.stages import STAGES
@@ -15,10 +16,10 @@ from fourm_kfp.storage import open_store
 
 preset, root, n_scenes = sys.argv[1], sys.argv[2], int(sys.argv[3])
 config = load_config(preset)
-uri = {name: f"{root}/{name}/{stage_address(STAGES[name], config)}"
-       for name in ("prepare-data", "train-tokenizers", "pretokenize", "pretrain")}
-engine = AnyToAny(uri["pretrain"], tokenizers_uri=uri["train-tokenizers"])
-scenes = load_scenes(engine, open_store(uri["prepare-data"]), open_store(uri["pretokenize"]), n_scenes)
+stores = {name: output_store(STAGES[name], config, open_store(root))
+          for name in ("prepare-data", "train-tokenizers", "pretokenize", "pretrain")}
+engine = AnyToAny(stores["pretrain"].uri, tokenizers_uri=stores["train-tokenizers"].uri)
+scenes = load_scenes(engine, stores["prepare-data"], stores["pretokenize"], n_scenes)
 model = engine.generator.model
 names = model.args.names
 M = {n: names.index(n) for n in names}
@@ -72,9 +73,11 @@ out = {}
 t0 = time.time()
 for ns in (0, 16, 32, 64, 128, 256):
     out[f"semseg{ns}"] = ce(ns, 0); print("semseg", ns, out[f"semseg{ns}"], flush=True)
-for nr in (32, 64, 128, 192):
+for draw, nr in enumerate((32, 64, 128, 192)):
     out[f"semseg256+rgb{nr}"] = ce(256, nr); print("semseg256+rgb", nr, out[f"semseg256+rgb{nr}"], flush=True)
     out[f"semseg0+rgb{nr}"] = ce(0, nr); print("semseg0+rgb", nr, out[f"semseg0+rgb{nr}"], flush=True)
-    out[f"semseg32+rgb{nr}"] = ce(32, min(nr, 32)); print("semseg32+rgb", min(nr,32), out[f"semseg32+rgb{nr}"], flush=True)
+    # the same inputs drawn again at other random positions: the spread of the figures above
+    key = f"semseg32+rgb32 (draw {draw + 1})"
+    out[key] = ce(32, 32); print(key, out[key], flush=True)
 print(time.time() - t0)
-json.dump(out, open(f"layout_cross_entropy-{preset}.json", "w"), indent=1)
+json.dump(out, open(Path(__file__).with_name(f"layout_cross_entropy-{preset}.json"), "w"), indent=1)  # beside this script

@@ -5,6 +5,7 @@ pixels (generation reads each step's kept tokens back as decoded pixels) and, wi
     .venv/bin/python bench/results/layout-to-rgb-2026-11-26-zen4/memorised_layout_to_rgb.py STEPS SCENES [--tokens]
 """
 import sys, time, json
+from pathlib import Path
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3] / "tests"))
 import numpy as np, torch
 import test_learning as L
@@ -42,4 +43,4 @@ for pixels in ((True, False) if "--tokens" in sys.argv else (True,)):
         r = {"token_acc": float((g == true_tokens).mean()), "acc_other_vs_this": float((go == true_tokens).mean()), "acc_other_vs_other": float((go == np.roll(true_tokens, -1, 0)).mean()), "mse": mse(img), "mse_other": mse(imgo)}
         out[f"{'pixels' if pixels else 'tokens'}/{name}"] = r
         print(pixels, name, r, flush=True)
-json.dump(out, open(f"memorised_layout_to_rgb-{steps}-{n_sc}.json", "w"), indent=1)
+json.dump(out, open(Path(__file__).with_name(f"memorised_layout_to_rgb-{steps}-{n_sc}.json"), "w"), indent=1)  # beside this script

@@ -5,7 +5,7 @@ p(rgb token | semseg token) fitted on half the scenes.
 """
 import sys, numpy as np
 from fourm_kfp.config.loader import load_config
-from fourm_kfp.contract.addressing import stage_address
+from fourm_kfp.contract.runner import output_store
 from fourm_kfp.evaluation.any_to_any import AnyToAny
 from fourm_kfp.stages import STAGES
 from fourm_kfp.stages.evaluate import load_scenes
@@ -13,9 +13,10 @@ from fourm_kfp.storage import open_store
 from collections import Counter
 preset, root, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 config = load_config(preset)
-uri = {name: f"{root}/{name}/{stage_address(STAGES[name], config)}" for name in ("prepare-data", "train-tokenizers", "pretokenize", "pretrain")}
-engine = AnyToAny(uri["pretrain"], tokenizers_uri=uri["train-tokenizers"])
-scenes = load_scenes(engine, open_store(uri["prepare-data"]), open_store(uri["pretokenize"]), n)
+stores = {name: output_store(STAGES[name], config, open_store(root))
+          for name in ("prepare-data", "train-tokenizers", "pretokenize", "pretrain")}
+engine = AnyToAny(stores["pretrain"].uri, tokenizers_uri=stores["train-tokenizers"].uri)
+scenes = load_scenes(engine, stores["prepare-data"], stores["pretokenize"], n)
 rgb = np.stack([np.asarray(t).reshape(-1) for t in scenes.tokens["rgb"]])
 sem = np.stack([np.asarray(t).reshape(-1) for t in scenes.tokens["semseg"]])
 def H(x):
