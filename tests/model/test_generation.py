@@ -20,6 +20,9 @@ SPECS = (ModalitySpec("rgb", "image", 32, grid=(4, 4)),
          ModalitySpec("depth", "image", 24, grid=(4, 4)),
          ModalitySpec("caption", "sequence", 50, max_length=12))
 SENTINELS = (5, 6)
+#: caption -> rgb where rgb enters the encoder as 4x4 pixel patches (a 16x16 image): the read-back tests
+PIXEL_RGB_FROM_CAPTION = (ModalitySpec("rgb", "image", 32, grid=(4, 4), pixel_input=True, patch_size=4),
+                          ModalitySpec("caption", "sequence", 50, max_length=12))
 
 
 @pytest.fixture(scope="module")
@@ -181,10 +184,8 @@ def test_generation_reads_an_image_as_training_does():
 def test_a_generated_image_the_model_reads_as_pixels_is_read_back_between_steps():
     """caption → rgb with rgb read as pixel patches: each step's kept tokens join the inputs as the pixels of the
     decoded grid (the tokenizer's decoder), so what the decoder draws changes the later steps."""
-    specs = (ModalitySpec("rgb", "image", 32, grid=(4, 4), pixel_input=True, patch_size=4),
-             ModalitySpec("caption", "sequence", 50, max_length=12))
     torch.manual_seed(0)
-    model = FourM(FourMArgs(specs, encoder_layers=2, decoder_layers=2, dim=32, heads=4)).eval()
+    model = FourM(FourMArgs(PIXEL_RGB_FROM_CAPTION, encoder_layers=2, decoder_layers=2, dim=32, heads=4)).eval()
     samples = [{"caption": np.array([11, 12, 13])}, {"caption": np.array([20, 21])}]
     greedy = SamplingArgs(steps=4, temperature=0.0)
     calls = []
@@ -210,10 +211,8 @@ def test_the_pixels_read_back_for_a_kept_token_are_its_own_patch():
     """Between steps, every rgb slot the encoder reads sits at a kept token's position, and the pixel patch at that
     position of the image read back is the one the kept token decodes to: the grid is filled, decoded and cut into
     patches in the order positions count them (a transposed or shifted image fails)."""
-    specs = (ModalitySpec("rgb", "image", 32, grid=(4, 4), pixel_input=True, patch_size=4),
-             ModalitySpec("caption", "sequence", 50, max_length=12))
     torch.manual_seed(0)
-    model = FourM(FourMArgs(specs, encoder_layers=1, decoder_layers=1, dim=32, heads=4)).eval()
+    model = FourM(FourMArgs(PIXEL_RGB_FROM_CAPTION, encoder_layers=1, decoder_layers=1, dim=32, heads=4)).eval()
     seen, encode = [], model.encode
 
     def spy(batch):
