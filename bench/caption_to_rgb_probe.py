@@ -45,16 +45,14 @@ import torch
 from bench_output import emit
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import to_dict
-from fourm_kfp.contract.runner import output_store
 from fourm_kfp.evaluation import task_metrics as tm
 from fourm_kfp.evaluation.any_to_any import AnyToAny
 from fourm_kfp.evaluation.tasks import Baselines, read_semseg
 from fourm_kfp.hardware import reuse_freed_memory
 from fourm_kfp.masking.multimodal_masking import MaskedSample, MaskingArgs, collate
 from fourm_kfp.model.generation import SamplingArgs
-from fourm_kfp.stages import STAGES
-from fourm_kfp.stages.evaluate import load_scenes, train_ground_truth
-from fourm_kfp.storage import open_store
+from fourm_kfp.stages.evaluate import train_ground_truth
+from run_folder import open_run
 
 
 def _derangement(n: int, seed: int) -> list[int]:
@@ -112,15 +110,8 @@ def main() -> None:
     parser.add_argument("--output")
     args = parser.parse_args()
     reuse_freed_memory()
-    config = load_config(args.preset, overrides=args.overrides)
-    cfg = config.evaluate
-    root = open_store(args.root)
-    uri = {name: output_store(STAGES[name], config, root).uri
-           for name in ("prepare-data", "train-tokenizers", "pretokenize", "pretrain")}
-    uri["pretrain"] = args.model or uri["pretrain"]
-    engine = AnyToAny(uri["pretrain"], tokenizers_uri=uri["train-tokenizers"])
-    prepared = open_store(uri["prepare-data"])
-    scenes = load_scenes(engine, prepared, open_store(uri["pretokenize"]), args.scenes or cfg.num_samples)
+    run = open_run(args.preset, args.root, args.overrides, args.model, args.scenes)
+    cfg, engine, prepared, scenes = run.config.evaluate, run.engine, run.prepared, run.scenes
     captions = scenes.truth["caption"]
     true = [tm.caption_shapes(c) for c in captions]
     sampling = SamplingArgs(**to_dict(cfg.sampling))
@@ -181,7 +172,7 @@ def main() -> None:
     best = Baselines.fit({"caption": train_captions}).shapes
     most_common = tm.most_common([tm.caption_shapes(c) for c in train_captions])
     result = {
-        "bench": "caption_to_rgb_probe", "model": uri["pretrain"], "scenes": len(scenes),
+        "bench": "caption_to_rgb_probe", "model": run.model_uri, "scenes": len(scenes),
         "sampling": to_dict(cfg.sampling), "map_steps": cfg.map_steps, "seed": cfg.seed,
         "generated": _scores(generated, true),
         "generated_captions_shuffled": _scores(shuffled, true),

@@ -6,20 +6,13 @@ whether the same position's semseg token is among the inputs (the training input
 import sys, json, time
 from pathlib import Path
 import numpy as np, torch
-from fourm_kfp.config.loader import load_config
-from fourm_kfp.contract.runner import output_store
-from fourm_kfp.evaluation.any_to_any import AnyToAny
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/
 from fourm_kfp.masking.multimodal_masking import MaskedSample, MaskingArgs, collate
-from fourm_kfp.stages import STAGES
-from fourm_kfp.stages.evaluate import load_scenes
-from fourm_kfp.storage import open_store
+from run_folder import open_run
 
 preset, root, n_scenes = sys.argv[1], sys.argv[2], int(sys.argv[3])
-config = load_config(preset)
-stores = {name: output_store(STAGES[name], config, open_store(root))
-          for name in ("prepare-data", "train-tokenizers", "pretokenize", "pretrain")}
-engine = AnyToAny(stores["pretrain"].uri, tokenizers_uri=stores["train-tokenizers"].uri)
-scenes = load_scenes(engine, stores["prepare-data"], stores["pretokenize"], n_scenes)
+run = open_run(preset, root, scenes=n_scenes)
+engine, scenes = run.engine, run.scenes
 model = engine.generator.model
 names = model.args.names
 M = {n: names.index(n) for n in names}

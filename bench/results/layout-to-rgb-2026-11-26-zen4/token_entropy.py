@@ -3,20 +3,14 @@ position, given the same position's semseg token (and its row), and the held-out
 p(rgb token | semseg token) fitted on half the scenes.
     .venv/bin/python bench/results/layout-to-rgb-2026-11-26-zen4/token_entropy.py demo runs/demo 256
 """
-import sys, numpy as np
-from fourm_kfp.config.loader import load_config
-from fourm_kfp.contract.runner import output_store
-from fourm_kfp.evaluation.any_to_any import AnyToAny
-from fourm_kfp.stages import STAGES
-from fourm_kfp.stages.evaluate import load_scenes
-from fourm_kfp.storage import open_store
+import sys
 from collections import Counter
+from pathlib import Path
+import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/
+from run_folder import open_run
 preset, root, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-config = load_config(preset)
-stores = {name: output_store(STAGES[name], config, open_store(root))
-          for name in ("prepare-data", "train-tokenizers", "pretokenize", "pretrain")}
-engine = AnyToAny(stores["pretrain"].uri, tokenizers_uri=stores["train-tokenizers"].uri)
-scenes = load_scenes(engine, stores["prepare-data"], stores["pretokenize"], n)
+scenes = open_run(preset, root, scenes=n).scenes
 rgb = np.stack([np.asarray(t).reshape(-1) for t in scenes.tokens["rgb"]])
 sem = np.stack([np.asarray(t).reshape(-1) for t in scenes.tokens["semseg"]])
 def H(x):
