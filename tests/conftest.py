@@ -1,4 +1,5 @@
-"""Shared fixtures: a real S3 server (``rclone serve s3``) started for the session and S3 environment helpers."""
+"""Shared fixtures: a real S3 server (``rclone serve s3``) started for the session and S3 environment helpers, and
+one fresh smoke run of the whole pipeline shared by the end-to-end and determinism tests."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from fourm_kfp import storage
 from tests.local_s3 import LocalS3, serve_s3
+from tests.smoke_runs import run_smoke
 
 S3_KEY, S3_SECRET = "fourm-test-key", "fourm-test-secret"
 
@@ -17,6 +19,14 @@ def s3_server(tmp_path_factory) -> LocalS3:
     """A real S3 endpoint on loopback, backed by a temp folder; stopped at the end of the session."""
     with serve_s3(tmp_path_factory.mktemp("s3-data"), S3_KEY, S3_SECRET) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def fresh_smoke_run(tmp_path_factory) -> dict:
+    """``fourm-kfp run --preset smoke`` from an empty run folder, once a session: its summary, with ``root``.
+    The end-to-end test reruns the pipeline in that folder (reuse, ``--force``, a parameter change: each leaves the
+    first run's payloads as they were), the determinism test compares it with a second fresh run and verifies it."""
+    return run_smoke(tmp_path_factory.mktemp("fresh-smoke"))
 
 
 @pytest.fixture

@@ -11,17 +11,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from fourm_kfp.contract.manifest import payload_differences, payload_files
 from fourm_kfp.stages import PIPELINE
 from fourm_kfp.storage import open_store
+from tests.smoke_runs import CLI, run_smoke
 
 pytestmark = pytest.mark.slow
-CLI = str(Path(sys.executable).parent / "fourm-kfp")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -29,14 +27,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory) -> tuple[dict, dict]:
-    summaries = []
-    for name in ("first", "second"):
-        root = tmp_path_factory.mktemp(name)
-        proc = _cli("run", "--preset", "smoke", "--root", str(root), "--summary", str(root / "summary.json"))
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        summaries.append({**json.loads((root / "summary.json").read_text()), "root": str(root)})
-    return summaries[0], summaries[1]
+def two_runs(fresh_smoke_run, tmp_path_factory) -> tuple[dict, dict]:
+    """The session's fresh smoke run (the end-to-end test's first run) and a second one, each from an empty folder."""
+    return fresh_smoke_run, run_smoke(tmp_path_factory.mktemp("second"))
 
 
 def _manifest(uri: str) -> dict:

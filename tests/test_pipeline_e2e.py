@@ -7,9 +7,7 @@ changes only pretrain_* parameters recomputes pretrain and evaluate alone.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,19 +19,9 @@ from fourm_kfp.hardware import resolve_precision
 from fourm_kfp.stages import PIPELINE
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers
+from tests.smoke_runs import CLI, run_smoke
 
 pytestmark = pytest.mark.slow
-CLI = str(Path(sys.executable).parent / "fourm-kfp")
-
-
-def _run(root: Path, *extra: str, env: dict | None = None) -> tuple[dict, float]:
-    summary_path = root / f"summary-{time.monotonic_ns()}.json"
-    start = time.monotonic()
-    proc = subprocess.run([CLI, "run", "--preset", "smoke", "--root", str(root), "--summary", str(summary_path),
-                           *extra], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
-    seconds = time.monotonic() - start
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    return json.loads(summary_path.read_text()), seconds
 
 
 STAGES = [spec.name for spec in PIPELINE]
@@ -77,13 +65,14 @@ def _check_output(uri: str) -> None:
     assert manifest["counts"]["splits"]["val"]["samples"] == 8
 
 
-def test_smoke_pipeline_local_then_skipped(tmp_path):
-    first, _ = _run(tmp_path)
+def test_smoke_pipeline_local_then_skipped(fresh_smoke_run):
+    first = fresh_smoke_run  # from an empty run folder (shared with the determinism test, which does not change it)
+    root = Path(first["root"])
     assert [s["name"] for s in first["stages"]] == STAGES
     assert [s["status"] for s in first["stages"]] == ["ran"] * len(STAGES)
-    assert first["stages"][0]["output_uri"].startswith(str(tmp_path / "prepare-data"))
-    assert first["stages"][1]["output_uri"].startswith(str(tmp_path / "train-tokenizers"))
-    assert (tmp_path / "mlflow.db").exists()
+    assert first["stages"][0]["output_uri"].startswith(str(root / "prepare-data"))
+    assert first["stages"][1]["output_uri"].startswith(str(root / "train-tokenizers"))
+    assert (root / "mlflow.db").exists()
     _check_output(first["stages"][0]["output_uri"])
     _check_mlflow(first, "ran")
     # The stage times add up to no more than the run's wall time, pretokenize's counting its fanned-out parts.
@@ -96,24 +85,24 @@ def test_smoke_pipeline_local_then_skipped(tmp_path):
     pretrain = json.loads(open_store(first["stages"][3]["output_uri"]).get_bytes("_MANIFEST.json"))
     assert pretrain["counts"]["precision"] == ("bf16" if resolve_precision("auto", torch.device("cpu")) else "fp32")
 
-    second, _ = _run(tmp_path)
+    second = run_smoke(root)
     assert [s["status"] for s in second["stages"]] == ["skipped"] * len(STAGES)
     assert "parts_seconds" not in second["stages"][2]  # reused: no parts ran
     assert [s["output_uri"] for s in second["stages"]] == [s["output_uri"] for s in first["stages"]]
     assert second["mlflow"]["parent_run_id"] != first["mlflow"]["parent_run_id"]
     _check_mlflow(second, "skipped")  # every stage reused: nothing recomputed (how fast is bench/'s business)
 
-    forced, _ = _run(tmp_path, "--force", "train-tokenizers")
+    forced = run_smoke(root, "--force", "train-tokenizers")
     assert [s["status"] for s in forced["stages"]] == ["skipped", "ran"] + ["skipped"] * (len(STAGES) - 2)
 
     # A per-stage rerun, as from the UI: only pretrain_* parameters change, so pretrain and evaluate recompute and
     # every upstream output is reused by its content address.
-    rerun, _ = _run(tmp_path, "--param", 'pretrain_config_overrides=["train.steps=3"]')
+    rerun = run_smoke(root, "--param", 'pretrain_config_overrides=["train.steps=3"]')
     assert [s["status"] for s in rerun["stages"]] == ["skipped"] * 3 + ["ran", "ran"]
     assert [s["output_uri"] for s in rerun["stages"][:3]] == [s["output_uri"] for s in first["stages"][:3]]
     assert rerun["stages"][3]["output_uri"] != first["stages"][3]["output_uri"]
     # The pretrain step's HTML output (the KFP UI shows it) has the loss curves inline.
-    pages = [p.read_text() for p in (tmp_path / "kfp").rglob("report_html") if p.parent.name.startswith("pretrain")]
+    pages = [p.read_text() for p in (root / "kfp").rglob("report_html") if p.parent.name.startswith("pretrain")]
     assert pages and all("training_curves.png" in page and "data:image/png;base64," in page for page in pages)
 
 
@@ -122,7 +111,7 @@ def test_smoke_pipeline_on_s3(tmp_path, s3_env):
     store = f"s3://{bucket}/runs"
     # Two pretokenize workers (ParallelFor) over 3 train + 2 val shards, then the collect step.
     wide = ("--pretokenize-width", "2", "--set", "prepare_data.samples_per_shard=6")
-    first, _ = _run(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide)
+    first = run_smoke(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide)
     stage, tokenizers, tokens = first["stages"][:3]
     assert stage["status"] == "ran" and stage["output_uri"].startswith(f"{store}/prepare-data/")
     assert tokenizers["status"] == "ran" and tokenizers["output_uri"].startswith(f"{store}/train-tokenizers/")
@@ -138,7 +127,7 @@ def test_smoke_pipeline_on_s3(tmp_path, s3_env):
     keys = open_store(tokens["output_uri"]).list("train/_keys")
     assert len(keys) == 3
 
-    second, _ = _run(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide)
+    second = run_smoke(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide)
     assert [s["status"] for s in second["stages"]] == ["skipped"] * len(STAGES)
     assert "parts_seconds" not in second["stages"][2]  # reused: no parts ran
 
