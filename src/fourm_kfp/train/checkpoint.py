@@ -20,6 +20,8 @@ import json
 import logging
 import re
 import tempfile
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,7 +111,8 @@ class CheckpointManager:
         distributed.barrier()
         rank = distributed.rank()
         with tempfile.TemporaryDirectory(prefix=f"fourm-ckpt-r{rank}-") as tmp:
-            dcp.save(app_state, storage_writer=_reproducible_writer(tmp))
+            with _single_process_is_meant():
+                dcp.save(app_state, storage_writer=_reproducible_writer(tmp))
             for path in sorted(Path(tmp).iterdir()):
                 if path.is_file():
                     target.put_file(path.name, path)
@@ -131,6 +134,16 @@ class CheckpointManager:
             if ckpt.step not in recent and not (self.keep_every and ckpt.step % self.keep_every == 0):
                 ckpt.store.delete_prefix()
                 log.info("checkpoint: pruned step %d", ckpt.step)
+
+
+@contextmanager
+def _single_process_is_meant():
+    """DCP warns on every save and load outside a process group that it assumes one process: here that is what a
+    single-process run means, so the warning says nothing (in a group DCP uses the group and does not warn)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized",
+                                category=UserWarning)
+        yield
 
 
 def _reproducible_writer(path: str):
@@ -155,7 +168,8 @@ def load_checkpoint(ckpt: Checkpoint, app_state: dict[str, Any]) -> tuple[dict[s
         for key in ckpt.store.list():
             if "/" not in key and key not in (MARKER, TRAIN_STATE):
                 ckpt.store.get_file(key, Path(tmp) / key)
-        dcp.load(app_state, checkpoint_id=tmp)
+        with _single_process_is_meant():
+            dcp.load(app_state, checkpoint_id=tmp)
     train_state = json.loads(ckpt.store.get_bytes(TRAIN_STATE))
     key = f"ranks/rank-{rank:04d}.json"
     rank_state = json.loads(ckpt.store.get_bytes(key)) if ckpt.store.exists(key) else None
