@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -12,11 +11,11 @@ from pathlib import Path
 CLI = str(Path(sys.executable).parent / "fourm-kfp")
 
 
-def run_smoke(root: Path, *extra: str, env: dict | None = None) -> dict:
+def run_smoke(root: Path, *extra: str) -> dict:
     """The run's ``--summary`` (with ``root`` added) after ``fourm-kfp run --preset smoke --root root *extra``;
     fails the test with the run's output when it exits non-zero."""
     summary_path = Path(root) / f"summary-{time.monotonic_ns()}.json"
     proc = subprocess.run([CLI, "run", "--preset", "smoke", "--root", str(root), "--summary", str(summary_path),
-                           *extra], capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=600)
+                           *extra], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     return {**json.loads(summary_path.read_text()), "root": str(root)}
