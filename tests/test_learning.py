@@ -197,7 +197,12 @@ class SceneModel:
 
     @property
     def scenes(self) -> list[dict]:
-        return self.originals + [s for name in MOVES for s in self.moved[name]]
+        return trained_images(self.originals, self.moved)
+
+
+def trained_images(originals: list[dict], moved: dict[str, list[dict]]) -> list[dict]:
+    """The 24 images the scene model trains on, in order: the originals, then each move's copies."""
+    return originals + [s for name in MOVES for s in moved[name]]
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["rgb-pixels", "rgb-tokens"])
@@ -208,7 +213,7 @@ def scene_model(request, tokenizers) -> SceneModel:
     moved = {name: [{m: move(m, s[m][None])[0] for m in MODALITIES} for s in originals]
              for name, move in MOVES.items()}
     originals, moved = tokenize(tokenizers, originals), {n: tokenize(tokenizers, v) for n, v in moved.items()}
-    model = train(originals + [s for name in MOVES for s in moved[name]], request.param, steps=STEPS)
+    model = train(trained_images(originals, moved), request.param, steps=STEPS)
     return SceneModel(model, originals, moved)
 
 
