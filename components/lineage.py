@@ -2,7 +2,7 @@
 
 from kfp import dsl
 
-from fourm_kfp.components.images import CPU_IMAGE
+from fourm_kfp.images import CPU_IMAGE
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

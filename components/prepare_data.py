@@ -4,7 +4,7 @@ from typing import NamedTuple
 
 from kfp import dsl
 
-from fourm_kfp.components.images import CPU_IMAGE
+from fourm_kfp.images import CPU_IMAGE
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from kfp import dsl
 
-from fourm_kfp.components.images import GPU_IMAGE
+from fourm_kfp.images import GPU_IMAGE
 
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)

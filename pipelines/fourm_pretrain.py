@@ -13,7 +13,7 @@ from kfp import dsl, kubernetes
 
 from fourm_kfp.cluster.job_spec import IN_POD, PYTORCHJOB, JobParams, param_prefix
 from fourm_kfp.components.evaluate import evaluate
-from fourm_kfp.components.images import IMAGE_TAG, IMAGE_TAG_ENV
+from fourm_kfp.images import IMAGE_TAG, IMAGE_TAG_ENV
 from fourm_kfp.components.lineage import close_lineage_run, open_lineage_run
 from fourm_kfp.components.prepare_data import prepare_data
 from fourm_kfp.components.pretokenize import fan_out, pretokenize, pretokenize_part

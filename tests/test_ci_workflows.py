@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from fourm_kfp.cli import build_parser
-from fourm_kfp.launchers.kfp_submit import EXIT_CODES
+from fourm_kfp.pipeline_runs.run_outcome import EXIT_CODES
 from tests.dev_tools import dev_tool
 
 REPO = Path(__file__).resolve().parent.parent
@@ -316,7 +316,7 @@ def test_test_workflow_runs_ci_run_on_every_push_and_pull_request():
 
 
 def test_images_workflow_builds_both_images_for_every_commit_on_main_and_every_version_tag(tmp_path):
-    from fourm_kfp.components.images import CPU_IMAGE, GPU_IMAGE, REGISTRY
+    from fourm_kfp.images import CPU_IMAGE, GPU_IMAGE, REGISTRY
 
     workflow = load_workflow(IMAGES_WORKFLOW)
     on = triggers(workflow)

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from fourm_kfp import __version__
-from fourm_kfp.components.images import CPU_IMAGE, GPU_IMAGE
+from fourm_kfp.images import CPU_IMAGE, GPU_IMAGE
 from fourm_kfp.pipelines import fourm_pretrain as pipeline
 from tests.dev_tools import dev_tool
 from tests.k8s_schemas import (PYTORCHJOB_CRD, crd_errors, crd_validator, k8s_errors, pod_template_errors)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from fourm_kfp.launchers.compile import compile_pipeline, default_output
+from fourm_kfp.pipeline_runs.compile import compile_pipeline, default_output
 
 
 def test_committed_pipeline_yaml_is_current(tmp_path):
@@ -121,7 +121,7 @@ def test_an_image_tag_pins_every_step_and_the_jobs_they_launch(tmp_path):
     default, _ = yaml.safe_load_all(compile_pipeline(tmp_path / "d.yaml").read_text())
     assert {e["container"]["image"].rsplit(":", 1)[1] for e in default["deploymentSpec"]["executors"].values()} \
         == {__version__}
-    in_pod = subprocess.run([sys.executable, "-c", "from fourm_kfp.components.images import GPU_IMAGE; "
+    in_pod = subprocess.run([sys.executable, "-c", "from fourm_kfp.images import GPU_IMAGE; "
                              "print(GPU_IMAGE)"], env={**os.environ, "FOURM_IMAGE_TAG": "0a1b2c3d"},
                             capture_output=True, text=True, check=True)
     assert in_pod.stdout.strip() == "ghcr.io/fourm-kfp/fourm-kfp-python-gpu:0a1b2c3d"

@@ -19,10 +19,10 @@ from fourm_kfp.contract import lineage
 from fourm_kfp.cli import main as cli_main
 from fourm_kfp.errors import UserError
 from fourm_kfp.config.loader import load_config
-from fourm_kfp.launchers.kfp_api import check_cron, coerce_parameter, make_client
-from fourm_kfp.launchers.kfp_submit import (EXIT_CODES, EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_GATE_UNREAD,
-                                            EXIT_NOT_FOLLOWED, EXIT_SUCCEEDED, EXIT_USER_ERROR, TAG_FOLLOWING,
-                                            SubmitRequest, attach, submit)
+from fourm_kfp.pipeline_runs.kfp_api import check_cron, coerce_parameter, make_client
+from fourm_kfp.pipeline_runs.run_outcome import (EXIT_CODES, EXIT_FAILED, EXIT_GATE_REFUSED, EXIT_GATE_UNREAD,
+                                                 EXIT_NOT_FOLLOWED, EXIT_SUCCEEDED, EXIT_USER_ERROR, SubmitRequest)
+from fourm_kfp.pipeline_runs.submit import TAG_FOLLOWING, attach, submit
 from tests.kfp_api_emulator import KfpApiEmulator, model_errors, robfig_cron_parse
 
 STAGES = ("prepare-data", "train-tokenizers", "pretokenize", "pretrain", "evaluate")
@@ -106,7 +106,7 @@ def test_a_second_submit_uploads_a_version_only_when_the_pipeline_changed(tmp_pa
         first = submit(_request(emulator), out=lambda line: None)
         again = submit(_request(emulator), out=lambda line: None)
         changed = tmp_path / "changed.yaml"
-        from fourm_kfp.launchers.kfp_submit import pipeline_package
+        from fourm_kfp.pipeline_runs.submit import pipeline_package
 
         changed.write_text(pipeline_package().read_text().replace("Pre-train a 4M-style", "Pre-train a 4M style"))
         third = submit(_request(emulator, package=str(changed)), out=lambda line: None)
@@ -368,7 +368,7 @@ def test_the_emulator_parses_cron_as_the_server_does():
 
 def _variant(tmp_path, i: int) -> str:
     """The committed pipeline with a changed description: another content hash, so another version."""
-    from fourm_kfp.launchers.kfp_submit import pipeline_package
+    from fourm_kfp.pipeline_runs.submit import pipeline_package
 
     path = tmp_path / f"variant-{i}.yaml"
     path.write_text(pipeline_package().read_text().replace("Pre-train a 4M-style", f"Pre-train ({i}) a 4M-style"))
@@ -633,7 +633,7 @@ def test_report_reads_the_gate_of_every_run_that_ended_in_the_window_and_exits_b
     reads the verdicts of the runs that ended since, failing when a gate refused."""
     import datetime as dt
 
-    from fourm_kfp.launchers.kfp_submit import report
+    from fourm_kfp.pipeline_runs.run_report import report
 
     verdicts = iter([True, False])
 

@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
     generate.add_argument("--s3-endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
 
-    from fourm_kfp.launchers.kfp_submit import EXIT_CODES
+    from fourm_kfp.pipeline_runs.run_outcome import EXIT_CODES
 
     submit = sub.add_parser(
         "submit", help="run the pipeline on a Kubeflow Pipelines server (optionally wait for it)",
@@ -205,15 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fourm_kfp.console import closing_summary
-    from fourm_kfp.launchers.kfp_submit import parse_parameters
-    from fourm_kfp.launchers.local import PipelineFailed, run_pipeline_locally
+    from fourm_kfp.pipeline_runs.local import PipelineFailed, run_pipeline_locally
 
     try:
         summary = run_pipeline_locally(args.preset, args.root, store=args.store, s3_endpoint=args.s3_endpoint,
                                        overrides=args.overrides, force=args.force,
                                        tracking_uri=args.mlflow_tracking_uri, summary_path=args.summary,
                                        pipeline_arguments={"pretokenize_width": args.pretokenize_width,
-                                                           **parse_parameters(args.param)})
+                                                           **_typed_parameters(args.param)})
     except PipelineFailed as exc:
         print(closing_summary(exc.summary))
         print(f"Error: {exc}", file=sys.stderr)
@@ -233,6 +232,18 @@ def _pairs(items: list[str], flag: str, shape: str = "KEY=VALUE", empty_ok: bool
             raise ConfigError(f"{flag} {item!r}: expected {shape}")
         pairs[key] = value
     return pairs
+
+
+def _typed_parameters(items: list[str]) -> dict[str, Any]:
+    """``--param NAME=VALUE`` for a local run: the value as JSON when it parses (numbers, booleans, lists, objects),
+    else text (``submit`` sends the text and the server types it by the compiled pipeline)."""
+    parameters: dict[str, Any] = {}
+    for name, text in _pairs(items, "--param", "NAME=VALUE", empty_ok=True).items():
+        try:
+            parameters[name] = json.loads(text)
+        except json.JSONDecodeError:
+            parameters[name] = text
+    return parameters
 
 
 def _input_uris(items: list[str]) -> dict[str, str]:
@@ -286,16 +297,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from fourm_kfp.config.loader import load_config
     from fourm_kfp.contract.planning import plan_stages
-    from fourm_kfp.launchers.stage import apply_s3_endpoint, local_root, resolve_store_uri
+    from fourm_kfp.launchers.stage import local_root, open_run
     from fourm_kfp.stages import PIPELINE
-    from fourm_kfp.storage import open_store
 
-    root = local_root(args.root)
-    apply_s3_endpoint(args.s3_endpoint)
-    config = load_config(args.preset, overrides=args.overrides)
-    store = open_store(resolve_store_uri(root, args.store, args.s3_endpoint), s3_endpoint=args.s3_endpoint)
+    config, store = open_run(_run_context(args, local_root(args.root)), create=False)
     plan = plan_stages(PIPELINE, config, store)
     if args.json:
         print(json.dumps([p.to_dict() for p in plan], indent=2))
@@ -310,17 +316,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     import tempfile
 
-    from fourm_kfp.config.loader import load_config
     from fourm_kfp.contract.verify import verify_stage
-    from fourm_kfp.launchers.stage import apply_s3_endpoint, local_root, resolve_store_uri, setup_logging
+    from fourm_kfp.launchers.stage import local_root, open_run, setup_logging
     from fourm_kfp.stages import get_stage
     from fourm_kfp.storage import open_store
 
     setup_logging()
-    root = local_root(args.root)
-    apply_s3_endpoint(args.s3_endpoint)
-    config = load_config(args.preset, overrides=args.overrides)
-    store = open_store(resolve_store_uri(root, args.store, args.s3_endpoint), s3_endpoint=args.s3_endpoint)
+    config, store = open_run(_run_context(args, local_root(args.root)), create=False)
     with tempfile.TemporaryDirectory(prefix="fourm-verify-") as tmp:
         scratch = open_store(args.scratch or tmp, s3_endpoint=args.s3_endpoint, create=True)
         result = verify_stage(get_stage(args.name), config, store, scratch)
@@ -370,7 +372,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     import signal
 
-    from fourm_kfp.launchers.kfp_submit import SubmitRequest, attach, report, split_parameters, submit
+    from fourm_kfp.pipeline_runs.run_report import report
+    from fourm_kfp.pipeline_runs.run_outcome import SubmitRequest
+    from fourm_kfp.pipeline_runs.submit import attach, submit
     from fourm_kfp.launchers.stage import setup_logging
 
     setup_logging()
@@ -380,7 +384,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
         raise UserError("--host (or $KFP_HOST): the KFP API endpoint to submit to")
     request = SubmitRequest(host=host, preset=args.preset, overrides=args.overrides,
-                            parameters=split_parameters(args.param), namespace=args.namespace,
+                            parameters=_pairs(args.param, "--param", "NAME=VALUE", empty_ok=True), namespace=args.namespace,
                             experiment=args.experiment, package=args.package, image_tag=args.image_tag,
                             run_name=args.run_name,
                             schedule=args.schedule, wait=args.wait, timeout_s=args.timeout, poll_s=args.poll,
@@ -438,7 +442,7 @@ def ui_server_command(mlflow: str, tracking: str, host: str, port: int) -> tuple
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from fourm_kfp.launchers.compile import compile_pipeline
+    from fourm_kfp.pipeline_runs.compile import compile_pipeline
 
     output = compile_pipeline(args.output, image_tag=args.image_tag)
     print(f"wrote {output}")

@@ -12,7 +12,7 @@ import pytest
 
 from fourm_kfp.cluster.job_spec import (ADDRESS_LABEL, JOB_STAGES, POD_ROOT, RESTARTS, RUN_ID_LABEL, STAGE_LABEL,
                                         JobRequest, OwnerPod, job_name, load_template, render_job, to_yaml)
-from fourm_kfp.components.images import GPU_IMAGE
+from fourm_kfp.images import GPU_IMAGE
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.launchers.remote import stage_command
 from fourm_kfp.launchers.stage import RunContext

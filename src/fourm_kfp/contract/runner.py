@@ -90,8 +90,10 @@ def _context(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[s
 
 def run_stage(spec: StageSpec, config: FourMConfig, store_root: Store, *, force: bool = False,
               input_uris: dict[str, str] | None = None, tracking_uri: str | None = None,
-              parent_run_id: str | None = None, parts: int = 1) -> StageOutcome:
-    """Run (or reuse) one stage; see the module docstring."""
+              parent_run_id: str | None = None, parts: int = 1,
+              committed: tuple[dict, str] | None = None) -> StageOutcome:
+    """Run (or reuse) one stage; see the module docstring. ``committed``: the output's manifest and digest when the
+    caller has just read them (a launcher's plan), so they are not read again."""
     started = time.monotonic()
     if not distributed.is_primary():
         tracking_uri = None
@@ -104,7 +106,7 @@ def run_stage(spec: StageSpec, config: FourMConfig, store_root: Store, *, force:
         tracker.log_params({"preset": config.preset, **resolved})
         for item in inputs.values():
             tracker.log_dataset(item.name, item.uri, item.digest, context="input")
-        committed = None if force else read_manifest(output)
+        committed = None if force else (committed or read_manifest(output))
         if committed is not None:
             manifest, manifest_digest = committed
             status = "skipped"

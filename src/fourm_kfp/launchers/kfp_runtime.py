@@ -182,7 +182,7 @@ def run_job_component(stage: str, preset: str, config_overrides: Sequence[str], 
                                    mlflow_tracking_uri, parent_run_id, force, input_uris=input_uris,
                                    report_path=report_path, metrics=metrics, html_path=html_path)
     from fourm_kfp.launchers.kubernetes_job import launch_stage_job
-    from fourm_kfp.components.images import GPU_IMAGE
+    from fourm_kfp.images import GPU_IMAGE
 
     run = RunContext(preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
     outcome = launch_stage_job(stage, run, force=force, input_uris=input_uris, params=job, image=GPU_IMAGE,

@@ -4,8 +4,8 @@
 alike:
 
 1. **plan** — the stage's content address follows from the config; when that output is committed (and ``force`` is
-   off) it is reported through the ordinary stage runner (an MLflow child run tagged as reused) and nothing is
-   started;
+   off) it is reported through the ordinary stage runner (an MLflow child run tagged as reused), from the plan's
+   config, store and manifest as they are, and nothing is started;
 2. **check** what the backend needs (e.g. a store the remote processes can reach) and open the inputs here, so a
    missing input fails once and not in every replica;
 3. **start** the backend with the remote processes' command (:func:`stage_command`: the one ``fourm-kfp stage``
@@ -79,7 +79,7 @@ def launch_remote(stage: str, run: RunContext, backend: RemoteBackend, *, force:
     if not force and plan.committed:
         out(f"{backend.prefix} {stage} {plan.address} is committed at {plan.output.uri}: creating no {backend.what}")
         backend.skipped(plan)
-        return launch_stage(stage, run, root=root, input_uris=input_uris)
+        return launch_stage(stage, run, root=root, input_uris=input_uris, plan=plan)
     backend.check(plan)
     inputs = open_inputs(plan.spec, plan.config, plan.store, input_uris)
     command = stage_command(stage, replace(run, store_uri=plan.store.uri),

@@ -5,7 +5,9 @@ Every launcher passes a :class:`RunContext` (config, store, lineage).
 needs: logging, the S3 endpoint (passed on to child processes through ``AWS_ENDPOINT_URL``), joining a
 ``torch.distributed`` group when the environment describes one, loading the config with its overrides (a list end
 to end, so values with spaces survive), opening the output store, and running the stage with lineage.
-:func:`plan_launch` and :func:`committed_outcome` frame a launch on other machines (:mod:`.remote`).
+:func:`open_run` is the one place a run's config and store are loaded. :func:`plan_launch` and
+:func:`committed_outcome` frame a launch on other machines (:mod:`.remote`): a plan that found the output committed
+is handed to :func:`launch_stage`, which reports it without loading, opening or reading anything again.
 """
 
 from __future__ import annotations
@@ -76,14 +78,28 @@ class RunContext:
         object.__setattr__(self, "overrides", tuple(self.overrides))
 
 
+def open_run(run: RunContext, *, create: bool = True) -> tuple[FourMConfig, Store]:
+    """The run's config (its preset with the overrides) and its store root, the S3 endpoint made the process
+    default first; ``create``: make the bucket or folder when missing (off for commands that only read)."""
+    from fourm_kfp.config.loader import load_config
+    from fourm_kfp.storage import open_store
+
+    apply_s3_endpoint(run.s3_endpoint)
+    config = load_config(run.preset, overrides=list(run.overrides))
+    return config, open_store(run.store_uri, s3_endpoint=run.s3_endpoint or None, create=create)
+
+
 def launch_stage(name: str, run: RunContext, *, root: str | os.PathLike | None = None, force: bool = False,
-                 input_uris: dict[str, str] | None = None, parts: int = 1) -> StageOutcome:
-    """Run stage ``name`` in this process (every rank of a ``torch.distributed`` group, rank 0 commits)."""
+                 input_uris: dict[str, str] | None = None, parts: int = 1,
+                 plan: LaunchPlan | None = None) -> StageOutcome:
+    """Run stage ``name`` in this process (every rank of a ``torch.distributed`` group, rank 0 commits). ``plan``:
+    :func:`plan_launch`'s for this stage and run, whose config, store and manifest are used as they are."""
     from fourm_kfp.contract import run_stage
 
-    spec, config, store, tracking, inputs = _prepare(name, run, root, input_uris)
+    spec, config, store, tracking, inputs = _prepare(name, run, root, input_uris, plan)
+    committed = plan.committed if plan is not None and not force else None
     return run_stage(spec, config, store, force=force, input_uris=inputs, tracking_uri=tracking,
-                     parent_run_id=run.parent_run_id or None, parts=parts)
+                     parent_run_id=run.parent_run_id or None, parts=parts, committed=committed)
 
 
 def launch_stage_part(name: str, run: RunContext, part: int, parts: int, *, root: str | os.PathLike | None = None,
@@ -96,19 +112,21 @@ def launch_stage_part(name: str, run: RunContext, part: int, parts: int, *, root
                           parent_run_id=run.parent_run_id or None)
 
 
-def _prepare(name: str, run: RunContext, root: str | os.PathLike | None, input_uris: dict[str, str] | None):
+def _prepare(name: str, run: RunContext, root: str | os.PathLike | None, input_uris: dict[str, str] | None,
+             plan: LaunchPlan | None = None):
     from fourm_kfp import distributed
-    from fourm_kfp.config.loader import load_config
     from fourm_kfp.contract import lineage
     from fourm_kfp.stages import get_stage
-    from fourm_kfp.storage import open_store
 
     setup_logging()
-    apply_s3_endpoint(run.s3_endpoint)
     distributed.init_from_env()  # under torchrun: every rank runs the stage, rank 0 commits
-    config = load_config(run.preset, overrides=list(run.overrides))
-    spec = get_stage(name)
-    store = open_store(run.store_uri, s3_endpoint=run.s3_endpoint or None, create=True)
+    if plan is None:
+        config, store = open_run(run)
+        spec = get_stage(name)
+    else:
+        if plan.stage != name:
+            raise ValueError(f"a plan of stage {plan.stage!r} handed to stage {name!r}")
+        config, store, spec = plan.config, plan.store, plan.spec
     tracking = lineage.resolve_tracking_uri(run.tracking_uri or None, root)
     return spec, config, store, tracking, {k: v for k, v in (input_uris or {}).items() if v}
 
@@ -116,7 +134,7 @@ def _prepare(name: str, run: RunContext, root: str | os.PathLike | None, input_u
 @dataclass(frozen=True)
 class LaunchPlan:
     """What a launcher of one stage on other machines (a PyTorchJob, torchx) knows before it starts anything: the
-    stage's address and output, and whether that output is committed already."""
+    stage's address and output, and the output's manifest and its digest when it is committed already (else None)."""
 
     stage: str
     config: FourMConfig
@@ -124,28 +142,24 @@ class LaunchPlan:
     store: Store
     address: str
     output: Store
-    committed: bool
+    committed: tuple[dict, str] | None
     started: float
 
 
 def plan_launch(stage: str, run: RunContext) -> LaunchPlan:
     """Load the config, open the store, and find ``stage``'s content address and whether it is committed."""
-    from fourm_kfp.config.loader import load_config
     from fourm_kfp.contract.addressing import stage_address
     from fourm_kfp.contract.manifest import read_manifest
     from fourm_kfp.contract.runner import output_store
     from fourm_kfp.stages import get_stage
-    from fourm_kfp.storage import open_store
 
     setup_logging()
-    apply_s3_endpoint(run.s3_endpoint)
     started = time.monotonic()
-    config = load_config(run.preset, overrides=list(run.overrides))
+    config, store = open_run(run)
     spec = get_stage(stage)
-    store = open_store(run.store_uri, s3_endpoint=run.s3_endpoint or None, create=True)
     output = output_store(spec, config, store)
-    return LaunchPlan(stage, config, spec, store, stage_address(spec, config), output,
-                      read_manifest(output) is not None, started)
+    return LaunchPlan(stage, config, spec, store, stage_address(spec, config), output, read_manifest(output),
+                      started)
 
 
 def committed_outcome(plan: LaunchPlan, what: str) -> StageOutcome:

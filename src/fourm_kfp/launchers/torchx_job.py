@@ -134,7 +134,7 @@ def build_app(stage_args: Sequence[str], address: str, params: TorchxParams, rdz
     image = params.image
     if not image:
         if params.scheduler == "kubernetes":
-            from fourm_kfp.components.images import GPU_IMAGE
+            from fourm_kfp.images import GPU_IMAGE
 
             image = GPU_IMAGE
         else:

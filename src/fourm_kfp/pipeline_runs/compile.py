@@ -21,7 +21,7 @@ def compile_pipeline(output: str | os.PathLike | None = None, image_tag: str = "
     images its steps (and the jobs they launch) run, e.g. a commit the image workflow built; default the package
     version (or ``$FOURM_IMAGE_TAG``). The components take their image when they are defined, so another tag is
     compiled in a fresh interpreter."""
-    from fourm_kfp.components.images import IMAGE_TAG, IMAGE_TAG_ENV, IMAGE_TAG_PATTERN
+    from fourm_kfp.images import IMAGE_TAG, IMAGE_TAG_ENV, IMAGE_TAG_PATTERN
 
     path = Path(output) if output else default_output()
     if image_tag and not IMAGE_TAG_PATTERN.fullmatch(image_tag):
