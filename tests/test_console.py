@@ -65,6 +65,24 @@ def test_closing_summary_names_every_stage_and_where_things_are():
     assert "http://127.0.0.1:5000/#/experiments/1/runs/abc" in text
 
 
+def test_closing_summary_says_why_a_model_is_the_champion_and_links_it():
+    summary = {"mlflow": {"tracking_uri": "sqlite:////r/mlflow.db", "parent_run_id": "abc",
+                          "parent_run_page": "#/experiments/1/runs/abc?workflowType=machine_learning",
+                          "model_page": "#/models/fourm-demo/versions/1?workflowType=machine_learning"},
+               "stages": [{"name": "evaluate", "status": "ran", "seconds": 1.0, "output_uri": "/r/e/1"}],
+               "model_gate": {"model_name": "fourm-demo", "version": "1", "promoted": True,
+                              "reason": "there was no champion, so this version became the champion (val.loss 4.9)"}}
+    lines = closing_summary(summary).splitlines()
+    model = next(line for line in lines if line.startswith("model:"))
+    assert model == ("model:      fourm-demo version 1 in the MLflow registry (champion): there was no champion, so "
+                     "this version became the champion (val.loss 4.9)")
+    assert "            http://127.0.0.1:5000/#/models/fourm-demo/versions/1?workflowType=machine_learning  " \
+           "(the registered model)" in lines
+    summary["model_gate"].update(version="2", promoted=False, reason="val.loss 5.0 does not beat champion v1")
+    model = next(line for line in closing_summary(summary).splitlines() if line.startswith("model:"))
+    assert "version 2 in the MLflow registry (candidate; the champion stays): val.loss 5.0 does not" in model
+
+
 def test_closing_summary_prints_the_run_time_beside_the_machines_matmul_rate():
     summary = {"mlflow": {"tracking_uri": "sqlite:////r/mlflow.db", "parent_run_id": "abc"}, "seconds": 321.04,
                "machine": {"fp32_matmul_gflops": 231.4, "threads": 2},

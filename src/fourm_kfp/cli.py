@@ -424,10 +424,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
     exe = Path(sys.executable).parent / "mlflow"
     argv, env = ui_server_command(str(exe) if exe.exists() else shutil.which("mlflow") or "mlflow", tracking,
                                   args.host, args.port)
-    print(f"MLflow UI on http://{args.host}:{args.port} for {tracking} (Ctrl-C stops it)", flush=True)
+    address = f"http://{args.host}:{args.port}/"
+    print(f"MLflow UI on {address} for {tracking} (Ctrl-C stops it)", flush=True)
+    print(f"runs:                {address}{lineage.experiment_page(tracking)}", flush=True)
     latest = lineage.latest_pipeline_run(tracking)
     if latest:
-        print(f"newest pipeline run: http://{args.host}:{args.port}/{lineage.run_page(tracking, latest)}", flush=True)
+        print(f"newest pipeline run: {address}{lineage.run_page(tracking, latest)}", flush=True)
     os.execve(argv[0], argv, env)
     return 0  # not reached
 

@@ -145,13 +145,17 @@ def closing_summary(summary: dict[str, Any]) -> str:
         lines.insert(-3, f"evaluation: {evaluation['output_uri']}/reports/evaluation_report.html (and .md)")
     gate = summary.get("model_gate")
     if gate and gate.get("version"):
-        state = "champion" if gate["promoted"] else "candidate"
-        lines.insert(-3, f"model:      {gate['model_name']} version {gate['version']} ({state}) in the MLflow "
-                         f"registry: {gate['reason']}")
+        state = "champion" if gate["promoted"] else "candidate; the champion stays"
+        lines.insert(-3, f"model:      {gate['model_name']} version {gate['version']} in the MLflow registry ({state}): "
+                         f"{gate['reason']}")
     if tracking.startswith("sqlite:"):
         root = tracking.removeprefix("sqlite:///").removesuffix("/mlflow.db")
-        page = summary["mlflow"].get("parent_run_page", "")
+        ui = "http://127.0.0.1:5000/"
         lines.append(f"MLflow UI:  fourm-kfp ui --root {root}  (needs the `ui` extra: `make ui` installs it in a "
                      "checkout, else pip install 'fourm-kfp[ui]'), then")
-        lines.append(f"            http://127.0.0.1:5000/{page}  (this run)")
+        page = summary["mlflow"].get("parent_run_page", "")
+        if page:
+            lines.append(f"            {ui}{page}  (this run)")
+        if summary["mlflow"].get("model_page"):
+            lines.append(f"            {ui}{summary['mlflow']['model_page']}  (the registered model)")
     return "\n".join(lines)

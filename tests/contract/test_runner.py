@@ -112,7 +112,10 @@ def test_the_mlflow_ui_opens_the_experiment_on_its_runs_and_finds_the_newest_pip
     experiment = client.get_experiment_by_name(lineage.EXPERIMENT)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert lineage.latest_pipeline_run(tracking) == newest != first
-    assert lineage.run_page(tracking, newest) == f"#/experiments/{experiment.experiment_id}/runs/{newest}"
+    # the UI opens a page in model training (runs, models) only when its address asks (MLflow 3.17)
+    assert lineage.run_page(tracking, newest) == \
+        f"#/experiments/{experiment.experiment_id}/runs/{newest}?workflowType=machine_learning"
+    assert lineage.experiment_page(tracking) == f"#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning"
     client.delete_experiment_tag(experiment.experiment_id, "mlflow.experimentKind")  # a store from before
     lineage.start_pipeline_run(tracking, "later", {})
     assert client.get_experiment(experiment.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"

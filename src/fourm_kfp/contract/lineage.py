@@ -136,7 +136,8 @@ def _client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-#: MLflow 3's UI opens an experiment on its GenAI traces page unless the experiment says it is model training.
+#: The kind MLflow 3 records for an experiment (set to model training when missing, a kind chosen in the UI is left
+#: alone). It does not decide which mode the UI's pages open in: the address does (:data:`UI_MODEL_TRAINING`).
 EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
@@ -157,9 +158,26 @@ def _experiment_id(client, tracking_uri: str) -> str:
         return client.get_experiment_by_name(EXPERIMENT).experiment_id
 
 
+#: MLflow 3's UI shows an experiment and its runs in its GenAI mode (traces, "Evaluations") unless the page's address
+#: asks for model training: the experiment tag above does not switch it (MLflow 3.17, tried in a browser); this does.
+UI_MODEL_TRAINING = "?workflowType=machine_learning"
+
+
 def run_page(tracking_uri: str, run_id: str) -> str:
-    """The MLflow UI's path of a run, relative to the UI's address: ``#/experiments/<id>/runs/<run id>``."""
-    return f"#/experiments/{_client(tracking_uri).get_run(run_id).info.experiment_id}/runs/{run_id}"
+    """The MLflow UI's path of a run, relative to the UI's address, opened in model training:
+    ``#/experiments/<id>/runs/<run id>?workflowType=machine_learning``."""
+    experiment_id = _client(tracking_uri).get_run(run_id).info.experiment_id
+    return f"#/experiments/{experiment_id}/runs/{run_id}{UI_MODEL_TRAINING}"
+
+
+def experiment_page(tracking_uri: str) -> str:
+    """The MLflow UI's path of the runs table of this package's experiment (model training)."""
+    return f"#/experiments/{_experiment_id(_client(tracking_uri), tracking_uri)}/runs{UI_MODEL_TRAINING}"
+
+
+def model_version_page(model_name: str, version: str) -> str:
+    """The MLflow UI's path of a registered model version (its aliases, tags and source run)."""
+    return f"#/models/{model_name}/versions/{version}{UI_MODEL_TRAINING}"
 
 
 def start_pipeline_run(tracking_uri: str | None, run_name: str, params: Mapping[str, Any],

@@ -3,7 +3,7 @@
 The identical pipeline definition that runs in the cluster runs here with ``SubprocessRunner(use_venv=False)``
 (components execute in this Python environment), KFP caching on, and the KFP pipeline root inside the run folder.
 The MLflow store defaults to ``<root>/mlflow.db``. Afterwards a summary JSON is assembled from the MLflow runs:
-``{"run_id", "mlflow": {"tracking_uri", "parent_run_id", "parent_run_page"},
+``{"run_id", "mlflow": {"tracking_uri", "parent_run_id", "parent_run_page", "model_page"},
 "stages": [{"name", "status", "output_uri", "seconds"}], "seconds", "machine": {"fp32_matmul_gflops", "threads"}}``:
 each stage's seconds (a fanned-out stage's include its parts', also given as ``parts_seconds``), the run's wall time
 and, measured after it, the CPU's fp32 matmul rate, so a time taken on one machine can be read against another's.
@@ -125,5 +125,7 @@ def build_summary(run_label: str, tracking_uri: str, parent_run_id: str) -> dict
     }
     evaluation = next((s for s in stages if s["name"] == "evaluate" and s["output_uri"]), None)
     if evaluation:
-        summary["model_gate"] = json.loads(open_store(evaluation["output_uri"]).get_bytes("gate.json"))
+        gate = summary["model_gate"] = json.loads(open_store(evaluation["output_uri"]).get_bytes("gate.json"))
+        if gate.get("version"):
+            summary["mlflow"]["model_page"] = lineage.model_version_page(gate["model_name"], gate["version"])
     return summary
