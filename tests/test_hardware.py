@@ -85,7 +85,7 @@ def test_the_flush_ends_when_the_block_raises():
     ("AVX512", {"avx512f", "avx512_bf16"}, True),  # a Zen 4: torch says AVX512, the CPU does bf16
     ("AVX512", {"avx512f", "amx_bf16", "amx_tile"}, True),  # a Sapphire Rapids
     ("AVX512", {"avx512f", "avx512bw"}, False),  # AVX512 without bf16 arithmetic
-    ("AVX2", {"avx2", "fma"}, False),  # the trap of DESIGN.md §5: bf16 emulated, ~50x slower than fp32
+    ("AVX2", {"avx2", "fma"}, False),  # the trap: bf16 emulated, ~50x slower than fp32 (0.9 against 46 GFLOP/s)
     ("AVX512_BF16", set(), True),  # where torch names it, no flags needed
 ])
 def test_precision_auto_picks_bf16_on_cpus_with_bf16_arithmetic(monkeypatch, capability, flags, expected):

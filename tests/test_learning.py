@@ -23,7 +23,7 @@ caption) to the map (pixel normalisation, patch order, positions, tokenizer alig
 context, MaskGIT decoding, a text input's embeddings), not that a model generalises; the evaluation stage measures
 that. The first demo model failed the
 second: its maps were one blob in the middle whatever the input, and a mirrored image gave the same logits
-(``shared/docs/evidence``); the README's status section says what was found and changed. Minute-long: marked
+(``docs/records/``, the record of what the model learns, says what was found and changed). Minute-long: marked
 ``learning`` (``make test`` runs them; ``-m "not learning"`` leaves them out).
 """
 
@@ -39,7 +39,7 @@ from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.config.fourm_config import EvaluateConfig, OptimizerConfig
 from fourm_kfp.config.schema import to_dict
 from fourm_kfp.data.synthetic_scenes import synthetic_sample
-from fourm_kfp.evaluation.task_metrics import normal_stats, semseg_stats
+from fourm_kfp.evaluation.dense_metrics import normal_stats, semseg_stats
 from fourm_kfp.hardware import resolve_precision
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample

@@ -140,7 +140,7 @@ def base_env(node_dir: Path, s3_env: dict[str, str]) -> dict[str, str]:
 
 
 def operator_env(job: RenderedJob, node: int, port: int) -> dict[str, str]:
-    """Exactly what the Training Operator v1 sets in a PyTorchJob pod with a Master replica (DESIGN.md §6)."""
+    """Exactly what the Training Operator v1 sets in a PyTorchJob pod with a Master replica (read from its source, v1.9)."""
     return {"PYTHONUNBUFFERED": "1",
             "MASTER_ADDR": "127.0.0.1", "PET_MASTER_ADDR": "127.0.0.1",  # <job>-master-0 in the cluster
             "MASTER_PORT": str(port), "PET_MASTER_PORT": str(port),
