@@ -34,6 +34,7 @@ def test_registries_cover_exactly_the_table():
 def test_every_modality_is_fully_described(name):
     modality = MODALITIES[name]
     assert modality.kind in ("image", "sequence") and modality.metric
+    assert not modality.camera_image or (modality.kind == "image" and modality.channels == 3)  # read as RGB
     value = synthetic_sample(0, 3, 32)[name]
     assert modality.decode(modality.encode(value)) is not None
     tile = visualize(name, value, 32)

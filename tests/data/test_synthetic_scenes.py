@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from fourm_kfp.data.modalities import CLASS_NAMES, COORD_BINS, OBJECT_CLASSES, parse_det
-from fourm_kfp.data.synthetic_scenes import (
-    COLORS, SIZES, Camera, Scene, SceneObject, render_scene, sample_scene, synthetic_sample,
-)
+from fourm_kfp.data.scene_captions import COLOR_WORDS, SIZE_WORDS
+from fourm_kfp.data.synthetic_scenes import Camera, Scene, SceneObject, render_scene, sample_scene, synthetic_sample
 
 UP = np.array([0.0, 1.0, 0.0])
 
@@ -104,7 +103,7 @@ def test_sampled_scenes_rest_on_the_ground_without_interpenetrating():
         assert 1 <= len(scene.objects) <= 4
         for obj in scene.objects:
             assert obj.center[1] == pytest.approx(obj.height / 2)
-            assert obj.shape in OBJECT_CLASSES and obj.color in COLORS and obj.size in SIZES
+            assert obj.shape in OBJECT_CLASSES and obj.color in COLOR_WORDS and obj.size in SIZE_WORDS
         for a, b in itertools.combinations(scene.objects, 2):
             assert np.hypot(*(a.center - b.center)[[0, 2]]) > a.footprint + b.footprint
 

@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 from fourm_kfp.contract.lineage import _client
-from fourm_kfp.evaluation import task_metrics as tm
-from fourm_kfp.evaluation.model_gate import SCENE_SCORES, beats, champion_info, register_and_gate, scene_scores
-from tests.local_s3 import stop_process
+from fourm_kfp.evaluation.caption_metrics import caption_stats
+from fourm_kfp.evaluation.model_gate import SCENE_SCORES, champion_info, register_and_gate, scene_scores
+from fourm_kfp.evaluation.targets import beats
+from fourm_kfp.local_s3_server import stop_process
 
 LINEAGE = {"data.uri": "s3://bucket/prepare-data/123", "pipeline_run_id": "p1"}
 
@@ -160,7 +161,7 @@ def _scores(hits, keys=None) -> tuple[float, dict]:
     metric's value and the scene-scores document of an evaluation that scored it."""
     hits = np.asarray(hits, dtype=bool)
     objects = ["a small red cube"] * len(hits)
-    stats = tm.caption_stats(["a small red cube" if h else "a small blue cube" for h in hits], objects)
+    stats = caption_stats(["a small red cube" if h else "a small blue cube" for h in hits], objects)
     keys = keys or [f"scene-{i:04d}" for i in range(len(hits))]
     return stats.whole()["object_f1"], scene_scores({"rgb-to-caption.": (keys, stats)})
 

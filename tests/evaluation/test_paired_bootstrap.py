@@ -12,7 +12,13 @@ import pytest
 from fourm_kfp.data.modalities import parse_det
 from fourm_kfp.data.synthetic_scenes import synthetic_sample
 from fourm_kfp.evaluation import paired_bootstrap as pb
-from fourm_kfp.evaluation import task_metrics as tm
+from fourm_kfp.evaluation.caption_metrics import caption_metrics, caption_stats
+from fourm_kfp.evaluation.dense_metrics import (depth_metrics, depth_stats, normal_metrics, normal_stats, semseg_miou,
+                                                semseg_stats)
+from fourm_kfp.evaluation.detection_metrics import box_ap50, box_stats
+from fourm_kfp.evaluation.scene_stats import SceneStats
+from fourm_kfp.evaluation.scene_stats_reader import read_scene_stats
+from fourm_kfp.evaluation.shape_presence import caption_shapes, shape_set_f1, shape_set_stats
 from fourm_kfp.evaluation.targets import better
 from fourm_kfp.evaluation.tasks import TaskResult
 
@@ -20,7 +26,7 @@ SAMPLES = [synthetic_sample(1, index, 32) for index in range(24)]
 CUBE, FAR = (0.0, 0.0, 10.0, 10.0), (50.0, 50.0, 60.0, 60.0)
 
 
-def _result(task: str, primary: str, higher: bool, model: tm.SceneStats, baseline: tm.SceneStats) -> TaskResult:
+def _result(task: str, primary: str, higher: bool, model: SceneStats, baseline: SceneStats) -> TaskResult:
     keys = [f"scene-{i}" for i in range(len(model))]
     return TaskResult.scored(task, primary, higher, keys, model, model, baseline, [])
 
@@ -28,9 +34,9 @@ def _result(task: str, primary: str, higher: bool, model: tm.SceneStats, baselin
 # -- the claims ---------------------------------------------------------------------------------------------------
 
 def test_a_clear_win_excludes_zero():
-    truth = [tm.caption_shapes(s["caption"]) for s in SAMPLES]
-    model = tm.shape_set_stats(truth, truth)  # every scene right: F1 1
-    baseline = tm.shape_set_stats([frozenset({"cube"})] * len(truth), truth)
+    truth = [caption_shapes(s["caption"]) for s in SAMPLES]
+    model = shape_set_stats(truth, truth)  # every scene right: F1 1
+    baseline = shape_set_stats([frozenset({"cube"})] * len(truth), truth)
     result = _result("caption-to-rgb", "shape_presence_f1", True, model, baseline)
     assert result.metrics["shape_presence_f1"] == 1.0 and result.baseline["shape_presence_f1"] < 0.6
     assert result.difference == pytest.approx(1.0 - result.baseline["shape_presence_f1"])
@@ -40,7 +46,7 @@ def test_a_clear_win_excludes_zero():
     assert out["beats_baseline"] and out["interval_low"] == result.interval.low
     assert out["scene_scores"]["model"] == {f"scene-{i}": 1.0 for i in range(len(truth))}
     # One scene's score is the metric of that scene alone.
-    assert out["scene_scores"]["baseline"]["scene-3"] == tm.shape_set_f1([frozenset({"cube"})], [truth[3]])[
+    assert out["scene_scores"]["baseline"]["scene-3"] == shape_set_f1([frozenset({"cube"})], [truth[3]])[
         "shape_presence_f1"]
 
 
@@ -50,7 +56,7 @@ def test_one_lucky_scene_is_not_a_win():
     model = [[(FAR, "cube", 0.9)] for _ in range(30)]  # 29 misses with high scores ...
     model[7] = [(CUBE, "cube", 0.1)]  # ... and one hit, ranked last: precision 1/30 at recall 1/30
     baseline = [[(FAR, "cube", 0.5)] for _ in range(30)]
-    model_stats, baseline_stats = tm.box_stats(model, truth), tm.box_stats(baseline, truth)
+    model_stats, baseline_stats = box_stats(model, truth), box_stats(baseline, truth)
     assert model_stats.whole()["ap50"] == pytest.approx(1 / 900) and baseline_stats.whole()["ap50"] == 0.0
     assert better("rgb-to-det", 1 / 900, 0.0)  # the point rule calls it a win
     result = _result("rgb-to-det", "ap50", True, model_stats, baseline_stats)
@@ -63,8 +69,8 @@ def test_one_lucky_scene_is_not_a_win():
 def test_lower_is_better():
     rng = np.random.default_rng(3)
     true = rng.uniform(1.0, 10.0, size=(20, 4, 4))
-    good = tm.depth_stats(true * rng.uniform(1.0, 1.1, size=true.shape), true)  # abs_rel about 0.05
-    bad = tm.depth_stats(true * rng.uniform(1.3, 1.7, size=true.shape), true)  # about 0.5
+    good = depth_stats(true * rng.uniform(1.0, 1.1, size=true.shape), true)  # abs_rel about 0.05
+    bad = depth_stats(true * rng.uniform(1.3, 1.7, size=true.shape), true)  # about 0.5
     interval = pb.paired(good.statistic("abs_rel"), bad.statistic("abs_rel"), 20, higher_is_better=False)
     assert interval.difference == pytest.approx(bad.whole()["abs_rel"] - good.whole()["abs_rel"])
     assert interval.difference > 0.3 and interval.clears(0.0) and interval.paired
@@ -79,7 +85,7 @@ def test_fixed_seed_is_deterministic_and_resamples_draw_n_scenes():
     truth = [[(CUBE, "cube")] for _ in range(30)]
     model = [[(CUBE, "cube", 0.9)] if i % 3 else [(FAR, "cube", 0.9)] for i in range(30)]
     baseline = [[(CUBE, "cube", 0.5)] if i % 2 else [] for i in range(30)]
-    stats = tm.box_stats(model, truth).statistic("ap50"), tm.box_stats(baseline, truth).statistic("ap50")
+    stats = box_stats(model, truth).statistic("ap50"), box_stats(baseline, truth).statistic("ap50")
     first, again = pb.paired(*stats, 30, True), pb.paired(*stats, 30, True)
     assert first == again
     other = pb.paired(*stats, 30, True, seed=1)
@@ -90,8 +96,8 @@ def test_fixed_seed_is_deterministic_and_resamples_draw_n_scenes():
 
 
 def test_unpaired_and_degenerate_intervals():
-    a = tm.shape_set_stats([frozenset({"cube"})] * 40, [frozenset({"cube"})] * 40)
-    b = tm.shape_set_stats([frozenset()] * 25, [frozenset({"cube"})] * 25)
+    a = shape_set_stats([frozenset({"cube"})] * 40, [frozenset({"cube"})] * 40)
+    b = shape_set_stats([frozenset()] * 25, [frozenset({"cube"})] * 25)
     interval = pb.unpaired(a.statistic("shape_presence_f1"), 40, b.statistic("shape_presence_f1"), 25, True)
     assert not interval.paired and interval.difference == interval.low == interval.high == 1.0
     assert interval.clears(0.99) and not interval.clears(1.0)  # strictly above what it must clear
@@ -111,7 +117,7 @@ def _duplicated(items, row):
     return [items[i] for i in np.repeat(np.arange(len(items)), row.astype(int))]
 
 
-def _check(stats: tm.SceneStats, plain, items_per_arg, names):
+def _check(stats: SceneStats, plain, items_per_arg, names):
     resampled = stats.metrics(COUNTS)
     for r, row in enumerate(COUNTS):
         expected = plain(*[_duplicated(items, row) for items in items_per_arg])
@@ -128,42 +134,42 @@ def test_weighted_ap_equals_ap_on_duplicated_scenes():
                  for box, name in boxes if rng.random() < 0.8]
         scene += [((1.0, 1.0, 6.0, 6.0), str(rng.choice(["cube", "sphere", "cone"])), float(rng.random()))]
         predictions.append(scene)
-    stats = tm.box_stats(predictions, truth)
+    stats = box_stats(predictions, truth)
     assert 0.1 < stats.whole()["ap50"] < 0.95  # hits and misses, not a trivial case
     # A class absent from a resample is NaN there, and absent from the duplicated set's dict.
-    _check(stats, tm.box_ap50, [predictions, truth], lambda expected: expected)
-    assert stats.per_scene("ap50")[0] == tm.box_ap50(predictions[:1], truth[:1])["ap50"]
+    _check(stats, box_ap50, [predictions, truth], lambda expected: expected)
+    assert stats.per_scene("ap50")[0] == box_ap50(predictions[:1], truth[:1])["ap50"]
 
 
 def test_weighted_miou_and_dense_metrics_equal_duplicated_scenes():
     rng = np.random.default_rng(1)
     semseg = [s["semseg"] for s in SAMPLES]
     noisy = [np.where(rng.random(s.shape) < 0.2, rng.integers(0, 6, s.shape), s).astype(s.dtype) for s in semseg]
-    stats = tm.semseg_stats(np.stack(noisy), np.stack(semseg))
-    _check(stats, lambda p, t: tm.semseg_miou(np.stack(p), np.stack(t)), [noisy, semseg], lambda e: e)
+    stats = semseg_stats(np.stack(noisy), np.stack(semseg))
+    _check(stats, lambda p, t: semseg_miou(np.stack(p), np.stack(t)), [noisy, semseg], lambda e: e)
     depth = [s["depth"] for s in SAMPLES]
     pred = [d * rng.uniform(0.8, 1.2, d.shape) for d in depth]
-    _check(tm.depth_stats(np.stack(pred), np.stack(depth)),
-           lambda p, t: tm.depth_metrics(np.stack(p), np.stack(t)), [pred, depth], lambda e: e)
+    _check(depth_stats(np.stack(pred), np.stack(depth)),
+           lambda p, t: depth_metrics(np.stack(p), np.stack(t)), [pred, depth], lambda e: e)
     normal = [s["normal"] for s in SAMPLES]
     npred = [n + rng.normal(0, 0.3, n.shape) for n in normal]
-    _check(tm.normal_stats(np.stack(npred), np.stack(normal)),
-           lambda p, t: tm.normal_metrics(np.stack(p), np.stack(t)), [npred, normal], lambda e: e)
+    _check(normal_stats(np.stack(npred), np.stack(normal)),
+           lambda p, t: normal_metrics(np.stack(p), np.stack(t)), [npred, normal], lambda e: e)
 
 
 def test_weighted_micro_f1_equals_duplicated_scenes():
     truth = [s["caption"] for s in SAMPLES]
     pred = truth[3:] + truth[:3]  # other scenes' captions: partial matches
-    stats = tm.caption_stats(pred, truth)
+    stats = caption_stats(pred, truth)
     assert 0 < stats.whole()["object_f1"] < 1
-    _check(stats, tm.caption_metrics, [pred, truth], lambda e: e)
-    assert stats.per_scene("word_f1")[5] == tm.caption_metrics(pred[5:6], truth[5:6])["word_f1"]
+    _check(stats, caption_metrics, [pred, truth], lambda e: e)
+    assert stats.per_scene("word_f1")[5] == caption_metrics(pred[5:6], truth[5:6])["word_f1"]
 
 
 def test_scene_stats_survive_json():
     truth = [[(CUBE, "cube")], [(FAR, "sphere")], []]
-    stats = tm.box_stats([[(CUBE, "cube", 0.3)], [(CUBE, "sphere", 0.9)], [(FAR, "cone", 0.5)]], truth)
-    back = tm.SceneStats.from_json(stats.to_json())
+    stats = box_stats([[(CUBE, "cube", 0.3)], [(CUBE, "sphere", 0.9)], [(FAR, "cone", 0.5)]], truth)
+    back = read_scene_stats(stats.to_json())
     assert back.whole() == stats.whole() and back.to_json() == stats.to_json()
-    caption = tm.caption_stats(["a small red cube"], ["a large red cube"])
-    assert tm.SceneStats.from_json(caption.to_json()).whole() == caption.whole()
+    caption = caption_stats(["a small red cube"], ["a large red cube"])
+    assert read_scene_stats(caption.to_json()).whole() == caption.whole()

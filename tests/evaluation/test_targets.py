@@ -1,6 +1,6 @@
-"""Scoring comes from the modality table: each task's primary metric and direction, the margin rule, and a new
-modality (a toy ``lidar`` depth map) that gets its task, metrics and baseline from its one table entry; and how
-caption-to-rgb's score, ceiling and baseline are made."""
+"""Scoring comes from the modality table: each task's primary metric and direction, the margin rule, the text
+targets' baseline, and a new modality (a toy ``lidar`` depth map) that gets its task, metrics and baseline from its
+one table entry; and how caption-to-rgb's score, ceiling and baseline are made."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from fourm_kfp.config.fourm_config import EVALUATION_TASKS, evaluation_tasks
 from fourm_kfp.data import modalities
 from fourm_kfp.data.modalities import CLASS_NAMES, MODALITIES, OBJECT_CLASSES, Modality, decode_depth, encode_depth
-from fourm_kfp.evaluation.targets import better, scorer, task_primary
+from fourm_kfp.evaluation.targets import better, most_common, scorer, task_primary
 from fourm_kfp.evaluation.tasks import Baselines, Scenes, run_task
 from fourm_kfp.model.generation import Generated, SamplingArgs
 from fourm_kfp.tokenizers.metrics import mean_depth
@@ -55,6 +55,14 @@ def test_better_never_for_missing_values():
     assert not better("rgb-to-semseg", math.nan, 0.1) and not better("rgb-to-semseg", 0.5, math.nan)
     with pytest.raises(ValueError, match="<source>-to-<target>"):
         better("rgb->depth", 0.1, 0.2)
+
+
+def test_most_common():
+    assert most_common(["a", "b", "b", "a", "c"]) == "a"  # tie: the first seen
+    assert most_common(["x", "y", "y"]) == "y"
+    assert most_common([frozenset({"cube"}), frozenset(), frozenset({"cube"})]) == {"cube"}
+    with pytest.raises(ValueError):
+        most_common([])
 
 
 # -- a new modality is one table entry ------------------------------------------------------------------------------

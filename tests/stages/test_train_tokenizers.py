@@ -76,15 +76,15 @@ def test_modalities_the_data_lacks_are_skipped(smoke_data):
 def test_tokenizers_trained_side_by_side_are_those_trained_one_at_a_time(smoke_data, tmp_path, monkeypatch):
     """Two forked workers of one thread each (a 2-core machine) commit the very bytes of training each tokenizer
     in turn on one thread: no modality gets another's weights, data or seed."""
-    from fourm_kfp.stages import train_tokenizers as stage
+    from fourm_kfp.tokenizers import parallel_training
 
     _, _, data_uri = smoke_data
     config = load_config("smoke")
-    monkeypatch.setattr(stage, "available_cpus", lambda: 2)
-    assert stage.tokenizer_workers(len(IMAGE_MODALITIES), 2, "cpu") == 2
+    monkeypatch.setattr(parallel_training, "available_cpus", lambda: 2)
+    assert parallel_training.tokenizer_workers(len(IMAGE_MODALITIES), 2, "cpu") == 2
     side_by_side = run_stage(get_stage("train-tokenizers"), config, open_store(str(tmp_path / "a"), create=True),
                              input_uris={"prepare-data": data_uri})
-    monkeypatch.setattr(stage, "tokenizer_workers", lambda *_: 1)
+    monkeypatch.setattr(parallel_training, "tokenizer_workers", lambda *_: 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -110,7 +110,7 @@ def test_forked_tokenizer_workers_end_on_sigterm_whatever_the_calling_process_ha
     does not keep it, so Pool.terminate's SIGTERM ends the worker: one that had just sent its result used to catch
     the exception as a failed send and wait on the task queue, whose lock the terminating parent holds, forever (a
     test session hung so in the train-tokenizers stage after the torchx tests)."""
-    from fourm_kfp.stages.train_tokenizers import tokenizer_pool
+    from fourm_kfp.tokenizers.parallel_training import tokenizer_pool
 
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:

@@ -169,7 +169,8 @@ class DirichletComponent:
 
 @dataclass(frozen=True)
 class AlphasConfig:
-    """A mixture of Dirichlet distributions over modalities (DESIGN.md §1, multimodal masking)."""
+    """A mixture of Dirichlet distributions over modalities (4M's multimodal masking: a sample's input and target
+    token budgets are split across the modalities by a draw from one component of the mixture)."""
 
     mixture: tuple[DirichletComponent, ...] = option((), "the mixture components")
 
@@ -311,11 +312,16 @@ class PretokenizeConfig:
                 raise ValueError(f"{name} must be [low, high] with low <= high, got {list(low_high)}")
 
 
+#: The one task that is not ``rgb-to-<m>``: an image generated from the caption, scored through the semseg the
+#: model reads off it (:data:`fourm_kfp.evaluation.targets.CHAINED_TASKS`).
+CAPTION_TO_RGB = "caption-to-rgb"
+
+
 def evaluation_tasks(modalities: dict[str, Any] = MODALITIES) -> tuple[str, ...]:
     """Cross-modal tasks the evaluate stage knows (``<source>-to-<target>``; see :mod:`fourm_kfp.evaluation.tasks`):
-    ``rgb-to-<m>`` for every modality with a ``scoring`` in the modality table, and caption-to-rgb (scored through
-    the semseg the model reads off its own image)."""
-    return tuple(f"rgb-to-{name}" for name, m in modalities.items() if m.scoring) + ("caption-to-rgb",)
+    ``rgb-to-<m>`` for every modality with a ``scoring`` in the modality table, and :data:`CAPTION_TO_RGB` (scored
+    through the semseg the model reads off its own image)."""
+    return tuple(f"rgb-to-{name}" for name, m in modalities.items() if m.scoring) + (CAPTION_TO_RGB,)
 
 
 #: The tasks of the modality table (the evaluate section's default and choices).

@@ -63,6 +63,10 @@ class Modality:
     #: how the evaluate stage scores it as a generated target (an ``rgb-to-<name>`` task): the scorer family in
     #: :data:`fourm_kfp.evaluation.targets.SCORERS` (its metrics and trivial baseline); "" = not a task's target
     scoring: str = ""
+    #: a camera picture: a user's file of it (``fourm-kfp generate --from``) may be any image format PIL reads, and
+    #: is converted to RGB and resized to the model's image size; a file of any other image modality must be in its
+    #: shard format (``ext``, ``decode``) at the model's size
+    camera_image: bool = False
 
 
 def _png_bytes(array: np.ndarray, mode: str | None = None) -> bytes:
@@ -147,7 +151,7 @@ def decode_text(data: bytes) -> str:
 MODALITIES: dict[str, Modality] = {
     m.name: m
     for m in (
-        Modality("rgb", "image", "png", encode_rgb, decode_rgb, 3, "vqvae", "mse"),
+        Modality("rgb", "image", "png", encode_rgb, decode_rgb, 3, "vqvae", "mse", camera_image=True),
         Modality("depth", "image", "png", encode_depth, decode_depth, 1, "vqvae", "abs_rel", scoring="depth"),
         Modality("normal", "image", "png", encode_normal, decode_normal, 3, "vqvae", "angle_deg", scoring="normal"),
         Modality("semseg", "image", "png", encode_semseg, decode_semseg, 1, "vqvae", "pixel_err", scoring="classes"),

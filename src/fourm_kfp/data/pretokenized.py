@@ -1,6 +1,6 @@
 """The pretokenized dataset: what the ``pretokenize`` stage writes and the token loader reads.
 
-Same shard layout as the prepared data (DESIGN.md §2): ``<split>/<name>/shard-NNNNNN.tar``, one tar per
+Same shard layout as the prepared data (:mod:`.shard_writer`): ``<split>/<name>/shard-NNNNNN.tar``, one tar per
 modality and shard index, the same sample keys in the same order in every modality (a sample lacking a modality
 has no member there), plus the per-shard key index the shard writer keeps. Each sample was cut into ``n_crops``
 aligned crops (crop 0 is the full view); every member holds all crops of one sample:

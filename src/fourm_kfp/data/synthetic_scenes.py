@@ -10,7 +10,8 @@ NumPy (one ray through each pixel centre, no antialiasing) to the modalities of 
 * ``depth`` / ``normal`` — the exact camera z-depth and analytic surface normal (camera frame) of the first hit;
 * ``semseg`` — the class id of the hit surface; ``edge`` — where the hit object or face changes between
   4-neighbours (occlusion boundaries and creases such as cube edges and cylinder rims);
-* ``det`` — the tight pixel box of every visible object, left to right; ``caption`` — one sentence about them.
+* ``det`` — the tight pixel box of every visible object, left to right; ``caption`` — one sentence about them,
+  composed in the grammar of :mod:`.scene_captions` (its words are the shapes, colours and sizes below).
 
 :func:`synthetic_sample` is the deterministic entry point: ``(seed, index, image_size)`` fixes every output bit.
 A change to what this module renders must bump prepare-data's ``code_version`` (``fourm_kfp/stages``), so committed
@@ -25,17 +26,17 @@ from typing import Any
 
 import numpy as np
 
+from fourm_kfp.data import scene_captions as captions
 from fourm_kfp.data.modalities import CLASS_NAMES, format_det
 
-SHAPES: tuple[str, ...] = ("sphere", "cube", "cylinder", "cone")
-#: Albedo (linear RGB in 0..1) of every colour word a caption can use.
-COLORS: dict[str, tuple[float, float, float]] = {
-    "red": (0.85, 0.12, 0.10), "green": (0.15, 0.65, 0.20), "blue": (0.12, 0.28, 0.85),
-    "yellow": (0.92, 0.80, 0.12), "purple": (0.55, 0.22, 0.75), "cyan": (0.12, 0.75, 0.80),
-    "orange": (0.95, 0.48, 0.08), "white": (0.92, 0.92, 0.92), "gray": (0.45, 0.45, 0.47),
-}
-#: Radius (sphere, cylinder, cone) or half-extent (cube) in metres of each size word.
-SIZES: dict[str, float] = {"small": 0.35, "medium": 0.5, "large": 0.7}
+#: Albedo (linear RGB in 0..1) of each colour word (``captions.COLOR_WORDS``, in order).
+COLOR_ALBEDO: dict[str, tuple[float, float, float]] = dict(zip(captions.COLOR_WORDS, (
+    (0.85, 0.12, 0.10), (0.15, 0.65, 0.20), (0.12, 0.28, 0.85),  # red, green, blue
+    (0.92, 0.80, 0.12), (0.55, 0.22, 0.75), (0.12, 0.75, 0.80),  # yellow, purple, cyan
+    (0.95, 0.48, 0.08), (0.92, 0.92, 0.92), (0.45, 0.45, 0.47),  # orange, white, gray
+), strict=True))
+#: Radius (sphere, cylinder, cone) or half-extent (cube) in metres of each size word (``captions.SIZE_WORDS``).
+SIZE_RADIUS: dict[str, float] = dict(zip(captions.SIZE_WORDS, (0.35, 0.5, 0.7), strict=True))  # small, medium, large
 GROUND_RADIUS = 25.0  # metres; beyond it a ray sees sky, which keeps every depth well below MAX_DEPTH_M
 GROUND_ALBEDO = np.array([0.62, 0.56, 0.45])
 SKY_HORIZON, SKY_ZENITH = np.array([0.85, 0.89, 0.94]), np.array([0.40, 0.58, 0.86])
@@ -119,8 +120,9 @@ def sample_scene(rng: np.random.Generator) -> Scene:
 
     objects: list[SceneObject] = []
     for _ in range(rng.integers(1, 5)):
-        shape, color, size = rng.choice(SHAPES), rng.choice(list(COLORS)), rng.choice(list(SIZES))
-        radius = SIZES[size]
+        shape = rng.choice(captions.SHAPE_WORDS)
+        color, size = rng.choice(captions.COLOR_WORDS), rng.choice(captions.SIZE_WORDS)
+        radius = SIZE_RADIUS[size]
         obj_height = 2.0 * radius if shape in ("sphere", "cube") else radius * rng.uniform(1.6, 3.0)
         yaw = float(rng.uniform(0.0, np.pi / 2.0)) if shape == "cube" else 0.0
         for _attempt in range(50):  # rejection sampling of the position; the object is dropped if none fits
@@ -247,7 +249,7 @@ def _shade(scene: Scene, view: np.ndarray, points: np.ndarray, distance: np.ndar
     """Linear RGB ``[3, N]`` of rays along unit ``view`` directions that hit ``points`` at ``distance``: a sky
     gradient, or albedo × (ambient + unshadowed diffuse) + specular, fading towards the horizon colour."""
     light = scene.light_direction[:, None]
-    albedos = np.array([[0.0] * 3, GROUND_ALBEDO] + [COLORS[o.color] for o in scene.objects])
+    albedos = np.array([[0.0] * 3, GROUND_ALBEDO] + [COLOR_ALBEDO[o.color] for o in scene.objects])
     albedo = albedos[instance].T
     checker = (np.floor(points[0]) + np.floor(points[2])) % 2.0
     fade = np.clip(distance / (GROUND_RADIUS + 10.0), 0.0, 1.0)
@@ -284,34 +286,28 @@ def _edges(labels: np.ndarray, depth: np.ndarray) -> np.ndarray:
     return edge
 
 
-def _describe(obj: SceneObject) -> str:
-    return f"a {obj.size} {obj.color} {obj.shape}"
+def _named(obj: SceneObject) -> str:
+    return captions.object_phrase(obj.size, obj.color, obj.shape)
 
 
 def _caption(scene: Scene, visible: list[tuple[SceneObject, float]], image_size: int) -> str:
-    """One sentence about the visible ``(object, mask centroid x)`` pairs, sorted left to right."""
+    """One sentence about the visible ``(object, mask centroid x)`` pairs, sorted left to right: what it says is
+    decided here (which objects, which is nearer, where each sits), how it is said in :mod:`.scene_captions`."""
     if not visible:
-        return "an empty scene"
+        return captions.EMPTY_SCENE
     v = scene.caption_variant
-
-    def where(x: float) -> str:
-        return "on the left" if x < image_size / 3 else "on the right" if x > 2 * image_size / 3 else "in the middle"
-
     (a, xa), rest = visible[0], visible[1:]
     if not rest:
-        return [_describe(a), f"{_describe(a)} {where(xa)}", f"{_describe(a)} on the ground"][v % 3]
+        return captions.single_object(_named(a), captions.horizontal_place(xa, image_size), v)
     (b, xb), extra = rest[0], rest[1:]
     za, zb = -scene.camera.world_to_camera(np.stack([a.center, b.center]))[:, 2]
     if abs(za - zb) > 0.3 and abs(xa - xb) < 0.15 * image_size:  # one above the other in the image
         near, far = (a, b) if za < zb else (b, a)
-        sentence = (f"{_describe(near)} in front of {_describe(far)}" if v % 2
-                    else f"{_describe(far)} behind {_describe(near)}")
+        sentence = captions.in_depth(_named(near), _named(far), v)
     else:
-        sentence = f"{_describe(a)} left of {_describe(b)}" if v % 2 else f"{_describe(b)} right of {_describe(a)}"
-    phrases = [f"{_describe(o)} {where(x)}" for o, x in extra]
-    if phrases:
-        sentence = ", ".join([sentence, *phrases[:-1]]) + f" and {phrases[-1]}"
-    return sentence
+        sentence = captions.side_by_side(_named(a), _named(b), v)
+    return captions.with_others(sentence, [captions.placed(_named(o), captions.horizontal_place(x, image_size))
+                                           for o, x in extra])
 
 
 def render_scene(scene: Scene, image_size: int, return_instances: bool = False) -> dict[str, Any]:

@@ -120,15 +120,16 @@ class AnyToAny:
 
 
 def read_input(modality: str, value: str, image_size: int) -> Any:
-    """A ``--from`` value: an image file for an image modality (resized to the model's size), a text file or the
-    text itself for a sequence modality."""
+    """A ``--from`` value: a text file or the text itself for a sequence modality; for an image modality a file,
+    any picture resized to the model's size for a camera image (``camera_image`` in the modality table), else the
+    modality's shard format at the model's size."""
     info = get_modality(modality)
     path = Path(value)
     if info.kind == "sequence":
         return path.read_text().strip() if path.is_file() else value
     if not path.is_file():
         raise FileNotFoundError(f"--from {modality}={value}: no such file")
-    if modality == "rgb":
+    if info.camera_image:
         image = Image.open(path).convert("RGB")
         if image.size != (image_size, image_size):
             image = image.resize((image_size, image_size), Image.BICUBIC)

@@ -54,7 +54,9 @@ from typing import Any, Mapping, Sequence
 
 from fourm_kfp.contract.lineage import _client, _quiet_warnings
 from fourm_kfp.evaluation import paired_bootstrap
-from fourm_kfp.evaluation.task_metrics import SceneStats, beats
+from fourm_kfp.evaluation.scene_stats import SceneStats
+from fourm_kfp.evaluation.scene_stats_reader import read_scene_stats
+from fourm_kfp.evaluation.targets import beats
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +111,7 @@ def _scene_statistic(doc: Mapping[str, Any] | None,
     """The scene keys and the bootstrap statistic of ``metric`` in a scene-scores document (None if it has none)."""
     for group in (doc or {}).get("groups", []):
         if metric.startswith(group["prefix"]):
-            stats = SceneStats.from_json(group["stats"])
+            stats = read_scene_stats(group["stats"])
             name = metric[len(group["prefix"]):]
             if name in stats.whole():
                 return list(group["keys"]), stats.statistic(name)
@@ -176,7 +178,7 @@ def _decide(name: str, value: float, champion, higher: bool, margin: float, cand
     if not math.isfinite(value):
         return _Verdict(False, f"{name} is {value}, and a non-finite score is never promoted")
     if champion is None:
-        return _Verdict(True, f"no champion yet ({name} {_fmt(value)})")
+        return _Verdict(True, f"there was no champion, so this version became the champion ({name} {_fmt(value)})")
     old = _float(champion.tags.get(METRIC_TAG + name))
     if not math.isfinite(old):
         lacks = "has no" if math.isnan(old) else f"has a non-finite ({old})"

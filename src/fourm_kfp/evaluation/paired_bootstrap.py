@@ -6,7 +6,7 @@ bootstrap redraws the scenes: a resample draws ``n`` scene indices with replacem
 (:data:`BOOTSTRAP_RESAMPLES` times, generator seeded with :data:`BOOTSTRAP_SEED`) and recomputes both sides' metric on
 it. A resample is kept as counts (``[resamples, n]``: how often each scene was drawn), and each side is a
 *statistic*, ``counts -> metric per resample``: the task metrics recompute the set-level metric exactly from
-per-scene sufficient statistics weighted by those counts (:class:`fourm_kfp.evaluation.task_metrics.SceneStats`).
+per-scene sufficient statistics weighted by those counts (:class:`fourm_kfp.evaluation.scene_stats.SceneStats`).
 
 * **paired** (:func:`paired`): both sides are scored on the same scenes (the model and the baseline; a candidate and
   the champion evaluated on the same scene keys), and each resample uses the same counts for both, so what the two

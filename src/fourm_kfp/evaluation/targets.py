@@ -2,10 +2,12 @@
 
 A modality's entry in the modality table (:data:`fourm_kfp.data.modalities.MODALITIES`) names its family in
 ``scoring``; the family gives the per-scene statistics of predictions against the exact truth (every metric of the
-task, :mod:`.task_metrics`), the primary metric and its direction, and the trivial baseline fitted on training
-values (one prediction for every val scene). So a new modality that is scored like an existing one (a second depth
-sensor, another label map) is added in one place, its table entry; the ``rgb-to-<name>`` task follows
-(:data:`fourm_kfp.config.fourm_config.EVALUATION_TASKS`).
+task: :mod:`.dense_metrics`, :mod:`.detection_metrics`, :mod:`.caption_metrics`), the primary metric and its
+direction, and the trivial baseline fitted on training values (one prediction for every val scene; the text
+targets' is :func:`most_common`). So a new modality scored like an existing one (a second depth sensor, another
+label map) needs no code here: its table entry names the family, and the ``rgb-to-<name>`` task follows
+(:data:`fourm_kfp.config.fourm_config.EVALUATION_TASKS`); what else a new modality needs is listed in
+``docs/ARCHITECTURE.md``.
 
 =========  ========================================================  ======================================
 family     metrics (primary first)                                   baseline
@@ -18,20 +20,45 @@ caption    ``object_f1`` ↑ (``word_f1`` on real captions), others    the most 
 =========  ========================================================  ======================================
 
 ``caption-to-rgb`` is the one chained task: its image is scored through the semseg the model reads off it
-(:data:`CHAINED_TASKS`).
+(:data:`CHAINED_TASKS`, :mod:`.shape_presence`). Whether one score beats another is the margin rule of
+:func:`beats`, which the model gate applies too.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
 
+from fourm_kfp.config.fourm_config import CAPTION_TO_RGB
 from fourm_kfp.data.modalities import CLASS_NAMES, get_modality, parse_det
-from fourm_kfp.evaluation import task_metrics as tm
+from fourm_kfp.evaluation.caption_metrics import caption_primary, caption_stats
+from fourm_kfp.evaluation.dense_metrics import depth_stats, normal_stats, semseg_stats
+from fourm_kfp.evaluation.detection_metrics import box_stats, parse_generated_det
+from fourm_kfp.evaluation.scene_stats import SceneStats
 from fourm_kfp.tokenizers.metrics import majority_map, mean_depth, mean_normal
+
+H = TypeVar("H", bound=Hashable)
+
+
+def beats(new: float, old: float, higher_is_better: bool, margin: float = 0.0) -> bool:
+    """The margin rule (also the model gate's): strictly better than ``old``, and by at least ``margin * |old|``
+    (``|old|`` keeps it meaningful for negative scores; anything strictly better beats an ``old`` of 0)."""
+    if higher_is_better:
+        return new > old and new >= old + margin * abs(old)
+    return new < old and new <= old - margin * abs(old)
+
+
+def most_common(items: Sequence[H]) -> H:
+    """The most frequent item; ties go to the one seen first (the trivial baseline of the text targets)."""
+    if not items:
+        raise ValueError("most_common: no items")
+    counts = Counter(items)
+    best = max(counts.values())
+    return next(item for item in items if counts[item] == best)
 
 
 @dataclass(frozen=True)
@@ -43,7 +70,7 @@ class Scorer:
 
     primary: str
     higher_is_better: bool
-    stats: Callable[[Sequence[Any], Sequence[Any], Sequence[float]], tm.SceneStats]
+    stats: Callable[[Sequence[Any], Sequence[Any], Sequence[float]], SceneStats]
     baseline: Callable[[list[Any]], Any]
     primary_for: Callable[[Sequence[Any]], str] | None = None
 
@@ -53,7 +80,7 @@ class Scorer:
 
 def _boxes(texts: Sequence[str], confidence: Sequence[float]) -> list[list[tuple[Any, str, float]]]:
     """Boxes of generated det texts; a box's score is its text's confidence, earlier boxes first."""
-    return [[(box, name, score - 1e-3 * i) for i, (box, name) in enumerate(tm.parse_generated_det(text))]
+    return [[(box, name, score - 1e-3 * i) for i, (box, name) in enumerate(parse_generated_det(text))]
             for text, score in zip(texts, confidence)]
 
 
@@ -62,15 +89,15 @@ def _true_boxes(texts: Sequence[str]) -> list[list[tuple[Any, str]]]:
 
 
 SCORERS: dict[str, Scorer] = {
-    "depth": Scorer("abs_rel", False, lambda p, t, _: tm.depth_stats(np.stack(p), np.stack(t)),
+    "depth": Scorer("abs_rel", False, lambda p, t, _: depth_stats(np.stack(p), np.stack(t)),
                     lambda train: mean_depth(np.stack(train))),
-    "normal": Scorer("mean_angle_deg", False, lambda p, t, _: tm.normal_stats(np.stack(p), np.stack(t)),
+    "normal": Scorer("mean_angle_deg", False, lambda p, t, _: normal_stats(np.stack(p), np.stack(t)),
                      lambda train: mean_normal(np.stack(train))),
-    "classes": Scorer("miou", True, lambda p, t, _: tm.semseg_stats(np.stack(p), np.stack(t)),
+    "classes": Scorer("miou", True, lambda p, t, _: semseg_stats(np.stack(p), np.stack(t)),
                       lambda train: majority_map(len(CLASS_NAMES))(np.stack(train))),
-    "boxes": Scorer("ap50", True, lambda p, t, c: tm.box_stats(_boxes(p, c), _true_boxes(t)), tm.most_common),
-    "caption": Scorer("object_f1", True, lambda p, t, _: tm.caption_stats(p, t), tm.most_common,
-                      primary_for=tm.caption_primary),
+    "boxes": Scorer("ap50", True, lambda p, t, c: box_stats(_boxes(p, c), _true_boxes(t)), most_common),
+    "caption": Scorer("object_f1", True, lambda p, t, _: caption_stats(p, t), most_common,
+                      primary_for=caption_primary),
 }
 
 @dataclass(frozen=True)
@@ -83,7 +110,7 @@ class ChainedTask:
     higher_is_better: bool
 
 
-CHAINED_TASKS: dict[str, ChainedTask] = {"caption-to-rgb": ChainedTask(("semseg",), "shape_presence_f1", True)}
+CHAINED_TASKS: dict[str, ChainedTask] = {CAPTION_TO_RGB: ChainedTask(("semseg",), "shape_presence_f1", True)}
 
 
 def split_task(task: str) -> tuple[str, str]:
@@ -118,9 +145,9 @@ def task_primary(task: str) -> tuple[str, bool]:
 
 
 def better(task: str, a: float, b: float, margin: float = 0.0, *, higher: bool | None = None) -> bool:
-    """Whether ``a`` beats ``b`` on ``task``'s primary metric by the relative ``margin`` (:func:`~.task_metrics.beats`);
-    a non-finite value on either side is never better. ``higher`` overrides the task's direction (for a primary
-    metric chosen by the data, see :func:`~.task_metrics.caption_primary`)."""
+    """Whether ``a`` beats ``b`` on ``task``'s primary metric by the relative ``margin`` (:func:`beats`); a
+    non-finite value on either side is never better. ``higher`` overrides the task's direction (for a primary
+    metric chosen by the data, see :func:`~.caption_metrics.caption_primary`)."""
     if not (math.isfinite(a) and math.isfinite(b)):
         return False
-    return tm.beats(a, b, task_primary(task)[1] if higher is None else higher, margin)
+    return beats(a, b, task_primary(task)[1] if higher is None else higher, margin)

@@ -25,10 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from fourm_kfp.config.fourm_config import CAPTION_TO_RGB
 from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.evaluation import paired_bootstrap
-from fourm_kfp.evaluation import task_metrics as tm
 from fourm_kfp.evaluation.any_to_any import AnyToAny
+from fourm_kfp.evaluation.scene_stats import SceneStats
+from fourm_kfp.evaluation.shape_presence import best_constant_set, caption_shapes, shape_presence_stats, shape_set_stats
 from fourm_kfp.evaluation.targets import CHAINED_TASKS, better, scorer, split_task, task_primary
 from fourm_kfp.model.generation import SamplingArgs
 
@@ -59,8 +61,8 @@ class TaskResult:
     primary: str
     higher_is_better: bool
     scene_keys: list[str]  # the val scenes, in the order of the statistics' rows
-    model_stats: tm.SceneStats  # per-scene statistics of the model's predictions (every metric)
-    baseline_stats: tm.SceneStats
+    model_stats: SceneStats  # per-scene statistics of the model's predictions (every metric)
+    baseline_stats: SceneStats
     # per shown sample: column title -> (modality, value)
     examples: list[dict[str, tuple[str, Any]]] = field(default_factory=list)
     #: the primary metric's difference to the baseline (positive = better) and its paired bootstrap interval
@@ -72,8 +74,8 @@ class TaskResult:
                                                 self.higher_is_better)
 
     @classmethod
-    def scored(cls, task: str, primary: str, higher_is_better: bool, keys: list[str], model: tm.SceneStats,
-               ceiling: tm.SceneStats, baseline: tm.SceneStats,
+    def scored(cls, task: str, primary: str, higher_is_better: bool, keys: list[str], model: SceneStats,
+               ceiling: SceneStats, baseline: SceneStats,
                examples: list[dict[str, tuple[str, Any]]]) -> "TaskResult":
         return cls(task, model.whole(), ceiling.whole(), baseline.whole(), primary, higher_is_better, list(keys),
                    model, baseline, examples)
@@ -117,7 +119,7 @@ class TaskResult:
 class Baselines:
     """Trivial predictions fitted on training scenes (one value used for every val scene): per scored modality its
     family's baseline (:mod:`.targets`), and for caption-to-rgb the set of shapes that scores best against the
-    shapes the training captions name (:func:`~fourm_kfp.evaluation.task_metrics.best_constant_set`)."""
+    shapes the training captions name (:func:`~fourm_kfp.evaluation.shape_presence.best_constant_set`)."""
 
     predictions: dict[str, Any]
     shapes: frozenset[str]
@@ -127,8 +129,8 @@ class Baselines:
         """``train``: training values per modality (those without a ``scoring`` are ignored)."""
         predictions = {m: scorer(m).baseline(values) for m, values in train.items()
                        if values and get_modality(m).scoring}
-        shapes = [tm.caption_shapes(c) for c in train.get("caption", [])]
-        return cls(predictions, tm.best_constant_set(shapes))
+        shapes = [caption_shapes(c) for c in train.get("caption", [])]
+        return cls(predictions, best_constant_set(shapes))
 
 
 def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, sampling: SamplingArgs,
@@ -173,17 +175,17 @@ def _caption_to_rgb(engine: AnyToAny, scenes: Scenes, inputs: list[dict[str, np.
     rgb = engine.generate_tokens(inputs, "rgb", sampling, seed, batch_size)
     images = engine.detokenize("rgb", [g.tokens for g in rgb])
     predicted = read_semseg(engine, [g.tokens for g in rgb], images, map_sampling, seed + 1, batch_size)
-    metrics = tm.shape_presence_stats(predicted, captions)
+    metrics = shape_presence_stats(predicted, captions)
     # The ceiling goes the same way from the true image's tokens: what a perfect rgb token predictor would score
     # with this reader, whose own mistakes (a shape's pixels given another shape's class) cap it below 1.
     true_tokens = scenes.tokens["rgb"]
-    ceiling = tm.shape_presence_stats(read_semseg(engine, true_tokens, engine.detokenize("rgb", true_tokens),
-                                                   map_sampling, seed + 1, batch_size), captions)
-    baseline = tm.shape_set_stats([baselines.shapes] * len(captions), [tm.caption_shapes(c) for c in captions])
+    ceiling = shape_presence_stats(read_semseg(engine, true_tokens, engine.detokenize("rgb", true_tokens),
+                                               map_sampling, seed + 1, batch_size), captions)
+    baseline = shape_set_stats([baselines.shapes] * len(captions), [caption_shapes(c) for c in captions])
     examples = [{"input": ("caption", captions[i]), "generated": ("rgb", images[i]),
                  "its semseg": ("semseg", predicted[i]), "ground truth": ("rgb", scenes.truth["rgb"][i])}
                 for i in range(min(shown, len(captions)))]
-    return TaskResult.scored("caption-to-rgb", primary, True, scenes.keys, metrics, ceiling, baseline, examples)
+    return TaskResult.scored(CAPTION_TO_RGB, primary, True, scenes.keys, metrics, ceiling, baseline, examples)
 
 
 def read_semseg(engine: AnyToAny, rgb_tokens: list[np.ndarray], images: list[np.ndarray], sampling: SamplingArgs,

@@ -34,7 +34,8 @@ from fourm_kfp.batch import IGNORE_INDEX, MaskedBatch, ModalitySpec
 from fourm_kfp.model.layers import DecoderBlock, EncoderBlock, init_weights, layer_norm, sincos_1d, sincos_2d
 from fourm_kfp.model.table_gradients import gather_rows, slice_cross_entropy
 
-#: Reference sizes (encoder layers, decoder layers, width, heads), DESIGN.md §1.
+#: The sizes of the public 4M models (encoder layers, decoder layers, width, heads): apple/ml-4m's
+#: ``fourm/models/fm.py``, ``fm_tiny_6e_6d`` to ``fm_xlarge_24e_24d``.
 SIZES = {"tiny": (6, 6, 384, 6), "small": (8, 8, 512, 8), "base": (12, 12, 768, 12), "large": (24, 24, 1024, 16),
          "xlarge": (24, 24, 2048, 32)}
 

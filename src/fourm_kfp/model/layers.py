@@ -1,9 +1,9 @@
 """Transformer building blocks of the 4M model: pre-norm blocks, attention, SwiGLU, sin-cos positions.
 
-Every linear and LayerNorm is bias-free (DESIGN.md §1). Attention (:func:`attention`) takes a boolean mask
-(``True`` = may attend) that the model builds once per batch and goes through
-``torch.nn.functional.scaled_dot_product_attention``, except on the CPU where an explicit path is faster
-(:class:`_ExplicitAttention`); the q/k/v projections are one fused matmul, and so are SwiGLU's gate and up
+Every linear and LayerNorm is bias-free, as in 4M's SwiGLU models (apple/ml-4m's ``*_swiglu_nobias``).
+Attention (:func:`attention`) takes a boolean mask (``True`` = may attend) that the model builds once per batch and
+goes through ``torch.nn.functional.scaled_dot_product_attention``, except on the CPU where an explicit path is
+faster (:class:`_ExplicitAttention`); the q/k/v projections are one fused matmul, and so are SwiGLU's gate and up
 projections (whose activation writes both halves' gradients into one tensor).
 """
 

@@ -31,11 +31,12 @@ from fourm_kfp.contract import StageContext, StageResult
 from fourm_kfp.data.modalities import MODALITIES
 from fourm_kfp.data.pretokenized import decode_member, token_name
 from fourm_kfp.data.shard_stream import available_modalities, iter_split
-from fourm_kfp.evaluation import task_metrics as tm
+from fourm_kfp.evaluation import masked_modeling_stats
 from fourm_kfp.evaluation.any_to_any import AnyToAny
 from fourm_kfp.evaluation.learning_curve import curve_png, score_curve
 from fourm_kfp.evaluation.model_gate import scene_scores
 from fourm_kfp.evaluation.report import gate_markdown, report_html, report_markdown, task_grid
+from fourm_kfp.evaluation.scene_stats import SceneStats
 from fourm_kfp.evaluation.targets import task_modalities
 from fourm_kfp.evaluation.tasks import Baselines, Scenes, TaskResult, run_task
 from fourm_kfp.model.generation import SamplingArgs
@@ -95,9 +96,10 @@ def runnable_tasks(requested: tuple[str, ...], scenes: Scenes, modalities: list[
     return run, skipped
 
 
-def masked_modeling(ctx: StageContext, engine: AnyToAny) -> tuple[list[str], tm.SceneStats]:
+def masked_modeling(ctx: StageContext, engine: AnyToAny) -> tuple[list[str], SceneStats]:
     """Loss and token accuracy per modality on the val split, with train's budgets and seed (the batches pretrain
-    validates on): the val sample keys and their per-sample statistics (:func:`task_metrics.masked_stats`)."""
+    validates on): the val sample keys and their per-sample statistics
+    (:func:`~fourm_kfp.evaluation.masked_modeling_stats.masked_stats`)."""
     from fourm_kfp.masking.token_loader import validation_batches
     from fourm_kfp.train.build import TrainingInputs, loader_args, masking_args
     from fourm_kfp.train.step import autocast
@@ -118,10 +120,11 @@ def masked_modeling(ctx: StageContext, engine: AnyToAny) -> tuple[list[str], tm.
             rows.append(torch.stack([out.sample_sums[n].float().cpu() if n in out.sample_sums else empty
                                      for n in names], 1).double().numpy())
             keys += batch.keys
-    return keys, tm.masked_stats(names, np.concatenate(rows) if rows else np.zeros((0, len(names), 3)))
+    sums = np.concatenate(rows) if rows else np.zeros((0, len(names), 3))
+    return keys, masked_modeling_stats.masked_stats(names, sums)
 
 
-def masked_summary(stats: tm.SceneStats) -> dict[str, dict[str, float]]:
+def masked_summary(stats: SceneStats) -> dict[str, dict[str, float]]:
     """``{modality: {"loss", "accuracy"}, "all": ...}`` over the modalities with target tokens."""
     values = stats.whole()
     names = [name.removeprefix("val.loss.") for name in values if name.startswith("val.loss.")]

@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import tempfile
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 
 from fourm_kfp import distributed
-from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract import StageContext, StageResult
 from fourm_kfp.hardware import peak_flops, resolve_precision, training_device, training_nondeterminism
 from fourm_kfp.masking.token_loader import TokenLoader, validation_batches
@@ -30,79 +26,23 @@ from fourm_kfp.model.parallelize import full_state_dict, parallelize, unwrap
 from fourm_kfp.model.saved_model import export_model, put_weights, snapshot_key, snapshot_steps
 from fourm_kfp.stages import PRETOKENIZE, TRAIN_TOKENIZERS
 from fourm_kfp.storage import Store
-from fourm_kfp.train import curves
+from fourm_kfp.train.batch_plan import batch_layout, total_steps
 from fourm_kfp.train.build import TrainingInputs, loader_args, masking_args, modality_specs, model_args
-from fourm_kfp.train.checkpoint import CheckpointManager, complete_checkpoints, find_checkpoint
+from fourm_kfp.train.checkpoint import CheckpointManager, complete_checkpoints
+from fourm_kfp.train.initial_weights import load_initial_weights
+from fourm_kfp.train.marginal_baseline import marginal_losses
 from fourm_kfp.train.metrics import ConsoleSink, JsonLinesSink, MetricWriter, TrackerSink
 from fourm_kfp.train.optimizer import Schedule, build_optimizer, peak_learning_rate
-from fourm_kfp.train.step import StepSettings, autocast
+from fourm_kfp.train.pretrain_report import pretrain_report, report_markdown, throughput, training_curves_png
+from fourm_kfp.train.replica_divergence import replica_divergence
+from fourm_kfp.train.step import StepSettings
 from fourm_kfp.train.trainer import LoopSettings, Loader, Trainer
+from fourm_kfp.train.validation import masked_modeling_validator
 
 log = logging.getLogger("fourm_kfp.train")
 PRETOKENIZED, TOKENIZERS = PRETOKENIZE.name, TRAIN_TOKENIZERS.name
 #: The exported weights are also an MLflow artifact up to this size.
 MAX_MLFLOW_MODEL_BYTES = 512 << 20
-
-
-def batch_layout(train: Any, world: int) -> tuple[int, int]:
-    """``(micro batch per rank, micro-batches per step)`` from the global batch."""
-    micro = train.micro_batch_size or train.global_batch_size // world
-    if micro < 1 or train.global_batch_size % (micro * world):
-        raise ConfigError(f"train.global_batch_size={train.global_batch_size} is not a multiple of "
-                          f"micro_batch_size ({micro}) x world size ({world})")
-    return micro, train.global_batch_size // (micro * world)
-
-
-def total_steps(train: Any, train_samples: int) -> int:
-    """The schedule's length from ``steps``, ``epochs`` or ``tokens``."""
-    if train.steps:
-        return train.steps
-    if train.epochs:
-        return max(math.ceil(train.epochs * train_samples / train.global_batch_size), 1)
-    return max(math.ceil(train.tokens / (train.global_batch_size * (train.input_budget + train.target_budget))), 1)
-
-
-def marginal_losses(train_batches: list, val_batches: list, names: tuple[str, ...],
-                    vocab: list[int]) -> dict[str, float]:
-    """Per modality: the cross-entropy on the val targets of predicting the train targets' marginal distribution
-    (add-one smoothed) — the loss a model reaches that ignores its inputs and positions."""
-    out = {}
-    for i, name in enumerate(names):
-        counts = np.ones(vocab[i])
-        for b in train_batches:
-            t = b.dec_targets[(b.dec_modality == i) & b.dec_valid].numpy()
-            counts += np.bincount(t, minlength=vocab[i])[: vocab[i]]
-        logp = np.log(counts / counts.sum())
-        targets = np.concatenate([b.dec_targets[(b.dec_modality == i) & b.dec_valid].numpy() for b in val_batches])
-        if targets.size:
-            out[name] = float(-logp[targets].mean())
-    return out
-
-
-def masked_modeling_validator(batches: list, device: torch.device, dtype: torch.dtype | None, names: tuple[str, ...]):
-    @torch.no_grad()
-    def validate(model: torch.nn.Module) -> dict[str, float]:
-        sums: dict[str, list[float]] = {}
-        for batch in batches:
-            with autocast(device, dtype):
-                out = unwrap(model)(batch.to(device), with_accuracy=True)
-            for name, loss in out.modality_losses.items():
-                n = out.token_counts[name]
-                acc = out.modality_accuracy[name]
-                s = sums.setdefault(name, [0.0, 0.0, 0])
-                s[0] += float(loss) * n
-                s[1] += float(acc) * n
-                s[2] += n
-        values = {}
-        for name in names:
-            if name in sums:
-                loss, acc, n = sums[name]
-                values[f"val/loss/{name}"], values[f"val/accuracy/{name}"] = loss / n, acc / n
-        losses = [v for k, v in values.items() if k.startswith("val/loss/")]
-        values["val/loss"] = float(np.mean(losses)) if losses else math.nan
-        return values
-
-    return validate
 
 
 def run(ctx: StageContext) -> StageResult:
@@ -125,7 +65,7 @@ def run(ctx: StageContext) -> StageResult:
     torch.manual_seed(train.seed)
     model = FourM(args).to(device)
     if train.init_from:
-        _init_weights(model, train.init_from)
+        load_initial_weights(model, train.init_from)
     trunk = parallelize(model, mode=train.parallelism if world > 1 else "none",
                         activation_checkpointing=train.activation_checkpointing, compile=train.compile,
                         param_dtype=dtype)
@@ -175,15 +115,15 @@ def run(ctx: StageContext) -> StageResult:
     sample_batches = TokenLoader(loader_cfg).batches()
     train_sample = [next(sample_batches) for _ in range(max(4, 256 // micro))]
     marginal = marginal_losses(train_sample, val, args.names, [s.vocab_size for s in specs])
-    report = _report(trainer, marginal, card, state, steps)
+    report = pretrain_report(trainer, marginal, card, state, steps)
     ctx.write_report("pretrain_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
-    ctx.write_report("pretrain_report.md", _markdown(report).encode())
-    ctx.write_report("training_curves.png", _curves(writer.history, trainer.val_history, marginal))
+    ctx.write_report("pretrain_report.md", report_markdown(report).encode())
+    ctx.write_report("training_curves.png", training_curves_png(writer.history, trainer.val_history, marginal))
     ctx.tracker.log_artifact("model/model.json", json.dumps(card, indent=2).encode())
     if card["parameters"] * 4 <= MAX_MLFLOW_MODEL_BYTES:  # larger models stay in the store; the card has the URI
         ctx.tracker.log_artifact("model/model.safetensors", ctx.output.get_bytes("model/model.safetensors"))
     metrics = {"steps": float(state.step), "tokens": float(state.tokens), "skipped_steps": float(state.skipped),
-               "replica_divergence": divergence, "resumed": float(resumed), **_throughput(writer),
+               "replica_divergence": divergence, "resumed": float(resumed), **throughput(writer),
                **{k.replace("/", "."): v for k, v in trainer.val_history[-1].items() if k != "step"}}
     counts = {"steps": state.step, "parameters": card["parameters"], "modalities": list(args.names),
               "precision": precision}  # not part of the address: a machine's own choice
@@ -196,95 +136,3 @@ def _snapshot(model: torch.nn.Module, store: Store, step: int) -> None:
     state = full_state_dict(model)
     if distributed.is_primary():
         put_weights(store, snapshot_key(step), state)
-
-
-def replica_divergence(model: torch.nn.Module) -> float:
-    """Largest difference between the ranks' parameter checksums (0 when the DDP replicas are identical, as they
-    must be); a divergence is a bug, so it fails the run."""
-    if distributed.world_size() == 1:
-        return 0.0
-    checksum = torch.stack([p.detach().double().sum() for p in unwrap(model).parameters()]).sum().reshape(1)
-    gathered = [torch.zeros_like(checksum) for _ in range(distributed.world_size())]
-    torch.distributed.all_gather(gathered, checksum)
-    spread = float((torch.cat(gathered).max() - torch.cat(gathered).min()).abs())
-    if spread != 0.0:
-        raise RuntimeError(f"DDP replicas diverged: parameter checksums differ by {spread:g} across ranks")
-    return spread
-
-
-def _init_weights(model: FourM, uri: str) -> None:
-    """``train.init_from``: model weights only, from a pretrain output or a checkpoint; what is missing stays
-    freshly initialised (fine-tuning with new modalities)."""
-    from fourm_kfp.storage import open_store
-    from fourm_kfp.train.checkpoint import load_checkpoint
-
-    store = open_store(uri)
-    if store.exists("model/model.json"):
-        from fourm_kfp.model.saved_model import load_model
-
-        source, _ = load_model(store)
-        state = source.state_dict()
-    else:
-        ckpt = find_checkpoint(store)
-        if ckpt is None:
-            raise ConfigError(f"train.init_from: {uri} is neither a pretrain output nor a checkpoint")
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        app = {"model": get_model_state_dict(model)}
-        load_checkpoint(ckpt, app)
-        state = app["model"]
-    own = model.state_dict()
-    usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-    model.load_state_dict(usable, strict=False)
-    log.info("init_from %s: %d of %d tensors loaded, %d initialised fresh", uri, len(usable), len(own),
-             len(own) - len(usable))
-
-
-def _report(trainer: Trainer, marginal: dict[str, float], card: dict, state: Any, steps: int) -> dict[str, Any]:
-    first, last = trainer.val_history[0], trainer.val_history[-1]
-    per_modality = {}
-    for name in card["modalities"]:
-        key = f"val/loss/{name}"
-        if key in last:
-            per_modality[name] = {"val_loss_start": first.get(key), "val_loss_end": last[key],
-                                  "val_accuracy_end": last.get(f"val/accuracy/{name}"),
-                                  "marginal_loss": marginal.get(name)}
-    return {"steps": state.step, "planned_steps": steps, "tokens": state.tokens, "samples": state.samples,
-            "skipped_steps": state.skipped, "parameters": card["parameters"],
-            "first_val_step": int(first["step"]), "last_val_step": int(last["step"]),
-            "modalities": per_modality, "val_history": trainer.val_history}
-
-
-def _throughput(writer: MetricWriter) -> dict[str, float]:
-    """Mean tokens/s and MFU of the logged intervals after the first (which includes start-up): wall-clock
-    measures, so they go to the manifest and MLflow, never into the report files; absent when there was no such
-    interval (a run shorter than two log intervals)."""
-    lines = [h for h in writer.history if "tokens_per_s" in h][1:]
-    means = {key: float(np.mean([h[key] for h in lines if key in h] or [math.nan])) for key in ("tokens_per_s", "mfu")}
-    return {key: value for key, value in means.items() if math.isfinite(value)}
-
-
-def _markdown(report: dict[str, Any]) -> str:
-    first, last = report["first_val_step"], report["last_val_step"]
-    lines = ["# pretrain", "",
-             f"{report['steps']} steps, {report['tokens']:,} tokens, {report['parameters']:,} parameters, "
-             f"skipped steps {report['skipped_steps']} (throughput: the stage's MLflow run and manifest metrics)", ""]
-    if first > 0:
-        lines += [f"This run started from a checkpoint: its first validation is at step {first} (the validation "
-                  "history before a checkpoint is not saved with it).", ""]
-    lines += [f"| modality | val loss at step {first} | val loss at step {last} | marginal (predict the token "
-              "distribution) | end below marginal | val token accuracy |", "|---|---:|---:|---:|---|---:|"]
-    for name, m in report["modalities"].items():
-        below = "yes" if m["marginal_loss"] is not None and m["val_loss_end"] < m["marginal_loss"] else "no"
-        lines.append(f"| {name} | {m['val_loss_start']:.3f} | {m['val_loss_end']:.3f} | "
-                     f"{(m['marginal_loss'] or math.nan):.3f} | {below} | {m['val_accuracy_end']:.1%} |")
-    return "\n".join(lines) + "\n"
-
-
-def _curves(history: list[dict[str, float]], val_history: list[dict[str, float]],
-            marginal: dict[str, float]) -> bytes:
-    train = [(h["step"], h["loss"]) for h in history if "loss" in h and "tokens_per_s" in h]
-    names = sorted({k.split("/", 2)[2] for h in val_history for k in h if k.startswith("val/loss/")})
-    val = {n: [(h["step"], h[f"val/loss/{n}"]) for h in val_history if f"val/loss/{n}" in h] for n in names}
-    return curves.stack_png([curves.line_chart("train loss (mean over modalities)", {"loss": train}),
-                             curves.line_chart("validation loss per modality", val, marginal, "nats")])

@@ -6,11 +6,8 @@ DDP when the stage runs under torchrun), evaluates it on the val split against a
 mean image / majority class), trains the text tokenizer on captions and det strings, and writes the bundle that
 :func:`fourm_kfp.tokenizers.bundle.load_tokenizers` reads back, plus a report and a reconstruction grid.
 
-In one process on a CPU with several cores, the image tokenizers train side by side in forked worker processes,
-the cores split among them: their steps are short (batch 4 at 64 px: ~20 ms), so two threads on one tokenizer run
-only 1.4x one thread, while two tokenizers on a thread each run 2x (:func:`_train_image_tokenizers`). The workers
-take SIGTERM's default action whatever handler the calling process has (:func:`tokenizer_pool`), and end on the
-pool's close when all went well.
+In one process on a CPU with several cores, the image tokenizers train side by side in forked worker processes, the
+cores split among them (:mod:`fourm_kfp.tokenizers.parallel_training`).
 """
 
 from __future__ import annotations
@@ -19,11 +16,9 @@ import io
 import itertools
 import json
 import logging
-import multiprocessing
-import multiprocessing.pool
-import signal
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +28,19 @@ import torch
 from fourm_kfp import distributed
 from fourm_kfp.contract import StageContext, StageResult
 from fourm_kfp.data.dataset_report import render_preview_grid
-from fourm_kfp.hardware import available_cpus, training_nondeterminism
+from fourm_kfp.hardware import training_nondeterminism
 from fourm_kfp.stages import PREPARE_DATA
 from fourm_kfp.data.shard_stream import (MissingModalityError, available_modalities, iter_split, iter_texts,
                                          shard_indices)
 from fourm_kfp.tokenizers.bundle import INDEX_FILE, TEXT_FILE, image_key
 from fourm_kfp.tokenizers.modality_codecs import MAX_FIT_IMAGES, fit_normalisation
+from fourm_kfp.tokenizers.parallel_training import train_image_tokenizers
 from fourm_kfp.tokenizers.saved_tokenizer import save_image_tokenizer
 from fourm_kfp.tokenizers.text_tokenizer import (mean_tokens_per_text, save_text_tokenizer, special_token_ids,
                                                  train_text_tokenizer, unknown_token_rate)
 from fourm_kfp.tokenizers.tokenizer_report import report_markdown
 from fourm_kfp.tokenizers.training import evaluate_tokenizer, train_vqvae
-from fourm_kfp.tokenizers.vqvae import VQVAE, VQVAEConfig
+from fourm_kfp.tokenizers.vqvae import VQVAEConfig
 
 log = logging.getLogger(__name__)
 DATA = PREPARE_DATA.name
@@ -120,68 +116,10 @@ def _train_image_tokenizer(ctx: StageContext, modality: str, device: str) -> tup
     return model, metrics, {"val": val[: cfg.recon_samples], "summary": summary, "timing": timing}
 
 
-def tokenizer_workers(modalities: int, cpus: int, device: str) -> int:
-    """How many image tokenizers train at once: one per CPU (at most one per modality) in one CPU process; one
-    on a GPU or under DDP, where each rank trains every tokenizer in turn."""
-    if device != "cpu" or distributed.world_size() > 1:
-        return 1
-    return max(min(modalities, cpus), 1)
-
-
-#: The stage context a forked tokenizer worker trains from (set in the parent just before the fork; a context holds
-#: open stores and trackers, which do not pickle, and a forked child inherits it as it is).
-_FORK_CONTEXT: StageContext | None = None
-
-
-def _init_worker(threads: int) -> None:
-    # A forked child inherits the parent's Python signal handlers. Pool.terminate ends its workers with SIGTERM, which
-    # a handler that raises an Exception (torchx's LocalScheduler installs one) does not reliably do: a worker still
-    # in the pool's result send can catch it as a failed send, go back to the task queue, whose lock the terminating
-    # parent holds, and wait there forever (a test session hung so).
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    torch.set_num_threads(threads)
-
-
-def tokenizer_pool(workers: int, threads: int) -> multiprocessing.pool.Pool:
-    """``workers`` forked processes of ``threads`` threads each, taking SIGTERM's default action."""
-    return multiprocessing.get_context("fork").Pool(workers, initializer=_init_worker, initargs=(threads,))
-
-
-def _train_in_worker(modality: str) -> tuple[VQVAEConfig, dict[str, np.ndarray], dict[str, float], dict]:
-    model, metrics, extra = _train_image_tokenizer(_FORK_CONTEXT, modality, "cpu")
-    return model.config, {k: v.numpy() for k, v in model.state_dict().items()}, metrics, extra
-
-
-def _train_image_tokenizers(ctx: StageContext, modalities: list[str], device: str) -> dict[str, tuple]:
-    """``{modality: (model, metrics, extra)}`` of :func:`_train_image_tokenizer`, trained one after the other, or
-    in :func:`tokenizer_workers` forked processes with the CPUs split among them (longest first). Each tokenizer's
-    bytes depend on the threads it had, so they are the same for a machine's core count, as every CPU result."""
-    global _FORK_CONTEXT
-    cpus = available_cpus()
-    workers = tokenizer_workers(len(modalities), cpus, device)
-    if workers == 1:
-        return {m: _train_image_tokenizer(ctx, m, device) for m in modalities}
-    settings = {m: ctx.config.train_tokenizers.image_config(m) for m in modalities}
-    longest_first = sorted(modalities, key=lambda m: -settings[m].steps * settings[m].batch_size)
-    threads = cpus // workers
-    log.info("train-tokenizers: %d image tokenizers in %d processes of %d thread(s)", len(modalities), workers,
-             threads)
-    _FORK_CONTEXT = ctx
-    try:
-        with tokenizer_pool(workers, threads) as pool:
-            pending = {m: pool.apply_async(_train_in_worker, (m,)) for m in longest_first}
-            done = {m: pending[m].get() for m in longest_first}
-            pool.close()  # the workers end on their own; terminate (the with's exit) is for a failure
-            pool.join()
-    finally:
-        _FORK_CONTEXT = None
-    trained = {}
-    for modality in modalities:
-        config, state, metrics, extra = done[modality]
-        model = VQVAE(config)
-        model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
-        trained[modality] = (model.eval(), metrics, extra)
-    return trained
+def _training_samples(cfg: Any, modality: str) -> int:
+    """Samples the modality's tokenizer trains on (steps x batch): side by side, the largest start first."""
+    settings = cfg.image_config(modality)
+    return settings.steps * settings.batch_size
 
 
 def _reconstruction_grid(models: dict[str, Any], examples: dict[str, np.ndarray]) -> bytes:
@@ -208,7 +146,9 @@ def run(ctx: StageContext) -> StageResult:
         log.info("train-tokenizers: the dataset has no %s; no tokenizer for them", missing)
 
     models, metrics, examples, index_image, timings = {}, {}, {}, {}, {}
-    for modality, (model, modality_metrics, extra) in _train_image_tokenizers(ctx, image_modalities, device).items():
+    trained = train_image_tokenizers(partial(_train_image_tokenizer, ctx), image_modalities, device,
+                                     partial(_training_samples, cfg))
+    for modality, (model, modality_metrics, extra) in trained.items():
         models[modality], examples[modality] = model, extra["val"]
         metrics[modality] = modality_metrics
         index_image[modality] = extra["summary"]

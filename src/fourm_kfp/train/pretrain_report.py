@@ -1,0 +1,70 @@
+"""What the pretrain stage reports: ``pretrain_report.json`` and ``.md`` (per modality the validation loss at the
+first and last validation against the marginal baseline, :mod:`.marginal_baseline`), ``training_curves.png``, and
+the run's mean throughput (a wall-clock measure: manifest and MLflow metrics only, never the report files).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from fourm_kfp.train import curves
+from fourm_kfp.train.metrics import MetricWriter
+from fourm_kfp.train.trainer import Trainer
+
+
+def pretrain_report(trainer: Trainer, marginal: dict[str, float], card: dict, state: Any,
+                    steps: int) -> dict[str, Any]:
+    """The report's document: the run's counts, per modality its validation loss and accuracy against the
+    ``marginal`` loss, and the validation history."""
+    first, last = trainer.val_history[0], trainer.val_history[-1]
+    per_modality = {}
+    for name in card["modalities"]:
+        key = f"val/loss/{name}"
+        if key in last:
+            per_modality[name] = {"val_loss_start": first.get(key), "val_loss_end": last[key],
+                                  "val_accuracy_end": last.get(f"val/accuracy/{name}"),
+                                  "marginal_loss": marginal.get(name)}
+    return {"steps": state.step, "planned_steps": steps, "tokens": state.tokens, "samples": state.samples,
+            "skipped_steps": state.skipped, "parameters": card["parameters"],
+            "first_val_step": int(first["step"]), "last_val_step": int(last["step"]),
+            "modalities": per_modality, "val_history": trainer.val_history}
+
+
+def throughput(writer: MetricWriter) -> dict[str, float]:
+    """Mean tokens/s and MFU of the logged intervals after the first (which includes start-up): wall-clock
+    measures, so they go to the manifest and MLflow, never into the report files; absent when there was no such
+    interval (a run shorter than two log intervals)."""
+    lines = [h for h in writer.history if "tokens_per_s" in h][1:]
+    means = {key: float(np.mean([h[key] for h in lines if key in h] or [math.nan])) for key in ("tokens_per_s", "mfu")}
+    return {key: value for key, value in means.items() if math.isfinite(value)}
+
+
+def report_markdown(report: dict[str, Any]) -> str:
+    """``pretrain_report.md`` from :func:`pretrain_report`'s document."""
+    first, last = report["first_val_step"], report["last_val_step"]
+    lines = ["# pretrain", "",
+             f"{report['steps']} steps, {report['tokens']:,} tokens, {report['parameters']:,} parameters, "
+             f"skipped steps {report['skipped_steps']} (throughput: the stage's MLflow run and manifest metrics)", ""]
+    if first > 0:
+        lines += [f"This run started from a checkpoint: its first validation is at step {first} (the validation "
+                  "history before a checkpoint is not saved with it).", ""]
+    lines += [f"| modality | val loss at step {first} | val loss at step {last} | marginal (predict the token "
+              "distribution) | end below marginal | val token accuracy |", "|---|---:|---:|---:|---|---:|"]
+    for name, m in report["modalities"].items():
+        below = "yes" if m["marginal_loss"] is not None and m["val_loss_end"] < m["marginal_loss"] else "no"
+        lines.append(f"| {name} | {m['val_loss_start']:.3f} | {m['val_loss_end']:.3f} | "
+                     f"{(m['marginal_loss'] or math.nan):.3f} | {below} | {m['val_accuracy_end']:.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def training_curves_png(history: list[dict[str, float]], val_history: list[dict[str, float]],
+                        marginal: dict[str, float]) -> bytes:
+    """``training_curves.png``: the train loss, and the validation loss per modality against its marginal loss."""
+    train = [(h["step"], h["loss"]) for h in history if "loss" in h and "tokens_per_s" in h]
+    names = sorted({k.split("/", 2)[2] for h in val_history for k in h if k.startswith("val/loss/")})
+    val = {n: [(h["step"], h[f"val/loss/{n}"]) for h in val_history if f"val/loss/{n}" in h] for n in names}
+    return curves.stack_png([curves.line_chart("train loss (mean over modalities)", {"loss": train}),
+                             curves.line_chart("validation loss per modality", val, marginal, "nats")])
