@@ -7,6 +7,7 @@
 * Sequence modalities (det, caption) share one WordPiece tokenizer (:mod:`.text_tokenizer`) whose vocabulary
   holds the coordinate tokens ``v0=0`` .. ``v3=999``, the class names and 4M's span-masking sentinels.
 * :mod:`.training` trains a VQ-VAE (single process or DDP) and evaluates it against a trivial baseline;
+  :mod:`.parallel_training` trains several side by side in forked single-thread processes;
   :mod:`.saved_tokenizer` stores it as ``config.json`` + ``model.safetensors`` (no pickles).
 """
 
