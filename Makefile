@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(BIN)/fourm-kfp run --preset demo --root $(DEMO_ROOT) --summary $(DEMO_ROOT)/summary.json
 
-# The CPU proof that the model learns (README, "What the model learns"): about 40 minutes on 2 cores.
+# The CPU proof that the model learns (README, "What the demo reaches"; docs/records/): about 40 minutes on 2 cores.
 proof: setup
 	$(BIN)/fourm-kfp run --preset proof --root $(PROOF_ROOT) --summary $(PROOF_ROOT)/summary.json
 

@@ -17,8 +17,8 @@
 #                                        # PRESET's recipe (default gpu-demo) with the overrides, trained for as many
 #                                        # steps as fit SECONDS of this call after the data stages: a 300-step run
 #                                        # measures the step first. Then evaluate and, where the model has captions
-#                                        # and rgb, bench/caption_to_rgb_probe.py (SWEEP: its --sweep settings,
-#                                        # space-separated). Stage outputs already under ROOT (default
+#                                        # and rgb, experiments/tools/caption_to_rgb_probe.py (SWEEP: its --sweep
+#                                        # settings, space-separated). Stage outputs already under ROOT (default
 #                                        # runs/PRESET) are reused, e.g. carried tokenizers
 set -euo pipefail
 source bench/device_env.sh
@@ -101,7 +101,7 @@ PY
     if [ $(( deadline - $(date +%s) )) -gt 20 ] && grep -q caption "$model/model/model.json" 2>/dev/null; then
       sweep=()
       for spec in ${SWEEP:-}; do sweep+=(--sweep "$spec"); done
-      timeout $(( deadline - $(date +%s) )) python3 bench/caption_to_rgb_probe.py --preset "$preset" --root "$root" "$@" \
+      timeout $(( deadline - $(date +%s) )) python3 experiments/tools/caption_to_rgb_probe.py --preset "$preset" --root "$root" "$@" \
         "${run[@]}" "${sweep[@]}" --output "$out/$preset-budget-caption_to_rgb_probe-$gpu-$day.json" > /dev/null || true
     fi
     ;;

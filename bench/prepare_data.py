@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,11 +19,9 @@ from fourm_kfp import storage
 from fourm_kfp.data.modalities import MODALITIES
 from fourm_kfp.data.shard_writer import ShardWriter, encode_sample
 from fourm_kfp.data.synthetic_scenes import synthetic_sample
+from fourm_kfp.local_s3_server import serve_s3
 
 from bench_output import emit
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the tests' S3 server
-from tests.local_s3 import serve_s3  # noqa: E402
 
 
 def render_rate(count: int, image_size: int) -> tuple[float, float, list[dict[str, bytes]]]:

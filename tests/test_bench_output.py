@@ -1,14 +1,18 @@
-"""The benchmarks' JSON output (``bench/bench_output.py``) is strict JSON: undefined metrics become null."""
+"""The benchmarks' JSON output (``bench/bench_output.py``) is strict JSON: undefined metrics become null. And no
+benchmark or experiment script reaches into the test suite: what one needs from a stage is a public function of the
+package (e.g. ``fourm_kfp.stages.run_outputs``, ``fourm_kfp.local_s3_server``)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
 from bench_output import emit  # noqa: E402
 
 
@@ -26,3 +30,15 @@ def test_an_undefined_metric_is_written_as_null_and_the_rest_unchanged(tmp_path,
                 "scenes": 4, "name": "probe"}
     assert _strict_loads((tmp_path / "out.json").read_text()) == expected
     assert _strict_loads(capsys.readouterr().out) == expected
+
+
+def test_no_bench_or_experiment_script_imports_the_test_suite():
+    test_modules = {"tests", "conftest"} | {p.stem for p in (REPO / "tests").rglob("*.py")}
+    offenders = []
+    for script in sorted([*(REPO / "bench").rglob("*.py"), *(REPO / "experiments").rglob("*.py")]):
+        for node in ast.walk(ast.parse(script.read_text(), str(script))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{script.relative_to(REPO)}: {name}" for name in names
+                          if name.split(".")[0] in test_modules]
+    assert not offenders, offenders

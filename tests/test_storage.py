@@ -166,7 +166,7 @@ def test_write_survives_an_endpoint_that_comes_up_late(tmp_path, monkeypatch, ca
     import threading
     import time
 
-    from tests.local_s3 import _free_port, serve_s3
+    from fourm_kfp.local_s3_server import _free_port, serve_s3
 
     port, ready, stop = _free_port(), threading.Event(), threading.Event()
 

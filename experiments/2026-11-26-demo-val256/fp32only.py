@@ -1,6 +1,7 @@
 """Run the fourm-kfp CLI as on a CPU without bf16 arithmetic: `precision: auto` then trains and generates in fp32.
 
-python fp32only.py stage pretrain --preset demo --root runs/demo-fp32   (any fourm-kfp arguments)"""
+.venv/bin/python experiments/2026-11-26-demo-val256/fp32only.py stage pretrain --preset demo --root runs/demo-fp32
+(any fourm-kfp arguments)"""
 import sys
 
 import fourm_kfp.hardware as hw

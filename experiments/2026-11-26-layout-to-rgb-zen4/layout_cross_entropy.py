@@ -1,17 +1,16 @@
 """A trained model's cross-entropy of the true rgb tokens given the caption, N of the scene's semseg tokens (at random
 positions) and K of its rgb tokens (read as the pixels of the rgb tokens decoded), per scored position, split by
 whether the same position's semseg token is among the inputs (the training input budget is 64 tokens).
-    .venv/bin/python bench/results/layout-to-rgb-2026-11-26-zen4/layout_cross_entropy.py demo runs/demo 64
+    .venv/bin/python experiments/2026-11-26-layout-to-rgb-zen4/layout_cross_entropy.py demo runs/demo 64
 """
 import sys, json, time
 from pathlib import Path
 import numpy as np, torch
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/
 from fourm_kfp.masking.multimodal_masking import MaskedSample, MaskingArgs, collate
-from run_folder import open_run
+from fourm_kfp.stages.run_outputs import open_run_outputs
 
 preset, root, n_scenes = sys.argv[1], sys.argv[2], int(sys.argv[3])
-run = open_run(preset, root, scenes=n_scenes)
+run = open_run_outputs(preset, root, scenes=n_scenes)
 engine, scenes = run.engine, run.scenes
 model = engine.generator.model
 names = model.args.names

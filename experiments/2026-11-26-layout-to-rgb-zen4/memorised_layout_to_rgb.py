@@ -1,20 +1,20 @@
 """Does a model that has memorised 16-24 scenes draw each scene's image from its semseg map, under which samplings?
 
-The learning tests' parts (tests/test_learning.py: tokenizers, the loader's masking, the trainer's step); rgb read as
-pixels (generation reads each step's kept tokens back as decoded pixels) and, with --tokens, as tokens too.
-    .venv/bin/python bench/results/layout-to-rgb-2026-11-26-zen4/memorised_layout_to_rgb.py STEPS SCENES [--tokens]
+The learning tests' parts (learning_parts.py, a copy of those in tests/test_learning.py: tokenizers, the loader's
+masking, the trainer's step); rgb read as pixels (generation reads each step's kept tokens back as decoded pixels)
+and, with --tokens, as tokens too.
+    .venv/bin/python experiments/2026-11-26-layout-to-rgb-zen4/memorised_layout_to_rgb.py STEPS SCENES [--tokens]
 """
 import sys, time, json
 from pathlib import Path
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3] / "tests"))
 import numpy as np, torch
-import test_learning as L
+import learning_parts as L  # beside this script: the learning tests' parts, copied
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.model.generation import Generator, SamplingArgs
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1500
 t0 = time.time()
-tok = L.tokenizers.__wrapped__()  # the pytest fixture's function
+tok = L.tokenizers()
 print("tokenizers", time.time() - t0, flush=True)
 n_sc = int(sys.argv[2]) if len(sys.argv) > 2 else 24
 scenes = L.tokenize(tok, L.render(seed=1, count=n_sc))

@@ -1,14 +1,13 @@
 """The same memorised semseg -> rgb model (16 scenes) with the read-back decoder right, transposed, shifted by one
 patch, or absent: whether drawing the image from its layout depends on reading the kept tokens back.
-    .venv/bin/python bench/results/layout-to-rgb-2026-11-26-zen4/read_back_sensitivity.py 1500
+    .venv/bin/python experiments/2026-11-26-layout-to-rgb-zen4/read_back_sensitivity.py 1500
 """
 import sys
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3] / "tests"))
 import numpy as np
-import test_learning as L
+import learning_parts as L  # beside this script: the learning tests' parts, copied
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.model.generation import Generator, SamplingArgs
-tok = L.tokenizers.__wrapped__()
+tok = L.tokenizers()
 scenes = L.tokenize(tok, L.render(seed=4, count=16))
 MIX = (MixtureComponent(1.0, (0.0, 1.0, 0.0), (1.0, 0.0, 0.0)), MixtureComponent(1.0, (1.0, 1.0, 1.0), (1.0, 1.0, 0.0)))
 model = L.train(scenes, True, steps=int(sys.argv[1]), mixture=MIX)

@@ -1,16 +1,14 @@
 """How much of an rgb token a layout determines: plug-in entropies of the val scenes' rgb tokens, alone, given the
 position, given the same position's semseg token (and its row), and the held-out cross-entropy of a lookup table
 p(rgb token | semseg token) fitted on half the scenes.
-    .venv/bin/python bench/results/layout-to-rgb-2026-11-26-zen4/token_entropy.py demo runs/demo 256
+    .venv/bin/python experiments/2026-11-26-layout-to-rgb-zen4/token_entropy.py demo runs/demo 256
 """
 import sys
 from collections import Counter
-from pathlib import Path
 import numpy as np
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/
-from run_folder import open_run
+from fourm_kfp.stages.run_outputs import open_run_outputs
 preset, root, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-scenes = open_run(preset, root, scenes=n).scenes
+scenes = open_run_outputs(preset, root, scenes=n).scenes
 rgb = np.stack([np.asarray(t).reshape(-1) for t in scenes.tokens["rgb"]])
 sem = np.stack([np.asarray(t).reshape(-1) for t in scenes.tokens["semseg"]])
 def H(x):

@@ -12,7 +12,7 @@ common=(--set train.global_batch_size=256 --set train.optimizer.base_lr=6.0e-3 -
 python3 -m fourm_kfp.cli stage pretrain --preset demo --root "$root" "${common[@]}" --json /tmp/pt.json > "$OUT"/pretrain.log 2>&1
 echo "pretrain done $SECONDS s"; grep -o "step [0-9]*/300 .*tok/s" "$OUT"/pretrain.log | tail -3
 out=$(python3 -c 'import json; print(json.load(open("/tmp/pt.json"))["output_uri"])')
-python3 bench/results/pretrain-profile-h200-2026-11-26/trace_threads.py "$out"/profile/trace.json | tee "$OUT"/trace_threads.txt
+python3 experiments/2026-11-26-pretrain-profile-h200/trace_threads.py "$out"/profile/trace.json | tee "$OUT"/trace_threads.txt
 gzip -c "$out"/profile/trace.json > "$OUT"/trace.json.gz; ls -la "$OUT"
 python3 bench/train_step.py --help > /dev/null && timeout 60 python3 bench/train_step.py --device cuda --shapes demo --batches 256 --loader-workers -1 --profile --output "$OUT"/train_step-demo.json 2>&1 | tail -40 || true
 echo "all done $SECONDS s"

@@ -4,5 +4,5 @@
 set -eo pipefail
 : "${OUT:?set OUT to the folder for what this writes (the device sets it)}"
 nvidia-smi --query-gpu=name --format=csv,noheader
-source bench/results/proof-2026-11-26-h100-rgb-tokenizer/overrides.sh
+source experiments/2026-11-26-proof-h100-rgb-tokenizer/overrides.sh
 PRESET=proof ROOT=runs/gpu-proof bash bench/gpu_session.sh budget "${1:-480}" "${SETS[@]}"

@@ -5,7 +5,7 @@
 set -eo pipefail
 : "${OUT:?set OUT to the folder for what this writes (the device sets it)}"
 source bench/device_env.sh
-source bench/results/proof-2026-11-26-h100-rgb-tokenizer/overrides.sh
+source experiments/2026-11-26-proof-h100-rgb-tokenizer/overrides.sh
 run=(--set train.steps=7500 --set train.snapshot_every=1200 --set train.val_every=1200 --set train.checkpoint_every=1200)
 for name in prepare-data train-tokenizers pretokenize pretrain; do
   python3 -m fourm_kfp.cli stage "$name" --preset proof --root runs/gpu-proof "${SETS[@]}" "${run[@]}" \

@@ -27,32 +27,38 @@ This probe takes that score apart, on the same val scenes, sampling and seed as 
   temperature=0.7,guidance=1``): which settings draw images that follow their caption, and whether the generator
   draws a cleaner image from a perfect layout or from the chain's.
 
-    .venv/bin/python bench/caption_to_rgb_probe.py --preset proof --root runs/proof [--sweep temperature=0.5 ...]
+    .venv/bin/python experiments/tools/caption_to_rgb_probe.py --preset proof --root runs/proof [--sweep KEY=VALUE]
 
 Prints one JSON object (``--output`` writes it too). The stage outputs are found by content address under
-``--root``, as ``fourm-kfp stage`` finds them (``--set`` as there).
+``--root``, as ``fourm-kfp stage`` finds them (``--set`` as there: :func:`fourm_kfp.stages.run_outputs.
+open_run_outputs`). Not a benchmark: an experiment's probe (``experiments/README.md``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from bench_output import emit
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import to_dict
-from fourm_kfp.evaluation import task_metrics as tm
+from fourm_kfp.evaluation import shape_presence as tm
+from fourm_kfp.evaluation import targets
 from fourm_kfp.evaluation.any_to_any import AnyToAny
 from fourm_kfp.evaluation.tasks import Baselines, read_semseg
 from fourm_kfp.hardware import reuse_freed_memory
 from fourm_kfp.masking.multimodal_masking import MaskedSample, MaskingArgs, collate
 from fourm_kfp.model.generation import SamplingArgs
-from fourm_kfp.stages.evaluate import train_ground_truth
-from run_folder import open_run
+from fourm_kfp.evaluation.scene_loading import train_ground_truth
+from fourm_kfp.stages.run_outputs import open_run_outputs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # the benches' strict-JSON writer
+from bench_output import emit  # noqa: E402
 
 
 def _derangement(n: int, seed: int) -> list[int]:
@@ -110,7 +116,7 @@ def main() -> None:
     parser.add_argument("--output")
     args = parser.parse_args()
     reuse_freed_memory()
-    run = open_run(args.preset, args.root, args.overrides, args.model, args.scenes)
+    run = open_run_outputs(args.preset, args.root, args.overrides, model_uri=args.model, scenes=args.scenes)
     cfg, engine, prepared, scenes = run.config.evaluate, run.engine, run.prepared, run.scenes
     captions = scenes.truth["caption"]
     true = [tm.caption_shapes(c) for c in captions]
@@ -170,7 +176,7 @@ def main() -> None:
                       "shapes_per_image": float(np.mean([len(s) for s in matched]))})
     train_captions = train_ground_truth(prepared, ["caption"], cfg.baseline_samples)["caption"]
     best = Baselines.fit({"caption": train_captions}).shapes
-    most_common = tm.most_common([tm.caption_shapes(c) for c in train_captions])
+    most_common = targets.most_common([tm.caption_shapes(c) for c in train_captions])
     result = {
         "bench": "caption_to_rgb_probe", "model": run.model_uri, "scenes": len(scenes),
         "sampling": to_dict(cfg.sampling), "map_steps": cfg.map_steps, "seed": cfg.seed,

