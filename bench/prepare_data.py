@@ -19,6 +19,7 @@ from fourm_kfp import storage
 from fourm_kfp.data.modalities import MODALITIES
 from fourm_kfp.data.shard_writer import ShardWriter, encode_sample
 from fourm_kfp.data.synthetic_scenes import synthetic_sample
+from fourm_kfp.hardware import cpu_matmul_rate
 from fourm_kfp.local_s3_server import serve_s3
 
 from bench_output import emit
@@ -94,7 +95,8 @@ def main() -> None:
                             args.samples_per_shard)
     result = {
         "benchmark": "prepare_data",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        # the yardstick beside every rate: 2-core machines differ up to 2x (measured after the timings, in this run)
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), **cpu_matmul_rate()},
         "image_size": args.image_size,
         "synthetic_scenes_per_s": round(render_scenes_s, 1),
         "synthetic_scenes_per_s_with_encoding": round(render_encode_s, 1),

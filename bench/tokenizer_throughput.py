@@ -19,6 +19,7 @@ import torch
 
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.data.synthetic_scenes import synthetic_sample
+from fourm_kfp.hardware import cpu_matmul_rate
 from fourm_kfp.tokenizers.bundle import load_tokenizers
 from fourm_kfp.tokenizers.modality_codecs import fit_normalisation
 from fourm_kfp.tokenizers.vqvae import VQVAE, VQVAEConfig
@@ -85,6 +86,8 @@ def main() -> None:
               "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(), "python": platform.python_version(),
               "source": args.bundle or f"preset {args.preset} (fresh weights)", "image_size": image_size,
               "batch": args.batch, "modalities": results}
+    if device == "cpu":  # the yardstick beside the rates: 2-core machines differ up to 2x (measured after them)
+        result["machine"] = cpu_matmul_rate()
     emit(result, args.output)
 
 
