@@ -8,6 +8,7 @@ import time
 import pytest
 
 from fourm_kfp import storage
+from fourm_kfp.distributed import free_port
 from fourm_kfp.storage import StorageError, open_store
 
 
@@ -166,9 +167,9 @@ def test_write_survives_an_endpoint_that_comes_up_late(tmp_path, monkeypatch, ca
     import threading
     import time
 
-    from fourm_kfp.local_s3_server import _free_port, serve_s3
+    from fourm_kfp.local_s3_server import serve_s3
 
-    port, ready, stop = _free_port(), threading.Event(), threading.Event()
+    port, ready, stop = free_port(), threading.Event(), threading.Event()
 
     def late_server():
         time.sleep(1.5)
@@ -196,14 +197,6 @@ def test_write_survives_an_endpoint_that_comes_up_late(tmp_path, monkeypatch, ca
         stop.set()
         thread.join(15)
         storage._CLIENTS.clear()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _SilentServer:
@@ -249,7 +242,7 @@ def test_an_unreachable_endpoint_fails_within_the_deadline_naming_it(monkeypatch
     monkeypatch.setenv("FOURM_STORAGE_READ_TIMEOUT_S", "1")
     storage._CLIENTS.clear()
     server = _SilentServer() if endpoint_kind == "never answers" else None
-    port = server.port if server else _free_port()
+    port = server.port if server else free_port()
     endpoint = f"http://127.0.0.1:{port}"
     start = time.monotonic()
     try:
@@ -276,7 +269,7 @@ def test_the_cli_reports_an_unreachable_store_in_one_line(tmp_path):
            "FOURM_STORAGE_DEADLINE_S": "2", "MLFLOW_TRACKING_URI": "none"}
     cli = str(Path(sys.executable).parent / "fourm-kfp")
     proc = subprocess.run([cli, "stage", "prepare-data", "--root", str(tmp_path), "--store", "s3://fourm-b/x",
-                           "--s3-endpoint", f"http://127.0.0.1:{_free_port()}"], capture_output=True, text=True,
+                           "--s3-endpoint", f"http://127.0.0.1:{free_port()}"], capture_output=True, text=True,
                           env=env, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("Error: create bucket s3://fourm-b/x at S3 endpoint http://127")

@@ -21,7 +21,8 @@ from fourm_kfp.contract.manifest import MANIFEST_NAME, IncompleteOutputError
 from fourm_kfp.launchers.remote import stage_command
 from fourm_kfp.launchers.stage import RunContext
 from fourm_kfp.storage import open_store
-from fourm_kfp.launchers.torchx_job import (KUBERNETES_ROOT, TORCHX_SIGNALS, TorchxParams, build_app, free_port,
+from fourm_kfp.distributed import free_port
+from fourm_kfp.launchers.torchx_job import (KUBERNETES_ROOT, TORCHX_SIGNALS, TorchxParams, build_app,
                                      keeping_signal_handlers, launch_torchx, replica_resources, rendezvous_port,
                                      scheduler_config)
 from tests.train.pretrain_helpers import input_args, smoke_upstream

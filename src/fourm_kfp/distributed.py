@@ -9,6 +9,7 @@ stages stay light.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 
@@ -53,3 +54,11 @@ def barrier() -> None:
     dist = _dist()
     if dist:
         dist.barrier()
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a server about to bind it (a c10d rendezvous store, a local S3
+    endpoint); another process may take it in between, so bind it soon."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

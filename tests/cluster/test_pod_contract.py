@@ -38,7 +38,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -55,6 +54,7 @@ from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, POD_ROOT, JobRequest, rend
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract.addressing import stage_address
 from fourm_kfp.contract.manifest import payload_differences, read_manifest
+from fourm_kfp.distributed import free_port
 from fourm_kfp.launchers.remote import stage_command
 from fourm_kfp.launchers.stage import RunContext
 from fourm_kfp.model.saved_model import load_model
@@ -71,12 +71,6 @@ STEPS, CHECKPOINT_EVERY = 30, 10
 OVERRIDES = [f"train.steps={STEPS}", f"train.checkpoint_every={CHECKPOINT_EVERY}", "train.log_every=5"]
 NODE_TIMEOUT_S = 180
 PEER_DEATH_TIMEOUT_S = 120  # node 0 must fail on its own within this after node 1 is killed
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # -- the job and its pods ------------------------------------------------------------------------------------------
@@ -256,7 +250,7 @@ class Cluster:
 
     def __init__(self, job: RenderedJob, base: Path, s3_env: dict[str, str], name: str):
         self.job, self.name = job, name
-        self.port = _free_port()
+        self.port = free_port()
         self.nodes = []
         for i, _pod in enumerate(job.pods):
             node_dir = base / f"node{i}"
@@ -400,7 +394,7 @@ def test_two_pods_commit_what_a_local_two_process_run_commits(uninterrupted, s3,
     node_dir = tmp_path_factory.mktemp("local")
     env = {**base_env(node_dir, s3_env), "PYTHONUNBUFFERED": "1"}
     sets = [arg for item in OVERRIDES for arg in ("--set", item)]
-    cmd = [str(VENV_BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(_free_port()),
+    cmd = [str(VENV_BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "fourm_kfp.cli", "stage", "pretrain", "--preset", "smoke", *sets, "--root", str(node_dir / "root"),
            "--store", local_store, *input_args(upstream)]
     done = subprocess.run(cmd, env=env, cwd=env["HOME"], capture_output=True, text=True, timeout=NODE_TIMEOUT_S)

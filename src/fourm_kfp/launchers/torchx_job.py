@@ -33,7 +33,6 @@ import hashlib
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from fourm_kfp.config.schema import ConfigError
+from fourm_kfp.distributed import free_port
 from fourm_kfp.errors import UserError
 from fourm_kfp.launchers.remote import RemoteBackend, launch_remote
 from fourm_kfp.launchers.stage import LaunchPlan, RunContext
@@ -97,13 +97,6 @@ def replica_resources(params: TorchxParams) -> tuple[int, int]:
     else:
         defaults = (CPU_REPLICA_CPU, CPU_REPLICA_MEM_MB)
     return params.cpu or defaults[0], params.mem_mb or defaults[1]
-
-
-def free_port() -> int:
-    """A TCP port free on this machine now (the c10d store of rank 0 binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def rendezvous_port(scheduler: str, address: str, requested: int = 0) -> int:
