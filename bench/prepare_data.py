@@ -1,26 +1,39 @@
-"""Benchmark prepare-data: synthetic scene rendering, real-image ingestion, and shard writes to local disk vs S3.
+"""Benchmark prepare-data: synthetic scene rendering, real-image ingestion, shard writes to local disk vs S3, and
+the stage's real-data workers.
 
-    .venv/bin/python bench/prepare_data.py [--scenes 300] [--image-size 64] [--output bench.json]
+    .venv/bin/python bench/prepare_data.py [--scenes 300] [--image-size 64] [--photos 200] [--quick] [--output x.json]
 
 Prints one JSON object. The S3 figure is measured against a local ``rclone serve s3`` started by the benchmark,
 in the same run as the local-disk figure, so their ratio compares like with like (same samples, same machine).
+
+``stage_workers``: the prepare-data stage itself (one fan-out worker: a part process with one decode thread per
+core) over an image folder and over a WebDataset of the same 640x480 JPEGs (random pixels: a worst case for the
+JPEG decoder), at ``--real-image-size`` (4m-b's 224 px): images/s per worker, and how many workers a 10-million-image
+source needs to finish in an hour (``ceil(1e7 / (rate * 3600))``). ``--quick`` runs everything on a few samples,
+to check that the benchmark works (its figures are then noise).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import math
 import os
 import platform
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 from fourm_kfp import storage
+from fourm_kfp.config.loader import load_config
+from fourm_kfp.contract import run_stage
 from fourm_kfp.data.modalities import MODALITIES
 from fourm_kfp.data.shard_writer import ShardWriter, encode_sample
 from fourm_kfp.data.synthetic_scenes import synthetic_sample
 from fourm_kfp.hardware import cpu_matmul_rate
 from fourm_kfp.local_s3_server import serve_s3
+from fourm_kfp.stages import get_stage
 
 from bench_output import emit
 
@@ -70,6 +83,41 @@ def make_photos(folder: Path, count: int) -> None:
         Image.fromarray(pixels).save(folder / f"photo{i:05d}.jpg", quality=90)
 
 
+def make_webdataset(photos: Path, folder: Path, per_tar: int) -> int:
+    """The photos as an img2dataset-style WebDataset: ``<key>.jpg`` and ``<key>.txt`` members, ``per_tar`` samples
+    a tar; returns the number of tars."""
+    folder.mkdir(parents=True)
+    files = sorted(photos.glob("*.jpg"))
+    for t, first in enumerate(range(0, len(files), per_tar)):
+        with tarfile.open(folder / f"{t:05d}.tar", "w") as tar:
+            for path in files[first:first + per_tar]:
+                tar.add(path, arcname=path.name)
+                caption = f"a photo called {path.stem}".encode()
+                info = tarfile.TarInfo(f"{path.stem}.txt")
+                info.size = len(caption)
+                tar.addfile(info, io.BytesIO(caption))
+    return math.ceil(len(files) / per_tar)
+
+
+def stage_worker_rate(source: str, uri: Path, root: Path, image_size: int) -> dict[str, float]:
+    """The prepare-data stage at width 1 over a real source: one worker's images/s (its part's samples over its
+    part's seconds; the collect step's reports are not counted) and the workers 10 million images need in an hour."""
+    rgb = "[rgb,caption]"
+    config = load_config("smoke", overrides=[
+        f"prepare_data.source={source}", f"prepare_data.source_uri={uri}", f"data.image_size={image_size}",
+        f"data.modalities={rgb}", f"data.input_modalities={rgb}", f"data.target_modalities={rgb}",
+        "prepare_data.samples_per_shard=1000", "prepare_data.val_fraction=0.05"])
+    start = time.perf_counter()
+    outcome = run_stage(get_stage("prepare-data"), config, storage.open_store(str(root), create=True))
+    seconds = time.perf_counter() - start
+    metrics = outcome.metrics
+    rate = metrics["samples_per_second"]
+    return {"images": metrics["samples_train"] + metrics["samples_val"], "image_size": image_size,
+            "decode_threads": os.cpu_count() or 1, "stage_seconds": round(seconds, 2),
+            "images_per_s_per_worker": round(rate, 1),
+            "workers_for_10m_images_in_1h": math.ceil(1e7 / (rate * 3600))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenes", type=int, default=300)
@@ -77,8 +125,13 @@ def main() -> None:
     parser.add_argument("--samples-per-shard", type=int, default=1000)
     parser.add_argument("--repeat-writes", type=int, default=20, help="write the rendered set this many times")
     parser.add_argument("--photos", type=int, default=200, help="640x480 JPEGs for the real-data ingest figure")
+    parser.add_argument("--photos-per-tar", type=int, default=100, help="samples per tar of the WebDataset")
+    parser.add_argument("--real-image-size", type=int, default=224, help="image size of the stage_workers figures")
+    parser.add_argument("--quick", action="store_true", help="a few samples of everything: checks the bench runs")
     parser.add_argument("--output", help="also write the JSON here")
     args = parser.parse_args()
+    if args.quick:
+        args.scenes, args.repeat_writes, args.photos, args.photos_per_tar = 24, 2, 24, 8
 
     render_scenes_s, render_encode_s, encoded = render_rate(args.scenes, args.image_size)
     encoded = encoded * args.repeat_writes
@@ -87,6 +140,13 @@ def main() -> None:
         cores = os.cpu_count() or 1
         ingest_1 = ingest_rate(Path(tmp) / "photos", args.photos, args.image_size, 1)
         ingest_n = ingest_rate(Path(tmp) / "photos", args.photos, args.image_size, cores)
+        tars = make_webdataset(Path(tmp) / "photos", Path(tmp) / "wds", args.photos_per_tar)
+        stage_workers = {
+            "image_folder": stage_worker_rate("image_folder", Path(tmp) / "photos", Path(tmp) / "stage-folder",
+                                              args.real_image_size),
+            "webdataset": {"tars": tars, **stage_worker_rate("webdataset", Path(tmp) / "wds",
+                                                             Path(tmp) / "stage-wds", args.real_image_size)},
+        }
         local = write_rate(storage.open_store(str(Path(tmp) / "local")), encoded, args.samples_per_shard)
         (Path(tmp) / "s3").mkdir()
         with serve_s3(Path(tmp) / "s3", "bench-key", "bench-secret") as server:
@@ -103,6 +163,7 @@ def main() -> None:
         "ingest_images_per_s_1_thread": round(ingest_1, 1),
         f"ingest_images_per_s_{cores}_threads": round(ingest_n, 1),
         "ingest_parallel_speedup": round(ingest_n / ingest_1, 2),
+        "stage_workers": stage_workers,
         "shard_write_local": local,
         "shard_write_s3": s3,
         "s3_over_local_throughput": round(s3["mb_per_s"] / local["mb_per_s"], 3),

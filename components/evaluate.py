@@ -11,7 +11,7 @@ from fourm_kfp.images import GPU_IMAGE
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
 def evaluate(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
              parent_run_id: str, force: bool, model_uri: str, pretokenized_uri: str, tokenizers_uri: str,
-             data_uri: str, report: dsl.Output[dsl.Markdown], report_html: dsl.Output[dsl.HTML],
+             dataset: str, report: dsl.Output[dsl.Markdown], report_html: dsl.Output[dsl.HTML],
              metrics: dsl.Output[dsl.Metrics], stage_overrides: list = []
              ) -> NamedTuple("Outputs", [("output_uri", str), ("promoted", bool), ("gate", str), ("result", str)]):
     """Evaluate the model; outputs the committed evaluation's URI, whether the model became champion, the gate's
@@ -19,14 +19,14 @@ def evaluate(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
     import json
     from collections import namedtuple
 
-    from fourm_kfp.launchers.kfp_runtime import run_stage_component, with_stage_overrides
+    from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_stage_component, with_stage_overrides
     from fourm_kfp.storage import open_store
 
     overrides = with_stage_overrides(config_overrides, stage_overrides)
     outcome = run_stage_component("evaluate", preset, overrides, store_uri, s3_endpoint,
                                   mlflow_tracking_uri, parent_run_id, force,
                                   input_uris={"pretrain": model_uri, "pretokenize": pretokenized_uri,
-                                              "train-tokenizers": tokenizers_uri, "prepare-data": data_uri},
+                                              "train-tokenizers": tokenizers_uri, **dataset_uris(dataset)},
                                   report_path=report.path, metrics=metrics, html_path=report_html.path)
     gate = json.loads(open_store(outcome.output_uri).get_bytes("gate.json"))
     return namedtuple("Outputs", ["output_uri", "promoted", "gate", "result"])(

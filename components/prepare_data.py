@@ -1,6 +1,7 @@
-"""The prepare-data component: synthetic scenes or real images → aligned per-modality shards."""
+"""The prepare-data components: the workers (one per part, under ``dsl.ParallelFor``, each writing every
+width-th output shard) and the collect step, which checks the shards, writes the reports and commits the dataset."""
 
-from typing import NamedTuple
+from typing import List, NamedTuple
 
 from kfp import dsl
 
@@ -8,17 +9,32 @@ from fourm_kfp.images import CPU_IMAGE
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def prepare_data_part(part: int, parts: int, preset: str, config_overrides: list, store_uri: str, s3_endpoint: str,
+                      mlflow_tracking_uri: str, parent_run_id: str) -> str:
+    """Write every ``parts``-th output shard (committed shards are skipped); returns the stage's output URI."""
+    from fourm_kfp.launchers.kfp_runtime import run_stage_part_component
+
+    return run_stage_part_component("prepare-data", part, parts, preset, config_overrides, store_uri, s3_endpoint,
+                                    mlflow_tracking_uri, parent_run_id)
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def prepare_data(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
-                 parent_run_id: str, force: bool,
-                 report: dsl.Output[dsl.Markdown],
-                 metrics: dsl.Output[dsl.Metrics]) -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):
-    """Run the prepare-data stage; outputs the committed dataset URI and the stage result as JSON."""
+                 parent_run_id: str, force: bool, parts: int, part_uris: List[str],
+                 report: dsl.Output[dsl.Markdown], metrics: dsl.Output[dsl.Metrics]
+                 ) -> NamedTuple("Outputs", [("output_uri", str), ("dataset", str), ("result", str)]):
+    """Collect the parts and commit the dataset; outputs its URI, the dataset as the next steps take it (its layers
+    by stage: this one so far) and the stage result as JSON."""
     import json
     from collections import namedtuple
 
-    from fourm_kfp.launchers.kfp_runtime import run_stage_component
+    from fourm_kfp.launchers.kfp_runtime import run_stage_component, with_dataset_layer
 
+    if len(set(part_uris)) > 1:
+        raise ValueError(f"the prepare-data parts wrote to different outputs: {sorted(set(part_uris))}")
     outcome = run_stage_component("prepare-data", preset, config_overrides, store_uri, s3_endpoint,
                                   mlflow_tracking_uri, parent_run_id, force, report_path=report.path,
-                                  metrics=metrics)
-    return namedtuple("Outputs", ["output_uri", "result"])(outcome.output_uri, json.dumps(outcome.to_dict()))
+                                  metrics=metrics, parts=parts)
+    return namedtuple("Outputs", ["output_uri", "dataset", "result"])(
+        outcome.output_uri, with_dataset_layer("{}", "prepare-data", outcome.output_uri),
+        json.dumps(outcome.to_dict()))

@@ -1,4 +1,4 @@
-"""The pretokenize components: fan-out workers (one per part, under ``dsl.ParallelFor``) and the collect step."""
+"""The pretokenize components: the workers (one per part, under ``dsl.ParallelFor``) and the collect step."""
 
 from typing import List, NamedTuple
 
@@ -7,42 +7,32 @@ from kfp import dsl
 from fourm_kfp.images import CPU_IMAGE, GPU_IMAGE
 
 
-@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def fan_out(width: int, data_uri: str, tokenizers_uri: str, parent_run_id: str) -> List[dict]:
-    """The items a ParallelFor iterates over: one per part, each carrying what its worker needs from upstream
-    (kfp.local resolves upstream outputs inside a loop of width > 1 to the loop item, so they travel in it)."""
-    if width < 1:
-        raise ValueError(f"pretokenize_width must be >= 1, got {width}")
-    return [{"part": i, "data_uri": data_uri, "tokenizers_uri": tokenizers_uri, "parent_run_id": parent_run_id}
-            for i in range(width)]
-
-
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
 def pretokenize_part(part: int, parts: int, preset: str, config_overrides: list, store_uri: str, s3_endpoint: str,
-                     mlflow_tracking_uri: str, parent_run_id: str, data_uri: str, tokenizers_uri: str) -> str:
+                     mlflow_tracking_uri: str, parent_run_id: str, dataset: str, tokenizers_uri: str) -> str:
     """Pretokenize every ``parts``-th input shard (committed shards are skipped); returns the stage's output URI."""
-    from fourm_kfp.launchers.kfp_runtime import run_stage_part_component
+    from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_stage_part_component
 
     return run_stage_part_component("pretokenize", part, parts, preset, config_overrides, store_uri, s3_endpoint,
                                     mlflow_tracking_uri, parent_run_id,
-                                    input_uris={"prepare-data": data_uri, "train-tokenizers": tokenizers_uri})
+                                    input_uris={**dataset_uris(dataset), "train-tokenizers": tokenizers_uri})
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def pretokenize(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
-                parent_run_id: str, force: bool, parts: int, part_uris: List[str], data_uri: str, tokenizers_uri: str,
+                parent_run_id: str, force: bool, parts: int, part_uris: List[str], dataset: str, tokenizers_uri: str,
                 report: dsl.Output[dsl.Markdown],
                 metrics: dsl.Output[dsl.Metrics]) -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):
     """Collect the parts: check keys, counts and decoded tokens, then commit the pretokenized dataset."""
     import json
     from collections import namedtuple
 
-    from fourm_kfp.launchers.kfp_runtime import run_stage_component
+    from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_stage_component
 
     if len(set(part_uris)) > 1:
         raise ValueError(f"the pretokenize parts wrote to different outputs: {sorted(set(part_uris))}")
     outcome = run_stage_component("pretokenize", preset, config_overrides, store_uri, s3_endpoint,
                                   mlflow_tracking_uri, parent_run_id, force,
-                                  input_uris={"prepare-data": data_uri, "train-tokenizers": tokenizers_uri},
+                                  input_uris={**dataset_uris(dataset), "train-tokenizers": tokenizers_uri},
                                   report_path=report.path, metrics=metrics, parts=parts)
     return namedtuple("Outputs", ["output_uri", "result"])(outcome.output_uri, json.dumps(outcome.to_dict()))

@@ -13,24 +13,24 @@ from fourm_kfp.images import GPU_IMAGE
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
 def train_tokenizers(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
-                     parent_run_id: str, force: bool, data_uri: str, report: dsl.Output[dsl.Markdown],
+                     parent_run_id: str, force: bool, dataset: str, report: dsl.Output[dsl.Markdown],
                      metrics: dsl.Output[dsl.Metrics], job_spec: dsl.Output[dsl.Artifact],
                      launcher: str = "in-pod", nodes: int = 1, procs_per_node: int = 1,
                      accelerator: str = "nvidia.com/gpu", cpu_per_node: str = "", memory_per_node: str = "",
                      node_selector: dict = {}, tolerations: list = [], deadline_s: int = 259200, min_nodes: int = 0,
                      delete_job: bool = True,
                      kfp_run_id: str = "") -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):
-    """Train the tokenizers on the dataset at ``data_uri``; outputs the committed tokenizer bundle's URI and, in the
-    job modes, the rendered job spec."""
+    """Train the tokenizers on the ``dataset`` (its layers' URIs by stage, as the dataset steps pass it on); outputs
+    the committed tokenizer bundle's URI and, in the job modes, the rendered job spec."""
     import json
     from collections import namedtuple
 
     from fourm_kfp.cluster.job_spec import JobParams
-    from fourm_kfp.launchers.kfp_runtime import run_job_component
+    from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_job_component
 
     job = JobParams.of(locals())  # launcher, nodes, ..., delete_job: the parameters named like its fields
     outcome = run_job_component(
         "train-tokenizers", preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id,
-        force, input_uris={"prepare-data": data_uri}, job=job, kfp_run_id=kfp_run_id, report_path=report.path,
+        force, input_uris=dataset_uris(dataset), job=job, kfp_run_id=kfp_run_id, report_path=report.path,
         metrics=metrics, job_spec_path=job_spec.path)
     return namedtuple("Outputs", ["output_uri", "result"])(outcome.output_uri, json.dumps(outcome.to_dict()))

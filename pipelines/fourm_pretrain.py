@@ -1,8 +1,10 @@
-"""The fourm-pretrain KFP v2 pipeline: prepare-data → train-tokenizers → pretokenize → pretrain → evaluate.
+"""The fourm-pretrain KFP v2 pipeline: prepare-data → label → train-tokenizers → pretokenize → pretrain → evaluate.
 
-Stages exchange URIs of committed, content-addressed outputs, never the bytes (KFP would copy every input
-artifact in full). Every stage opens an MLflow child run under the parent run opened by the first step; an exit
-handler closes the parent run with the pipeline's final state.
+Stages exchange URIs of committed, content-addressed outputs, never the bytes (KFP would copy every input artifact
+in full). The dataset travels as one ``dataset`` string (its layers' URIs by stage: prepare-data's, then the label
+stage's when labelers are configured), so the steps that read it take one parameter whatever its layers. Every stage
+opens an MLflow child run under the parent run opened by the first step; an exit handler closes the parent run with
+the pipeline's final state.
 
 Parameters are flat. The shared ones configure every stage; the ``<stage>_*`` ones touch one stage only.
 """
@@ -14,9 +16,11 @@ from kfp import dsl, kubernetes
 from fourm_kfp.cluster.job_spec import IN_POD, PYTORCHJOB, JobParams, param_prefix
 from fourm_kfp.components.evaluate import evaluate
 from fourm_kfp.images import IMAGE_TAG, IMAGE_TAG_ENV
+from fourm_kfp.components.fan_out import fan_out, worker_pods
+from fourm_kfp.components.label import label, label_part_cpu, label_part_gpu
 from fourm_kfp.components.lineage import close_lineage_run, open_lineage_run
-from fourm_kfp.components.prepare_data import prepare_data
-from fourm_kfp.components.pretokenize import fan_out, pretokenize, pretokenize_part
+from fourm_kfp.components.prepare_data import prepare_data, prepare_data_part
+from fourm_kfp.components.pretokenize import pretokenize, pretokenize_part
 from fourm_kfp.components.pretrain import pretrain
 from fourm_kfp.components.train_tokenizers import train_tokenizers
 
@@ -85,6 +89,9 @@ def fourm_pretrain(
     run_label: str = "",
     mlflow_parent_run_id: str = "",
     prepare_data_force: bool = False,
+    prepare_data_width: int = 1,
+    label_force: bool = False,
+    label_width: int = 1,
     train_tokenizers_force: bool = False,
     train_tokenizers_accelerator: str = "nvidia.com/gpu",
     train_tokenizers_launcher: str = IN_POD,
@@ -127,7 +134,15 @@ def fourm_pretrain(
         run_label: Label of this run in MLflow; default empty = the KFP run id.
         mlflow_parent_run_id: An MLflow run opened by whoever launched this run (``fourm-kfp run``, CI), which
             then also closes it; default empty = the pipeline opens and closes its own parent run.
-        prepare_data_force: Recompute prepare-data even if its output is committed; default false.
+        prepare_data_force: Recompute prepare-data even if its output is committed (in the collect step,
+            serially); default false.
+        prepare_data_width: prepare-data workers running in parallel, each writing every width-th output shard
+            (the same bytes whatever the width); default 1.
+        label_force: Recompute the labels even if they are committed (in the collect step, serially); default
+            false.
+        label_width: Label workers running in parallel, each on every width-th shard; they run in GPU pods when a
+            configured labeler is a teacher network, else in CPU pods; default 1. With no labelers configured
+            (label.labelers) the label steps do nothing.
         train_tokenizers_force: Recompute train-tokenizers even if its output is committed; default false.
         train_tokenizers_accelerator: "nvidia.com/gpu" (default) or "cpu": the kind of node the tokenizers train
             on, as pretrain_accelerator.
@@ -194,10 +209,45 @@ def fourm_pretrain(
         opener.set_display_name("open-lineage-run")
         shared = dict(preset=preset, config_overrides=config_overrides, store_uri=store_uri,
                       s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri, parent_run_id=opener.output)
-        data = _with_cluster_env(prepare_data(force=prepare_data_force, **shared))
+        fan_args = dict(preset=preset, config_overrides=config_overrides, parent_run_id=opener.output)
+        part_args = dict(preset=preset, config_overrides=config_overrides, store_uri=store_uri,
+                         s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri)
+        data_parts = fan_out(stage="prepare-data", width=prepare_data_width, **fan_args)
+        data_parts.set_display_name("prepare-data-fan-out")
+        with dsl.ParallelFor(data_parts.output, name="prepare-data-parts") as item:
+            data_part = _with_cluster_env(prepare_data_part(part=item.part, parts=prepare_data_width,
+                                                            parent_run_id=item.parent_run_id, **part_args))
+            data_part.set_display_name("prepare-data-part")
+            data_part.set_cpu_limit("8").set_memory_limit("16Gi")
+        data = _with_cluster_env(prepare_data(force=prepare_data_force, parts=prepare_data_width,
+                                              part_uris=dsl.Collected(data_part.output), **shared))
         data.set_display_name("prepare-data")
-        data.set_cpu_limit("8").set_memory_limit("16Gi")
-        tokenizer_args = dict(force=train_tokenizers_force, data_uri=data.outputs["output_uri"], **shared)
+        label_parts = fan_out(stage="label", width=label_width, dataset=data.outputs["dataset"], **fan_args)
+        label_parts.set_display_name("label-fan-out")
+        label_pods = worker_pods(stage="label", preset=preset, config_overrides=config_overrides)
+        label_pods.set_display_name("label-worker-pods")
+        label_args = dict(force=label_force, parts=label_width, **shared)
+        with dsl.If(label_pods.output == "gpu", name="label-on-accelerator"):
+            with dsl.ParallelFor(label_parts.output, name="label-parts-gpu") as item:
+                gpu_part = _with_cluster_env(label_part_gpu(part=item.part, parts=label_width, dataset=item.dataset,
+                                                            parent_run_id=item.parent_run_id, **part_args))
+                gpu_part.set_display_name("label-part")
+                gpu_part.set_cpu_limit("8").set_memory_limit("32Gi").set_accelerator_type("nvidia.com/gpu")
+                gpu_part.set_accelerator_limit(1)
+            labels_gpu = _with_cluster_env(label(part_uris=dsl.Collected(gpu_part.output),
+                                                 dataset=data.outputs["dataset"], **label_args))
+        with dsl.Else(name="label-on-cpu"):
+            with dsl.ParallelFor(label_parts.output, name="label-parts-cpu") as item:
+                cpu_part = _with_cluster_env(label_part_cpu(part=item.part, parts=label_width, dataset=item.dataset,
+                                                            parent_run_id=item.parent_run_id, **part_args))
+                cpu_part.set_display_name("label-part")
+                cpu_part.set_cpu_limit("8").set_memory_limit("16Gi")
+            labels_cpu = _with_cluster_env(label(part_uris=dsl.Collected(cpu_part.output),
+                                                 dataset=data.outputs["dataset"], **label_args))
+        for task in (labels_gpu, labels_cpu):
+            task.set_display_name("label")
+        dataset = dsl.OneOf(labels_gpu.outputs["dataset"], labels_cpu.outputs["dataset"])
+        tokenizer_args = dict(force=train_tokenizers_force, dataset=dataset, **shared)
         with dsl.If(train_tokenizers_launcher != IN_POD, name="train-tokenizers-as-job"):
             tokenizers_job = _job_launcher(train_tokenizers(**_job_args("train-tokenizers", params),
                                                             **tokenizer_args))
@@ -212,14 +262,13 @@ def fourm_pretrain(
             task.set_display_name("train-tokenizers")
         tokenizers_uri = dsl.OneOf(*(t.outputs["output_uri"] for t in (tokenizers_job, tokenizers_cpu,
                                                                        tokenizers_gpu)))
-        stage_inputs = dict(data_uri=data.outputs["output_uri"], tokenizers_uri=tokenizers_uri)
-        parts = fan_out(width=pretokenize_width, parent_run_id=opener.output, **stage_inputs)
+        stage_inputs = dict(dataset=dataset, tokenizers_uri=tokenizers_uri)
+        parts = fan_out(stage="pretokenize", width=pretokenize_width, **stage_inputs, **fan_args)
         parts.set_display_name("pretokenize-fan-out")
         with dsl.ParallelFor(parts.output, name="pretokenize-parts") as item:
             worker = _with_shared_memory(_with_cluster_env(pretokenize_part(
-                part=item.part, parts=pretokenize_width, data_uri=item.data_uri, tokenizers_uri=item.tokenizers_uri,
-                parent_run_id=item.parent_run_id, preset=preset, config_overrides=config_overrides,
-                store_uri=store_uri, s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri)))
+                part=item.part, parts=pretokenize_width, dataset=item.dataset, tokenizers_uri=item.tokenizers_uri,
+                parent_run_id=item.parent_run_id, **part_args)))
             worker.set_display_name("pretokenize-part")
             worker.set_cpu_limit("8").set_memory_limit("16Gi").set_accelerator_type("nvidia.com/gpu")
             worker.set_accelerator_limit(1)

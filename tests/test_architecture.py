@@ -31,6 +31,7 @@ FLOORS: list[set[str]] = [
     {"tokenizers"},
     {"train"},
     {"evaluation"},
+    {"labelers"},
     {"stages"},
     {"cluster"},
     {"launchers"},

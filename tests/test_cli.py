@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -23,30 +24,33 @@ def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           env={**os.environ, "MLFLOW_TRACKING_URI": "none"})
 
 
-def _readme_real_data_command() -> list[str]:
-    """The README's real-data example, as its words (continuation lines joined)."""
+def _readme_own_images_commands() -> list[list[str]]:
+    """The README's "Your own images" commands, each as its words (continuation lines joined, comments dropped)."""
     text = README.read_text()
-    block = text.split("### Real data", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    return block.replace("\\\n", " ").split()
+    block = text.split("## Your own images", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
-def test_readme_real_data_recipe_runs_as_written(tmp_path):
-    words = _readme_real_data_command()
-    assert words[:3] == ["fourm-kfp", "stage", "prepare-data"]
+def test_readme_own_images_commands_parse_and_read_a_folder_as_written(tmp_path):
+    from fourm_kfp.cli import build_parser
+
+    commands = _readme_own_images_commands()
+    assert [c[:4] for c in commands] == [[".venv/bin/fourm-kfp", "run", "--preset", p] for p in
+                                         ("demo", "photos", "photos")]
+    for words in commands:
+        build_parser().parse_args(words[1:])  # exits non-zero on a flag the CLI does not have
+    # The last one, on a folder of photos: its --set overrides, through prepare-data of the photos preset.
     photos = tmp_path / "my photos"  # a folder name with a space: overrides travel as a list, never re-split
     write_photo_folder(photos, good=12)
-    args = []
-    for word in words[1:]:
-        if word == "/data/photos":
-            word = str(photos)
-        word = word.replace("prepare_data.source_uri=/data/photos", f"prepare_data.source_uri={photos}")
-        args.append(word.replace("runs/photos", str(tmp_path / "run")))
-    proc = _cli(*args, "--set", "prepare_data.samples_per_shard=8", cwd=tmp_path)
+    sets = [w.replace("/data/photos", str(photos)) for i, w in enumerate(commands[2]) if commands[2][i - 1] == "--set"]
+    assert any(s.startswith("prepare_data.source_uri=") for s in sets)
+    args = ["stage", "prepare-data", "--preset", "photos", "--root", str(tmp_path / "run")]
+    proc = _cli(*args, *[w for s in sets for w in ("--set", s)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     outcome = json.loads(proc.stdout)
-    assert outcome["status"] == "ran" and outcome["metrics"]
+    assert outcome["status"] == "ran" and outcome["metrics"]["samples_train"] + outcome["metrics"]["samples_val"] == 12
     out = Path(outcome["output_uri"])
-    assert sorted({p.parent.name for p in out.glob("*/*/shard-*.tar")}) == ["caption", "rgb"]
+    assert sorted({p.parent.name for p in out.glob("*/*/shard-*.tar")}) == ["_source", "caption", "rgb"]  # sizes
 
 
 def test_too_many_bad_samples_is_one_line_without_traceback(tmp_path):
@@ -68,7 +72,7 @@ def test_too_many_bad_samples_is_one_line_without_traceback(tmp_path):
     (["stage", "prepare-data", "--root", "s3://bucket/runs"], "--store s3://"),
     (["stage", "prepare-data", "--root", "{tmp}", "--set", "data.image_size=huge"], "data.image_size"),
     (["stage", "train-tokenizers", "--root", "{tmp}"], "has no _MANIFEST.json"),
-    (["stage", "prepare-data", "--root", "{tmp}", "--part", "0"], "does not fan out"),
+    (["stage", "train-tokenizers", "--root", "{tmp}", "--part", "0"], "does not fan out"),
 ])
 def test_user_errors_are_one_clear_line(tmp_path, args, needle):
     proc = _cli(*[a.replace("{tmp}", str(tmp_path)) for a in args])
@@ -82,7 +86,8 @@ def test_status_plans_without_running(tmp_path):
     before = _cli("status", "--root", str(tmp_path), "--json")
     assert before.returncode == 0, before.stderr
     plan = json.loads(before.stdout)
-    assert [p["name"] for p in plan][:2] == ["prepare-data", "train-tokenizers"]
+    assert [p["name"] for p in plan][:3] == ["prepare-data", "label", "train-tokenizers"]
+    assert plan[1]["off"] and not plan[1]["address"]  # the smoke preset asks for no labelers
     assert not any(p["committed"] for p in plan) and not list(tmp_path.glob("*/*/_MANIFEST.json"))
     assert _cli("stage", "prepare-data", "--root", str(tmp_path)).returncode == 0
     after = {p["name"]: p for p in json.loads(_cli("status", "--root", str(tmp_path), "--json").stdout)}

@@ -38,7 +38,7 @@ def _manifest(uri: str) -> dict:
 
 def test_two_fresh_runs_commit_the_same_bytes(two_runs):
     first, second = two_runs
-    assert [s["name"] for s in first["stages"]] == [spec.name for spec in PIPELINE]
+    assert [s["name"] for s in first["stages"]] == [spec.name for spec in PIPELINE if spec.name != "label"]  # off
     for a, b in zip(first["stages"], second["stages"]):
         assert a["status"] == b["status"] == "ran"
         assert a["output_uri"] != b["output_uri"]  # two stores...

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract import lineage
 from fourm_kfp.hardware import resolve_precision
 from fourm_kfp.stages import PIPELINE
@@ -24,7 +25,8 @@ from tests.smoke_runs import CLI, run_smoke
 pytestmark = pytest.mark.slow
 
 
-STAGES = [spec.name for spec in PIPELINE]
+SMOKE = load_config("smoke")
+STAGES = [spec.name for spec in PIPELINE if spec.is_enabled(SMOKE)]  # the label stage is off: no labelers
 REPORTS = {"prepare-data": {"reports/preview.png", "reports/dataset_report.json"},
            "train-tokenizers": {"reports/reconstructions.png", "reports/tokenizer_report.md"},
            "pretokenize": {"reports/pretokenize_report.md", "reports/codebook_usage.png"},

@@ -25,7 +25,7 @@ from fourm_kfp.pipeline_runs.run_outcome import (EXIT_CODES, EXIT_FAILED, EXIT_G
 from fourm_kfp.pipeline_runs.submit import TAG_FOLLOWING, attach, submit
 from tests.kfp_api_emulator import KfpApiEmulator, model_errors, robfig_cron_parse
 
-STAGES = ("prepare-data", "train-tokenizers", "pretokenize", "pretrain", "evaluate")
+STAGES = ("prepare-data", "label", "train-tokenizers", "pretokenize", "pretrain", "evaluate")
 BIN = Path(sys.executable).parent
 
 
@@ -34,7 +34,7 @@ def _frames(final: str) -> list:
     done = {name: "SUCCEEDED" for name in STAGES}
     if final == "FAILED":
         done = {**done, "pretrain": "FAILED", "evaluate": "SKIPPED"}
-    middle = {**{name: "SUCCEEDED" for name in STAGES[:3]}, "pretrain": "RUNNING", "evaluate": "PENDING"}
+    middle = {**{name: "SUCCEEDED" for name in STAGES[:4]}, "pretrain": "RUNNING", "evaluate": "PENDING"}
     return [("PENDING", {}), ("RUNNING", running), ("RUNNING", middle), ("RUNNING", middle), (final, done)]
 
 
@@ -474,7 +474,7 @@ def test_without_a_token_no_authorization_is_sent(tmp_path, monkeypatch):
 
 def test_the_stage_table_maps_tasks_to_stages_by_component():
     """A real server names tasks by DAG task key (`pretrain-3`, `train-tokenizers-3`, `evaluate-2`: the branch that
-    ran) and lists driver, executor, condition and DAG nodes too: the table still has the five stages, each from
+    ran) and lists driver, executor, condition and DAG nodes too: the table still has the six stages, each from
     its executed branch, and nothing else is printed as a stage."""
     emulator = KfpApiEmulator(_frames("SUCCEEDED"), branches={"pretrain": "pretrain-2"})
     try:
@@ -483,9 +483,10 @@ def test_the_stage_table_maps_tasks_to_stages_by_component():
     finally:
         emulator.close()
     names = {task["display_name"] for task in next(iter(emulator.runs.values()))["run_details"]["task_details"]}
-    assert {"pretrain-2", "pretrain-2-driver", "executor", "condition-8", "train-tokenizers-3"} <= names
+    assert {"pretrain-2", "pretrain-2-driver", "executor", "train-tokenizers-3", "label-2"} <= names
+    assert any(name.startswith("condition-") for name in names)
     assert [row["name"] for row in result.stages] == list(STAGES)
-    assert [row["task"] for row in result.stages] == ["prepare-data", "train-tokenizers-3", "pretokenize",
+    assert [row["task"] for row in result.stages] == ["prepare-data", "label-2", "train-tokenizers-3", "pretokenize",
                                                       "pretrain-2", "evaluate-2"]
     assert all(row["state"] == "SUCCEEDED" and row["seconds"] == 42.0 for row in result.stages)
     printed = [line.strip().split(":")[0] for line in lines if line.startswith("  ") and ": " in line]
@@ -501,8 +502,8 @@ def test_a_stage_that_never_started_is_shown_as_not_run():
     finally:
         emulator.close()
     rows = {row["name"]: row["state"] for row in result.stages}
-    assert rows == {"prepare-data": "SUCCEEDED", "train-tokenizers": "SUCCEEDED", "pretokenize": "SUCCEEDED",
-                    "pretrain": "FAILED", "evaluate": "NOT_RUN"}
+    assert rows == {"prepare-data": "SUCCEEDED", "label": "SUCCEEDED", "train-tokenizers": "SUCCEEDED",
+                    "pretokenize": "SUCCEEDED", "pretrain": "FAILED", "evaluate": "NOT_RUN"}
 
 
 def _pipeline_records_evaluate_without_gate(tracking: str):
@@ -548,7 +549,7 @@ def test_a_verdict_never_recorded_or_not_looked_for_is_not_a_pass(tracking, case
 
 def _long_frames() -> list:
     """A run still going after the first reads, then succeeding."""
-    middle = {**{name: "SUCCEEDED" for name in STAGES[:3]}, "pretrain": "RUNNING", "evaluate": "PENDING"}
+    middle = {**{name: "SUCCEEDED" for name in STAGES[:4]}, "pretrain": "RUNNING", "evaluate": "PENDING"}
     return [("RUNNING", middle)] * 3 + [("SUCCEEDED", {name: "SUCCEEDED" for name in STAGES})]
 
 
@@ -608,7 +609,7 @@ def test_attach_to_a_run_whose_pipeline_opened_its_own_parent(tracking):
     finally:
         emulator.close()
     assert result.exit_code == EXIT_GATE_REFUSED and result.gate["reason"] == "worse"
-    assert [row["state"] for row in result.stages] == ["SUCCEEDED"] * 5
+    assert [row["state"] for row in result.stages] == ["SUCCEEDED"] * 6
     assert lineage._client(tracking).get_run(result.mlflow_parent_run_id).info.status == "RUNNING"
 
 

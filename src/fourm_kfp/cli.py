@@ -49,8 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="append", default=[], choices=list(STAGES), metavar="STAGE",
                      help="recompute this stage even if its output is committed (repeatable)")
     run.add_argument("--summary", help="write the run summary JSON here")
-    run.add_argument("--pretokenize-width", type=int, default=1, metavar="N",
-                     help="pretokenize workers in parallel (the pipeline's ParallelFor width; default 1)")
+    for spec in STAGES.values():  # one --<stage>-width per fan-out stage of the table
+        if spec.run_part is not None:
+            run.add_argument(f"--{spec.name}-width", type=int, default=1, metavar="N",
+                             help=f"{spec.name} workers in parallel (the pipeline's ParallelFor width; default 1)")
     run.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                      help="another pipeline parameter, as in the KFP UI, e.g. --param "
                           "'pretrain_config_overrides=[\"train.steps=3\"]' (values parse as JSON when they can)")
@@ -203,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _widths(args: argparse.Namespace) -> dict[str, int]:
+    """The ``<stage>_width`` pipeline parameters of the fan-out stages, from ``--<stage>-width``."""
+    from fourm_kfp.stages import STAGES
+
+    return {f"{name.replace('-', '_')}_width": getattr(args, f"{name.replace('-', '_')}_width")
+            for name, spec in STAGES.items() if spec.run_part is not None}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from fourm_kfp.console import closing_summary
     from fourm_kfp.pipeline_runs.local import PipelineFailed, run_pipeline_locally
@@ -211,8 +221,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = run_pipeline_locally(args.preset, args.root, store=args.store, s3_endpoint=args.s3_endpoint,
                                        overrides=args.overrides, force=args.force,
                                        tracking_uri=args.mlflow_tracking_uri, summary_path=args.summary,
-                                       pipeline_arguments={"pretokenize_width": args.pretokenize_width,
-                                                           **_typed_parameters(args.param)})
+                                       pipeline_arguments={**_widths(args), **_typed_parameters(args.param)})
     except PipelineFailed as exc:
         print(closing_summary(exc.summary))
         print(f"Error: {exc}", file=sys.stderr)
@@ -308,8 +317,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     print(f"{'stage':18s} {'address':16s}  {'state':9s} {'mlflow run':32s}  output")
     for p in plan:
-        state = "committed" if p.committed else "to run"
-        print(f"{p.name:18s} {p.address:16s}  {state:9s} {p.mlflow_run_id or '-':32s}  {p.output_uri}")
+        state = "off" if p.off else "committed" if p.committed else "to run"
+        print(f"{p.name:18s} {p.address or '-':16s}  {state:9s} {p.mlflow_run_id or '-':32s}  {p.output_uri or '-'}")
     return 0
 
 

@@ -1,7 +1,9 @@
 """Storage that speaks URIs: local paths and ``s3://bucket/prefix`` behind one small interface.
 
 Every large artifact (shards, tokenizers, checkpoints) goes through a :class:`Store`. A store is rooted at a URI and
-addresses objects by ``/``-separated keys below it; :meth:`Store.child` narrows the root. Writes are atomic per
+addresses objects by ``/``-separated keys below it; :meth:`Store.child` narrows the root. A ``pkg://<package>/<folder>``
+URI is a folder inside an installed Python package (sample data), and a :class:`LayeredStore` reads several stores as
+one (a dataset made of several stages' outputs). Writes are atomic per
 object (a temp file plus ``os.replace`` locally; a single PUT on S3), so a reader never sees half an object.
 
 S3 goes through the ``minio`` client. The endpoint comes from ``open_store(..., s3_endpoint=...)`` or the
@@ -102,6 +104,11 @@ class Store:
     def get_bytes(self, key: str) -> bytes:
         raise NotImplementedError
 
+    def version(self, key: str) -> str:
+        """A token that changes whenever the object may have new bytes (its size and modification time, or its
+        ETag): what a local cache of the object is checked against."""
+        raise NotImplementedError
+
     def put_bytes(self, key: str, data: bytes) -> None:
         raise NotImplementedError
 
@@ -158,6 +165,13 @@ class LocalStore(Store):
             return self._path(key).stat().st_size
         except FileNotFoundError:
             raise StorageError(f"no such object: {self.uri_of(key)}") from None
+
+    def version(self, key: str) -> str:
+        try:
+            stat = self._path(key).stat()
+        except FileNotFoundError:
+            raise StorageError(f"no such object: {self.uri_of(key)}") from None
+        return f"{stat.st_size}-{stat.st_mtime_ns}"
 
     def get_bytes(self, key: str) -> bytes:
         try:
@@ -276,6 +290,10 @@ class S3Store(Store):
     def size(self, key: str) -> int:
         return self._call("stat", key, lambda: self.client.stat_object(self.bucket, self._key(key)).size)
 
+    def version(self, key: str) -> str:
+        stat = self._call("stat", key, lambda: self.client.stat_object(self.bucket, self._key(key)))
+        return f"{stat.size}-{stat.etag}-{stat.last_modified.isoformat() if stat.last_modified else ''}"
+
     def get_bytes(self, key: str) -> bytes:
         def get() -> bytes:
             response = self.client.get_object(self.bucket, self._key(key))
@@ -325,6 +343,61 @@ class S3Store(Store):
         for key in keys:
             self._call("delete", key, lambda k=key: self.client.remove_object(self.bucket, self._key(k)))
         return len(keys)
+
+
+class LayeredStore(Store):
+    """A read-only union of stores: a key is read from the last layer that has it.
+
+    How a stage reads a dataset made of several outputs (the prepared images, then the label stage's modalities and
+    key indexes over them): each key, listing and URI resolves to the layer that holds the object, so a shard reader
+    opens the right file wherever it lives."""
+
+    def __init__(self, layers: "list[Store] | tuple[Store, ...]"):
+        if not layers:
+            raise ValueError("a layered store needs at least one layer")
+        self.layers = tuple(layers)
+        self.uri = self.layers[-1].uri
+
+    def _holder(self, key: str) -> Store:
+        for layer in reversed(self.layers):
+            if layer.exists(key):
+                return layer
+        return self.layers[-1]
+
+    def child(self, *parts: str) -> "LayeredStore":
+        return LayeredStore([layer.child(*parts) for layer in self.layers])
+
+    def uri_of(self, key: str = "") -> str:
+        return self._holder(key).uri_of(key) if key else self.uri
+
+    def exists(self, key: str) -> bool:
+        return any(layer.exists(key) for layer in self.layers)
+
+    def size(self, key: str) -> int:
+        return self._holder(key).size(key)
+
+    def get_bytes(self, key: str) -> bytes:
+        return self._holder(key).get_bytes(key)
+
+    def version(self, key: str) -> str:
+        return self._holder(key).version(key)
+
+    def get_file(self, key: str, path: str | os.PathLike) -> None:
+        self._holder(key).get_file(key, path)
+
+    def open_read(self, key: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        return self._holder(key).open_read(key)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return sorted({key for layer in self.layers for key in layer.list(prefix)})
+
+    def _read_only(self, *_: object) -> None:
+        raise StorageError(f"{self!r} is read-only: a stage writes into its own output, not into its inputs")
+
+    put_bytes = put_file = delete_prefix = _read_only  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"LayeredStore({', '.join(layer.uri for layer in self.layers)})"
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -454,4 +527,27 @@ def open_store(uri: str, s3_endpoint: str | None = None, create: bool = False) -
         return store
     if uri.startswith("file://"):
         uri = urlparse(uri).path
+    if uri.startswith(PACKAGE_SCHEME):
+        return LocalStore(package_folder(uri))
     return LocalStore(uri)
+
+
+#: ``pkg://<package>/<folder>``: a folder of files inside an installed Python package (read-only data a package
+#: ships, such as the sample photos of the ``photos`` preset).
+PACKAGE_SCHEME = "pkg://"
+
+
+def package_folder(uri: str) -> str:
+    """The local path of a ``pkg://<package>/<folder>`` URI; a clear error when the package is not installed or has
+    no such folder."""
+    import importlib.resources
+
+    package, _, folder = uri[len(PACKAGE_SCHEME):].partition("/")
+    try:
+        root = importlib.resources.files(package)
+    except ModuleNotFoundError:
+        raise StorageError(f"{uri}: the Python package {package!r} is not installed") from None
+    path = Path(str(root)) / folder
+    if not path.is_dir():
+        raise StorageError(f"{uri}: the package {package!r} has no folder {folder!r} (at {path})")
+    return str(path)

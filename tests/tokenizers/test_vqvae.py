@@ -44,6 +44,7 @@ IDEAL_OUTPUT = {
     "normal": lambda x: torch.cat([x, 20 * (x.abs().sum(1, keepdim=True) > 0) - 10.0], dim=1),
     "semseg": lambda x: 10 * x,
     "edge": lambda x: 20 * x - 10,
+    "canny_edge": lambda x: 20 * x - 10,
 }
 
 

@@ -9,7 +9,12 @@ On disk a config set is a folder (a preset under ``fourm_kfp/configs/<preset>/``
 * ``alphas.yaml`` — the Dirichlet mixture that splits token budgets across modalities;
 * ``prepare_data.yaml`` — how the ``prepare-data`` stage makes the dataset;
 * ``train_tokenizers.yaml`` — the tokenizers the ``train-tokenizers`` stage trains;
-* ``pretokenize.yaml`` — how the ``pretokenize`` stage turns every sample into tokens (crops, batching).
+* ``label.yaml`` — the labelers of the ``label`` stage and its data gate (a preset without one has no labelers);
+* ``pretokenize.yaml`` — how the ``pretokenize`` stage turns every sample into tokens (crops, batching);
+* ``evaluate.yaml`` — what the ``evaluate`` stage scores, and the model gate.
+
+Each stage section's file is ``<section>.yaml``; a folder that lacks one gets that section's defaults (the linked
+``train``/``data``/``alphas`` files are always required).
 
 Each file's top-level mapping is one *section* of :class:`FourMConfig`; dotted overrides address a section first
 (``data.image_size=96``, ``train.model.dim=256``). Every field documents itself (``fourm-kfp config --describe``).
@@ -211,8 +216,12 @@ class PrepareDataConfig:
 
     source: Literal["synthetic", "image_folder", "webdataset"] = option(
         "synthetic", "synthetic scenes, a folder of images, or an image-text WebDataset")
-    source_uri: str = option("", "folder or WebDataset location (local path or s3://) for real data")
+    source_uri: str = option("", "folder or WebDataset location for real data: a local path, s3://bucket/prefix, or "
+                                 "pkg://<python package>/<folder> (a folder inside an installed package)")
     captions_file: str = option("", "image_folder only: JSONL/CSV of file -> caption (else <name>.txt files)")
+    include: tuple[str, ...] = option((), "image_folder only: the images whose path (relative to source_uri) "
+                                          "matches one of these glob patterns, e.g. ['*.jpg', 'cats/*'] (none: "
+                                          "every image)", omit_at_default=True)
     num_train: int = option(1000, "synthetic: train scenes", min=1)
     num_val: int = option(100, "synthetic: val scenes", min=0)
     val_fraction: float = option(0.05, "real data: fraction of samples put in val (by key hash)", min=0.0, max=0.5)
@@ -227,6 +236,43 @@ class PrepareDataConfig:
     def __post_init__(self) -> None:
         if self.source != "synthetic" and not self.source_uri:
             raise ValueError(f"source_uri is required when source is {self.source!r}")
+
+
+@dataclass(frozen=True)
+class LabelerEntry:
+    """One labeler of the label stage: a registry name, its parameters, and a teacher's weights."""
+
+    name: str = option(doc="labeler name: canny_edge, color_palette, metadata, fourm_model, or an installed "
+                           "plug-in's (the fourm_kfp.labelers entry-point group)")
+    params: dict[str, Any] = option({}, "the labeler's own parameters (an unknown one is an error naming it)")
+    weights: str = option("", "a teacher's weights file: a local path or s3:// URI (never downloaded from a hub); "
+                              "its digest is part of the label stage's address")
+
+
+@dataclass(frozen=True)
+class LabelConfig:
+    """The label stage: pseudo-labels for the prepared images (4M's teachers), and the data gate before the
+    tokenizers. With no labelers the stage is off: it runs nothing and no address moves."""
+
+    labelers: tuple[LabelerEntry, ...] = option((), "labelers run on every prepared image, each making one modality")
+    missing: Literal["drop", "keep"] = option(
+        "drop", "a sample lacking one of required_modalities: drop it from every modality, or keep it without that "
+                "modality (4M gives an absent modality no tokens); either way the stage fails when more than "
+                "max_missing_fraction of the samples lack one")
+    required_modalities: tuple[str, ...] = option(
+        (), "modalities every sample must have (none: rgb and every labelled modality)")
+    max_missing_fraction: float = option(0.05, "the most samples (fraction) the gate may drop or find incomplete "
+                                               "before it fails the stage", min=0.0, max=1.0)
+    max_invalid_fraction: float = option(0.5, "value check: the most invalid pixels (depth 0, zero normals) a map "
+                                              "may have", min=0.0, max=1.0)
+    max_depth_m: float = option(1000.0, "value check: the largest metric depth in metres (a relative, standardised "
+                                        "depth is checked for finite values only)", min=0.0)
+    batch_size: int = option(32, "images per labeler call", versioned=False, min=1)
+    preview_samples: int = option(6, "photos in the report's preview grid beside their labels", versioned=False,
+                                  min=1, max=64)
+
+    def __post_init__(self) -> None:
+        _check_modalities(self.required_modalities, "label.required_modalities")
 
 
 @dataclass(frozen=True)
@@ -252,13 +298,15 @@ class ImageTokenizerConfig:
 class TrainTokenizersConfig:
     """The train-tokenizers stage: a VQ-VAE per image modality and one WordPiece tokenizer for text."""
 
-    image_modalities: tuple[str, ...] = option(("rgb", "depth", "normal", "semseg", "edge"),
+    image_modalities: tuple[str, ...] = option(("rgb", "depth", "normal", "semseg", "edge", "canny_edge"),
                                                "image modalities to tokenize (those the data lacks are skipped)")
     image: ImageTokenizerConfig = option(ImageTokenizerConfig(), "VQ-VAE settings shared by every modality")
     per_modality: dict[str, dict[str, Any]] = option({}, "per-modality overrides of `image`, e.g. {semseg: {steps: 400}}")
     max_train_images: int = option(0, "train images per modality (0 = all)", min=0)
     max_val_images: int = option(256, "val images per modality for the report (0 = all)", min=0)
-    text_modalities: tuple[str, ...] = option(("caption", "det"), "sequence modalities the text tokenizer learns")
+    text_modalities: tuple[str, ...] = option(("caption", "det", "color_palette", "metadata"),
+                                              "sequence modalities the text tokenizer learns (those the data lacks "
+                                              "are skipped)")
     text_vocab_size: int = option(2000, "WordPiece vocabulary size (coordinate tokens come on top)", min=16)
     num_sentinels: int = option(100, "span-masking sentinel tokens [S_0]..[S_n-1]", min=1)
     seed: int = option(0, "training seed")
@@ -386,6 +434,7 @@ SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "alphas": AlphasConfig,
     "prepare_data": PrepareDataConfig,
+    "label": LabelConfig,
     "train_tokenizers": TrainTokenizersConfig,
     "pretokenize": PretokenizeConfig,
     "evaluate": EvaluateConfig,
@@ -401,6 +450,7 @@ class FourMConfig:
     data: DataConfig
     alphas: AlphasConfig
     prepare_data: PrepareDataConfig
+    label: LabelConfig
     train_tokenizers: TrainTokenizersConfig
     pretokenize: PretokenizeConfig
     evaluate: EvaluateConfig

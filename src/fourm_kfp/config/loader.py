@@ -20,12 +20,13 @@ from fourm_kfp.config.schema import ConfigError, from_dict
 
 log = logging.getLogger(__name__)
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
-#: The file each section is read from when no link names another.
-DEFAULT_FILES = {"train": "train.yaml", "prepare_data": "prepare_data.yaml",
-                 "train_tokenizers": "train_tokenizers.yaml", "pretokenize": "pretokenize.yaml",
-                 "evaluate": "evaluate.yaml"}
 #: Linked sections: section -> (section holding the link, link key).
 LINKS = {"data": ("train", "data"), "alphas": ("data", "alphas")}
+#: The file each other section is read from: ``<section>.yaml``.
+DEFAULT_FILES = {name: f"{name}.yaml" for name in SECTIONS if name not in LINKS}
+#: Sections whose file may be absent (their defaults then apply): the stage sections; ``train`` and the linked files
+#: say what is trained on what, which no default can.
+OPTIONAL_FILES = frozenset(DEFAULT_FILES) - {"train"}
 
 
 def available_presets() -> list[str]:
@@ -102,7 +103,7 @@ def load_config(preset: str | None = "smoke", config_dir: str | Path | None = No
             files[name] = files[holder].parent / link
         else:
             files[name] = folder / DEFAULT_FILES[name]
-        raw = _read_yaml(files[name])
+        raw = {} if name in OPTIONAL_FILES and not files[name].exists() else _read_yaml(files[name])
         sections[name] = from_dict(cls, raw, f"{files[name]}: {name}")
         mine = [(text, keys) for text, keys, value in parsed if keys[0] == name]
         if mine:

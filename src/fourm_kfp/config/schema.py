@@ -23,9 +23,15 @@ class ConfigError(UserError, ValueError):
 
 
 def option(default: Any = dataclasses.MISSING, doc: str = "", *, versioned: bool = True,
-           min: float | None = None, max: float | None = None, choices: tuple | None = None) -> Any:
-    """Declare a config field. Mutable defaults (lists, dicts) are copied per instance."""
-    metadata = {"doc": doc, "versioned": versioned, "min": min, "max": max, "choices": choices}
+           min: float | None = None, max: float | None = None, choices: tuple | None = None,
+           omit_at_default: bool = False) -> Any:
+    """Declare a config field. Mutable defaults (lists, dicts) are copied per instance.
+
+    ``omit_at_default``: a versioned field added to a section that addressed outputs already: at its default (which
+    must do what the code did before the field existed) it is left out of the content address, so adding it moved
+    no address; set to anything else, it is addressed like every versioned field."""
+    metadata = {"doc": doc, "versioned": versioned, "min": min, "max": max, "choices": choices,
+                "omit_at_default": omit_at_default}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -135,13 +141,20 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+def _at_default(f: dataclasses.Field, value: Any) -> bool:
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return to_dict(value) == to_dict(default)
+
+
 def versioned_dict(obj: Any) -> Any:
-    """Like :func:`to_dict` but keeps only the fields declared ``versioned`` (recursively)."""
+    """Like :func:`to_dict` but keeps only the fields declared ``versioned`` (recursively), less those declared
+    ``omit_at_default`` that are at their default."""
     if dataclasses.is_dataclass(obj):
         return {
             f.name: versioned_dict(getattr(obj, f.name))
             for f in dataclasses.fields(obj)
             if f.metadata.get("versioned", True)
+            and not (f.metadata.get("omit_at_default") and _at_default(f, getattr(obj, f.name)))
         }
     return to_dict(obj)
 

@@ -12,7 +12,7 @@ from fourm_kfp import distributed
 from fourm_kfp.contract import lineage
 from fourm_kfp.contract.guarded_config import GuardedConfig
 from fourm_kfp.contract.manifest import RecordingStore
-from fourm_kfp.storage import Store
+from fourm_kfp.storage import LayeredStore, Store
 
 PARTS_DIR = "_parts"
 
@@ -30,6 +30,8 @@ class StageInput:
     store: Store
     manifest: dict[str, Any]
     digest: str
+    #: a layer of the dataset (prepare-data's images, the label stage's modalities): see :attr:`StageContext.dataset`
+    dataset_layer: bool = False
 
 
 @dataclass
@@ -47,6 +49,26 @@ class StageContext:
     def is_primary(self) -> bool:
         """Whether this process writes the shared output (rank 0, or the only process)."""
         return distributed.is_primary()
+
+    @property
+    def dataset_layers(self) -> list[StageInput]:
+        """The inputs that make up the dataset, lowest layer first (pipeline order)."""
+        layers = [item for item in self.inputs.values() if item.dataset_layer]
+        if not layers:
+            raise ValueError(f"stage {self.stage!r} reads no dataset (none of its inputs is a dataset layer)")
+        return layers
+
+    @property
+    def dataset(self) -> Store:
+        """The dataset as one read-only store: every layer's shards, a later layer's key indexes over an earlier's
+        (the label stage's, which leave out the samples its gate dropped)."""
+        layers = [item.store for item in self.dataset_layers]
+        return layers[0] if len(layers) == 1 else LayeredStore(layers)
+
+    @property
+    def dataset_manifest(self) -> dict[str, Any]:
+        """The manifest of the dataset's top layer: its ``counts["splits"]`` are the dataset's samples."""
+        return self.dataset_layers[-1].manifest
 
     def write_report(self, name: str, data: bytes) -> None:
         """Store a report file with the output (``reports/<name>``) and attach it to the stage's MLflow run."""

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from fourm_kfp.storage import PACKAGE_SCHEME, package_folder
+
 log = logging.getLogger(__name__)
 
 EXPERIMENT = os.environ.get("FOURM_MLFLOW_EXPERIMENT", "fourm-kfp")
@@ -104,6 +106,8 @@ class MLflowTracker(Tracker):
         from mlflow.data.meta_dataset import MetaDataset
         from mlflow.entities import DatasetInput, InputTag
 
+        if uri.startswith(PACKAGE_SCHEME):  # no MLflow source knows pkg://: the folder it names on this machine
+            uri = package_folder(uri)
         with _quiet_warnings():
             source = resolve_dataset_source(uri)
         dataset = MetaDataset(source=source, name=name, digest=digest.removeprefix("sha256:")[:36])

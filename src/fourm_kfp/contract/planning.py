@@ -26,6 +26,8 @@ class StagePlan:
     committed: bool
     mlflow_run_id: str | None = None
     finished_at: str | None = None
+    #: the stage is off under this config (it has no address or output; see ``StageSpec.enabled``)
+    off: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -33,6 +35,8 @@ class StagePlan:
 
 def plan_stage(spec: StageSpec, config: FourMConfig, store_root: Store, memo: dict[str, str] | None = None
                ) -> StagePlan:
+    if not spec.is_enabled(config):
+        return StagePlan(spec.name, "", "", False, off=True)
     address = stage_address(spec, config, memo)
     output = store_root.child(spec.name, address)
     found = read_manifest(output)

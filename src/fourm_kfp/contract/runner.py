@@ -74,12 +74,19 @@ def open_inputs(spec: StageSpec, config: FourMConfig, store_root: Store,
     if unknown:
         raise ValueError(f"stage {spec.name!r} has no inputs {unknown}; its inputs: {list(spec.input_names)}")
     inputs = {}
-    for up in spec.upstream:
+    for up in spec.active_upstream(config):
         uri = (input_uris or {}).get(up.name)
         store = open_store(uri) if uri else output_store(up, config, store_root)
         manifest, digest = require_manifest(store, f"input {up.name!r} of stage {spec.name!r}")
-        inputs[up.name] = StageInput(up.name, store.uri, store, manifest, digest)
+        inputs[up.name] = StageInput(up.name, store.uri, store, manifest, digest, up.dataset_layer)
     return inputs
+
+
+def require_enabled(spec: StageSpec, config: FourMConfig) -> None:
+    """Fail when ``spec`` is off under ``config`` (it has nothing to do and no output)."""
+    if not spec.is_enabled(config):
+        raise ConfigError(f"stage {spec.name!r} is off under this config ({spec.off_when}): it has nothing to do, "
+                          "so it has no output to run or read")
 
 
 def _context(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[str, StageInput],
@@ -95,6 +102,7 @@ def run_stage(spec: StageSpec, config: FourMConfig, store_root: Store, *, force:
     """Run (or reuse) one stage; see the module docstring. ``committed``: the output's manifest and digest when the
     caller has just read them (a launcher's plan), so they are not read again."""
     started = time.monotonic()
+    require_enabled(spec, config)
     if not distributed.is_primary():
         tracking_uri = None
     address = stage_address(spec, config)
@@ -137,6 +145,7 @@ def run_stage_part(spec: StageSpec, config: FourMConfig, store_root: Store, part
         raise ConfigError(f"stage {spec.name!r} does not fan out: --part applies to fan-out stages only")
     if not 0 <= part < parts:
         raise ConfigError(f"--part {part} is not in 0..{parts - 1} (--parts {parts})")
+    require_enabled(spec, config)
     output = output_store(spec, config, store_root)
     if read_manifest(output) is not None or output.exists(part_key(part, parts)):
         log.info("%s: part %d/%d already committed at %s", spec.name, part, parts, output.uri)

@@ -62,7 +62,30 @@ class StageSpec:
     #: listed in the manifest like every file, but not part of the payload, which is a function of the config and
     #: the inputs alone (the determinism check and ``fourm-kfp verify`` compare the payload)
     run_records: tuple[str, ...] = ()
+    #: config -> ``{declared key: the part of its value the stage uses}``, for the address: prepare-data reads
+    #: ``data.modalities`` but writes only those its source has, so a modality that a later stage adds (a label)
+    #: does not move it
+    narrow_config: Callable[["FourMConfig"], dict[str, Any]] | None = None
+    #: config -> whether the stage has anything to do (the label stage with no labelers: False). A stage that is off
+    #: runs nothing, has no output, and is left out of every downstream stage's address and inputs, so switching it
+    #: off gives exactly the addresses the pipeline had without it.
+    enabled: Callable[["FourMConfig"], bool] | None = None
+    #: when it is off, in words (for messages): e.g. "label.labelers is empty"
+    off_when: str = ""
+    #: its output is a layer of the dataset: a downstream stage reads the dataset as every enabled upstream layer
+    #: in pipeline order, a later layer's files over an earlier one's (:attr:`StageContext.dataset`)
+    dataset_layer: bool = False
+    #: config -> whether its work wants an accelerator (the label stage with a teacher network): the pipeline then
+    #: runs its fan-out workers in GPU pods, else in CPU pods
+    wants_accelerator: Callable[["FourMConfig"], bool] | None = None
 
     @property
     def input_names(self) -> tuple[str, ...]:
         return tuple(up.name for up in self.upstream)
+
+    def is_enabled(self, config: "FourMConfig") -> bool:
+        return self.enabled is None or bool(self.enabled(config))
+
+    def active_upstream(self, config: "FourMConfig") -> tuple["StageSpec", ...]:
+        """The upstream stages that are on under ``config``: those whose outputs this stage reads."""
+        return tuple(up for up in self.upstream if up.is_enabled(config))

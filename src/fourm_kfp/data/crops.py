@@ -6,12 +6,14 @@ Each sample gets ``n_crops`` crops: crop 0 is the full view, the others random r
 
 Every modality is cut to the same window and resized back to the image size its own way:
 
-* ``rgb`` — bilinear (a photo tolerates interpolation);
-* ``depth``, ``normal``, ``semseg``, ``edge`` — nearest neighbour: values stay exact and invalid pixels (depth
-  0, zero normals) never blend into valid ones, class ids and edge bits stay ids and bits;
+* ``rgb`` (a ``camera_image`` of the modality table) — bilinear (a photo tolerates interpolation);
+* every other image modality (``depth``, ``normal``, ``semseg``, ``edge``, ``canny_edge``, ...) — nearest
+  neighbour: values stay exact and invalid pixels (depth 0, zero normals) never blend into valid ones, class ids and
+  edge bits stay ids and bits;
 * a flip mirrors columns and negates the normals' x component (camera frame, x to the right);
 * ``det`` boxes are mapped into the crop (and mirrored), clipped to it, and dropped when less than
-  ``MIN_VISIBLE`` of their area remains; ``caption`` is kept as it is.
+  ``MIN_VISIBLE`` of their area remains; ``caption`` and the other sequence modalities (whole-image statistics:
+  ``color_palette``, ``metadata``, as 4M leaves them) are kept as they are.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fourm_kfp.data.modalities import COORD_BINS, format_det, parse_det
+from fourm_kfp.data.modalities import COORD_BINS, MODALITIES, format_det, parse_det
 
 #: A box keeps at least this fraction of its area inside the crop, or it is dropped.
 MIN_VISIBLE = 0.3
@@ -104,13 +106,12 @@ def apply_crop(sample: dict[str, Any], crop: Crop, image_size: int) -> dict[str,
     """The sample seen through ``crop`` (modalities it lacks stay absent)."""
     out: dict[str, Any] = {}
     for modality, value in sample.items():
-        if modality == "rgb":
-            out[modality] = _resize(value, crop, image_size, bilinear=True)
-        elif modality in ("depth", "semseg", "edge"):
-            out[modality] = _resize(value, crop, image_size, bilinear=False)
-        elif modality == "normal":
+        spec = MODALITIES.get(modality)
+        if modality == "normal":
             normal = _resize(value, crop, image_size, bilinear=False)
             out[modality] = normal * np.array([-1.0, 1.0, 1.0], np.float32) if crop.flip else normal
+        elif spec is not None and spec.kind == "image":  # a camera image bilinear, every map nearest
+            out[modality] = _resize(value, crop, image_size, bilinear=spec.camera_image)
         elif modality == "det":
             out[modality] = crop_det(value, crop, image_size)
         else:

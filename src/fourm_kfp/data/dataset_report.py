@@ -12,6 +12,8 @@ one ``bincount`` over the semseg map) and turns into a JSON-serialisable report 
      "det_boxes_per_sample": {"histogram": {boxes: n}, "count": n, "mean": x, "min": a, "max": b}}
 
 Histogram keys are strings (JSON object keys); ``mean``/``min``/``max`` are ``null`` when there is no data.
+Statistics gathered in pieces (one per shard, in separate workers) merge exactly: :meth:`DatasetStats.state` and
+:meth:`DatasetStats.merge`.
 :func:`report_markdown` summarises a report for the KFP UI, :func:`render_preview_grid` shows samples × modalities
 (tiles from :mod:`fourm_kfp.data.modality_visuals`) and :func:`render_histograms` draws the histograms.
 """
@@ -20,13 +22,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from fourm_kfp.data.modalities import CLASS_NAMES, MODALITIES, parse_det
+from fourm_kfp.data.modalities import MODALITIES, parse_det
 from fourm_kfp.data.modality_visuals import absent_tile, class_color, draw_centered, get_font, visualize
+from fourm_kfp.data.vocabularies import DEFAULT_VOCABULARIES
 
 #: Preview grid layout: a header row of modality names ``GRID_HEADER`` pixels high, then one row per sample;
 #: tiles are ``GRID_GAP`` pixels apart and from the left, right and bottom edges (see :func:`grid_cell`).
@@ -37,8 +40,8 @@ GRID_BACKGROUND = (236, 236, 240)
 _INK = (30, 30, 36)
 
 
-def _class_name(class_id: int) -> str:
-    return CLASS_NAMES[class_id] if class_id < len(CLASS_NAMES) else f"class_{class_id}"
+def _class_name(class_id: int, classes: Sequence[str]) -> str:
+    return classes[class_id] if class_id < len(classes) else f"class_{class_id}"
 
 
 def _summary(counts: Counter[int]) -> dict[str, Any]:
@@ -56,7 +59,8 @@ def _summary(counts: Counter[int]) -> dict[str, Any]:
 class DatasetStats:
     """Accumulates counts over the samples of every split; :meth:`to_dict` gives the report (see module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, semseg_classes: Sequence[str] = DEFAULT_VOCABULARIES["semseg"]) -> None:
+        self.semseg_classes = tuple(semseg_classes)  # the names of the ids (the dataset's vocabulary)
         self._samples: Counter[str] = Counter()
         self._modalities: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self._skipped: Counter[str] = Counter()
@@ -69,7 +73,7 @@ class DatasetStats:
         self._samples[split] += 1
         self._modalities[split].update(m for m, v in sample.items() if v is not None)
         if sample.get("semseg") is not None:
-            self._semseg_pixels += np.bincount(np.asarray(sample["semseg"], np.uint8).ravel(), minlength=256)
+            self._count_semseg(np.bincount(np.asarray(sample["semseg"], np.int64).ravel(), minlength=256))
         if sample.get("det") is not None:
             boxes = parse_det(sample["det"])
             self._det_boxes[len(boxes)] += 1
@@ -77,18 +81,51 @@ class DatasetStats:
         if sample.get("caption") is not None:
             self._caption_words[len(sample["caption"].split())] += 1
 
+    def _count_semseg(self, pixels: np.ndarray) -> None:
+        """Add pixel counts by class id (ids past 255 too: a vocabulary's semseg is stored in 16 bits)."""
+        if len(pixels) > len(self._semseg_pixels):
+            self._semseg_pixels = np.pad(self._semseg_pixels, (0, len(pixels) - len(self._semseg_pixels)))
+        self._semseg_pixels[: len(pixels)] += pixels
+
     def add_skipped(self, reasons: Mapping[str, int]) -> None:
         """Merge counts of skipped source items by reason."""
         self._skipped.update(reasons)
+
+    def state(self) -> dict[str, Any]:
+        """Every count, as JSON (integers only): :meth:`merge` adds it to another :class:`DatasetStats`, so the
+        statistics of a dataset written in pieces are those of one pass over it (splits in the order merged)."""
+        return {
+            "samples": dict(self._samples),
+            "modalities": {split: dict(counts) for split, counts in self._modalities.items() if counts},
+            "skipped": dict(self._skipped),
+            "semseg_pixels": {str(i): int(n) for i, n in enumerate(self._semseg_pixels) if n},
+            "det_objects": dict(self._det_objects),
+            "det_boxes": {str(k): n for k, n in self._det_boxes.items()},
+            "caption_words": {str(k): n for k, n in self._caption_words.items()},
+        }
+
+    def merge(self, state: Mapping[str, Any]) -> None:
+        """Add the counts of another :class:`DatasetStats` (its :meth:`state`)."""
+        self._samples.update({split: n for split, n in state["samples"].items() if n})
+        for split, counts in state["modalities"].items():
+            self._modalities[split].update(counts)
+        self._skipped.update({reason: n for reason, n in state["skipped"].items() if n})
+        counts = {int(i): n for i, n in state["semseg_pixels"].items()}
+        pixels = np.zeros(max(counts, default=0) + 1, np.int64)
+        pixels[list(counts)] = list(counts.values())
+        self._count_semseg(pixels)
+        self._det_objects.update(state["det_objects"])
+        self._det_boxes.update({int(k): n for k, n in state["det_boxes"].items()})
+        self._caption_words.update({int(k): n for k, n in state["caption_words"].items()})
 
     def to_dict(self) -> dict[str, Any]:
         seen = set().union(*self._modalities.values())
         modalities = [m for m in MODALITIES if m in seen] + sorted(seen - set(MODALITIES))
         total_pixels = int(self._semseg_pixels.sum())
         semseg = {
-            _class_name(i): round(int(px) / total_pixels, 6)
+            _class_name(i, self.semseg_classes): round(int(px) / total_pixels, 6)
             for i, px in enumerate(self._semseg_pixels)
-            if total_pixels and (i < len(CLASS_NAMES) or px)
+            if total_pixels and (i < len(self.semseg_classes) or px)
         }
         return {
             "splits": {

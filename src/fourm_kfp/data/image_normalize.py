@@ -1,7 +1,8 @@
 """Real-world image bytes → the ``rgb`` modality: a uint8 ``[S, S, 3]`` square, or a :class:`BadSampleError`.
 
 :func:`normalize_image` decodes fully (so a truncated file fails here, not in a later stage), applies the EXIF
-orientation, converts every Pillow mode to 8-bit RGB and resizes the shorter side to ``S`` with a centre crop.
+orientation, converts every Pillow mode to 8-bit RGB and resizes the shorter side to ``S`` with a centre crop;
+:func:`normalize_image_sized` also returns the upright image's size before the crop.
 
 Mode handling:
 
@@ -51,6 +52,13 @@ def normalize_image(data: bytes, image_size: int, name: str, min_side: int = DEF
 
     Raises :class:`BadSampleError` (``name`` is only used in its message) for anything that is not a usable image.
     """
+    return normalize_image_sized(data, image_size, name, min_side)[0]
+
+
+def normalize_image_sized(data: bytes, image_size: int, name: str,
+                          min_side: int = DEFAULT_MIN_SIDE) -> tuple[np.ndarray, tuple[int, int]]:
+    """:func:`normalize_image` and the image's original ``(width, height)``: upright (after the EXIF
+    orientation), before the resize and centre crop."""
     image = _open(data, name)
     with image:
         if min(image.size) < min_side:
@@ -60,7 +68,7 @@ def normalize_image(data: bytes, image_size: int, name: str, min_side: int = DEF
             rgb = _to_rgb(ImageOps.exif_transpose(image))
         except Exception as exc:
             raise BadSampleError(_load_failure_reason(exc), name, f"{type(exc).__name__}: {exc}") from exc
-    return np.asarray(_resize_center_crop(rgb, image_size))
+    return np.asarray(_resize_center_crop(rgb, image_size)), rgb.size
 
 
 def _open(data: bytes, name: str) -> Image.Image:

@@ -1,9 +1,13 @@
 """Real-data sources for ``prepare-data``: a folder of images, or an image-text WebDataset as img2dataset writes it.
 
 Each source is an iterator of :class:`SourceItem` in a deterministic order (sorted keys / tar names): either a
-sample ``{"rgb": uint8 [S, S, 3], "caption": str}`` (``caption`` absent when there is none) or a skip record
-carrying a :class:`BadSampleError`. The caller counts skips with :class:`SkipCounter` and fails the stage when
-there are too many.
+sample ``{"rgb": uint8 [S, S, 3], "caption": str}`` (``caption`` absent when there is none) with the image's
+original size before the centre crop, or a skip record carrying a :class:`BadSampleError`. The caller counts skips
+with :class:`SkipCounter` and fails the stage when there are too many.
+
+A worker that takes a share of a source reads the same pieces: :class:`ImageFolder` lists a folder's images with
+their keys (from the listing alone) and loads any one of them; :func:`webdataset_tars` lists a WebDataset's tars
+and :func:`iter_webdataset_tar` reads one.
 
 Skip reasons: ``unreadable``, ``truncated``, ``too_small``, ``decompression_bomb`` (from
 :func:`normalize_image`); ``bad_caption_encoding`` (a caption that is not UTF-8); ``missing_image`` (a
@@ -24,6 +28,7 @@ unique and the same for the same input on every run.
 from __future__ import annotations
 
 import csv
+import fnmatch
 import hashlib
 import io
 import json
@@ -36,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from fourm_kfp.data.image_normalize import DEFAULT_MIN_SIDE, BadSampleError, normalize_image
+from fourm_kfp.data.image_normalize import DEFAULT_MIN_SIDE, BadSampleError, normalize_image_sized
 from fourm_kfp.errors import UserError
 from fourm_kfp.storage import Store, open_store
 
@@ -64,6 +69,8 @@ class SourceItem:
     sample: dict[str, Any] | None
     skipped: BadSampleError | None
     origin: str
+    #: the image's ``(width, height)`` before the centre crop (upright, after its EXIF orientation); with a sample
+    original_size: tuple[int, int] | None = None
 
 
 class TooManyBadSamplesError(UserError, RuntimeError):
@@ -93,6 +100,12 @@ class SkipCounter:
             "by_reason": dict(sorted(self.by_reason.items())),
             "first": [{"origin": e.name, "reason": e.reason, "detail": e.detail} for e in self.first],
         }
+
+    def merge(self, counts: dict[str, Any]) -> None:
+        """Add another counter's skips (its :meth:`as_dict`): reasons summed, its first bad samples after ours."""
+        self.by_reason.update(counts["by_reason"])
+        for first in counts["first"][:max(self.keep - len(self.first), 0)]:
+            self.first.append(BadSampleError(first["reason"], first["origin"], first["detail"]))
 
     def check(self, total_seen: int, max_bad_fraction: float, where: str) -> None:
         """Raise :class:`TooManyBadSamplesError` when skipped / ``total_seen`` exceeds ``max_bad_fraction``."""
@@ -144,44 +157,69 @@ def _hidden(key: str) -> bool:
 # ---------------------------------------------------------------------------------------------- image folders
 
 
+@dataclass(frozen=True)
+class FolderEntry:
+    """One image of an image folder: its path in the store, its path without the extension, and its key."""
+
+    path: str
+    stem: str
+    key: str
+
+
+class ImageFolder:
+    """An image folder as a source: every image under ``store`` (recursively, sorted by path) with its key, known
+    from the listing alone (:attr:`entries`), and :meth:`load` to read one, with its caption where it has one."""
+
+    def __init__(self, store: Store, image_size: int, captions_file: str | None = None,
+                 min_side: int = DEFAULT_MIN_SIDE, include: tuple[str, ...] = ()):
+        self.store, self.image_size, self.min_side = store, image_size, min_side
+        listing = store.list()
+        self.present = set(listing)
+        #: ``{image path: caption}`` from ``captions_file``; ``None`` without one (``<stem>.txt`` files then)
+        self.captions = read_captions_file(store, captions_file) if captions_file else None
+        unmatched = sorted(set(self.captions or ()) - self.present)
+        if unmatched:
+            log.warning("%s: %d captioned files are not in %s, e.g. %s", captions_file, len(unmatched), store.uri,
+                        unmatched[:3])
+        make_key = _Keys()
+        self.entries: list[FolderEntry] = []
+        for path in listing:
+            stem, dot, ext = path.rpartition(".")
+            if dot and f".{ext.lower()}" in IMAGE_EXTENSIONS and not _hidden(path) and included(path, include):
+                self.entries.append(FolderEntry(path, stem, make_key(stem, store.uri_of(path))))
+
+    def load(self, entry: FolderEntry) -> SourceItem:
+        """The image of ``entry`` normalised, with its caption, or the record of why it was skipped."""
+        store, origin = self.store, self.store.uri_of(entry.path)
+        try:
+            rgb, size = normalize_image_sized(store.get_bytes(entry.path), self.image_size, origin, self.min_side)
+            if self.captions is not None:
+                caption = self.captions.get(entry.path)
+            elif f"{entry.stem}.txt" in self.present:
+                caption = _caption(store.get_bytes(f"{entry.stem}.txt"), store.uri_of(f"{entry.stem}.txt"))
+            else:
+                caption = None
+        except BadSampleError as err:
+            return SourceItem(entry.key, None, err, origin)
+        sample: dict[str, Any] = {"rgb": rgb}
+        if caption:
+            sample["caption"] = caption
+        return SourceItem(entry.key, sample, None, origin, size)
+
+
+def included(path: str, patterns: tuple[str, ...]) -> bool:
+    """Whether ``path`` matches one of the glob ``patterns`` (``prepare_data.include``; none: every path)."""
+    return not patterns or any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
+
+
 def iter_image_folder(store: Store, image_size: int, captions_file: str | None = None,
                       min_side: int = DEFAULT_MIN_SIDE, workers: int = 1) -> Iterator[SourceItem]:
     """Every image under ``store`` (recursively, sorted by path), with its caption where it has one.
 
     ``workers`` threads read and decode ahead (PIL releases the GIL while decoding); the order stays the same.
     """
-    keys = store.list()
-    present = set(keys)
-    captions = read_captions_file(store, captions_file) if captions_file else None
-    unmatched = sorted(set(captions or ()) - present)
-    if unmatched:
-        log.warning("%s: %d captioned files are not in %s, e.g. %s", captions_file, len(unmatched), store.uri,
-                    unmatched[:3])
-    make_key = _Keys()
-    entries = []
-    for path in keys:
-        stem, dot, ext = path.rpartition(".")
-        if dot and f".{ext.lower()}" in IMAGE_EXTENSIONS and not _hidden(path):
-            entries.append((path, stem, make_key(stem, store.uri_of(path))))
-
-    def load(entry: tuple[str, str, str]) -> SourceItem:
-        path, stem, key = entry
-        origin = store.uri_of(path)
-        try:
-            sample: dict[str, Any] = {"rgb": normalize_image(store.get_bytes(path), image_size, origin, min_side)}
-            if captions is not None:
-                caption = captions.get(path)
-            elif f"{stem}.txt" in present:
-                caption = _caption(store.get_bytes(f"{stem}.txt"), store.uri_of(f"{stem}.txt"))
-            else:
-                caption = None
-        except BadSampleError as err:
-            return SourceItem(key, None, err, origin)
-        if caption:
-            sample["caption"] = caption
-        return SourceItem(key, sample, None, origin)
-
-    yield from ordered_map(load, entries, workers)
+    folder = ImageFolder(store, image_size, captions_file, min_side)
+    yield from ordered_map(folder.load, folder.entries, workers)
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[R]:
@@ -290,6 +328,11 @@ def _field(row: dict[str, Any], names: tuple[str, ...], origin: str, line: int) 
 # ------------------------------------------------------------------------------------------------- webdataset
 
 
+def webdataset_tars(store: Store) -> list[str]:
+    """The ``*.tar`` files of a WebDataset under ``store``, sorted by name (hidden files left out)."""
+    return [key for key in store.list() if key.lower().endswith(".tar") and not _hidden(key)]
+
+
 def iter_webdataset(store: Store, image_size: int, min_side: int = DEFAULT_MIN_SIDE,
                     workers: int = 1) -> Iterator[SourceItem]:
     """Every sample of every ``*.tar`` under ``store`` (tars sorted by name, samples in tar order).
@@ -297,27 +340,35 @@ def iter_webdataset(store: Store, image_size: int, min_side: int = DEFAULT_MIN_S
     Tars are streamed in order; ``workers`` threads decode the images of samples already read.
     """
     make_key = _Keys()
-    for tar_key in store.list():
-        if not tar_key.lower().endswith(".tar") or _hidden(tar_key):
-            continue
-        tar_uri = store.uri_of(tar_key)
-        read = 0
+    for tar_key in webdataset_tars(store):
+        yield from iter_webdataset_tar(store, tar_key, image_size, min_side, workers, make_key)
 
-        def load(sample: tuple[str, str, dict[str, bytes]]) -> SourceItem:
-            key, origin, members = sample
-            return _wds_item(key, members, origin, image_size, min_side)
 
-        try:
-            with store.open_read(tar_key) as stream:
-                # Keys are assigned here, in tar order, before any thread sees the sample.
-                samples = ((make_key(name, f"{tar_uri}/{name}"), f"{tar_uri}/{name}", members)
-                           for name, members in _tar_samples(stream))
-                for item in ordered_map(load, samples, workers):
-                    yield item
-                    read += 1
-        except (tarfile.TarError, EOFError, zlib.error) as exc:
-            err = BadSampleError("corrupt_tar", tar_uri, f"unreadable after {read} samples: {exc}")
-            yield SourceItem(make_key(f"{tar_key}.corrupt", tar_uri), None, err, tar_uri)
+def iter_webdataset_tar(store: Store, tar_key: str, image_size: int, min_side: int = DEFAULT_MIN_SIDE,
+                        workers: int = 1, make_key: Callable[[str, str], str] | None = None
+                        ) -> Iterator[SourceItem]:
+    """Every sample of one tar of a WebDataset, in tar order; a tar that is damaged or ends early gives one
+    ``corrupt_tar`` skip record for its unread rest. Keys are unique within the tar, or within every tar read with
+    the same ``make_key``."""
+    make_key = make_key or _Keys()
+    tar_uri = store.uri_of(tar_key)
+    read = 0
+
+    def load(sample: tuple[str, str, dict[str, bytes]]) -> SourceItem:
+        key, origin, members = sample
+        return _wds_item(key, members, origin, image_size, min_side)
+
+    try:
+        with store.open_read(tar_key) as stream:
+            # Keys are assigned here, in tar order, before any thread sees the sample.
+            samples = ((make_key(name, f"{tar_uri}/{name}"), f"{tar_uri}/{name}", members)
+                       for name, members in _tar_samples(stream))
+            for item in ordered_map(load, samples, workers):
+                yield item
+                read += 1
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        err = BadSampleError("corrupt_tar", tar_uri, f"unreadable after {read} samples: {exc}")
+        yield SourceItem(make_key(f"{tar_key}.corrupt", tar_uri), None, err, tar_uri)
 
 
 def _tar_samples(stream) -> Iterator[tuple[str, dict[str, bytes]]]:
@@ -347,13 +398,14 @@ def _wds_item(key: str, members: dict[str, bytes], origin: str, image_size: int,
         image_ext = next((ext for ext in WDS_IMAGE_EXTENSIONS if ext in members), None)
         if image_ext is None:
             raise BadSampleError("missing_image", origin, f"members: {', '.join(sorted(members))}")
-        sample: dict[str, Any] = {"rgb": normalize_image(members[image_ext], image_size, origin, min_side)}
+        rgb, size = normalize_image_sized(members[image_ext], image_size, origin, min_side)
         caption = _wds_caption(members, origin)
     except BadSampleError as err:
         return SourceItem(key, None, err, origin)
+    sample: dict[str, Any] = {"rgb": rgb}
     if caption:
         sample["caption"] = caption
-    return SourceItem(key, sample, None, origin)
+    return SourceItem(key, sample, None, origin, size)
 
 
 def _wds_caption(members: dict[str, bytes], origin: str) -> str | None:

@@ -3,21 +3,31 @@
 A *sample* is a dict ``{modality_name: value}``; a modality a source lacks is simply not in the dict.
 In-memory values (what sources produce and later stages consume):
 
-=========  ==============================================  ==========================================
-modality   in memory                                       in a shard (member ``<key>.<ext>``)
-=========  ==============================================  ==========================================
-rgb        uint8 ``[H, W, 3]``                             ``png`` (8-bit RGB)
-depth      float32 ``[H, W]`` metres along the camera      ``png`` (16-bit, millimetres; 0 = invalid)
-           axis, 0 where invalid (sky, no data)
-normal     float32 ``[H, W, 3]`` unit vectors, camera      ``png`` (8-bit RGB of ``(n + 1) / 2``;
-           frame (x right, y up, z towards the camera),    black = invalid)
-           zero vector where invalid
-semseg     uint8 ``[H, W]`` class ids (``CLASS_NAMES``)    ``png`` (8-bit grey)
-edge       uint8 ``[H, W]`` 0/1                            ``png`` (8-bit grey, 0/255)
-det        str: boxes as ``v0=.. v1=.. v2=.. v3=.. name``  ``txt`` (UTF-8)
-           (xmin ymin xmax ymax in ``COORD_BINS`` bins)
-caption    str                                             ``txt`` (UTF-8)
-=========  ==============================================  ==========================================
+=============  ==============================================  ==========================================
+modality       in memory                                       in a shard (member ``<key>.<ext>``)
+=============  ==============================================  ==========================================
+rgb            uint8 ``[H, W, 3]``                             ``png`` (8-bit RGB)
+depth          float32 ``[H, W]`` metres along the camera      ``png`` (16-bit, millimetres; 0 = invalid)
+               axis, 0 where invalid (sky, no data)
+normal         float32 ``[H, W, 3]`` unit vectors, camera      ``png`` (8-bit RGB of ``(n + 1) / 2``;
+               frame (x right, y up, z towards the camera),    black = invalid)
+               zero vector where invalid
+semseg         uint8 ``[H, W]`` class ids of the dataset's     ``png`` (8-bit grey; 16-bit grey when an
+               vocabulary; uint16 when one is above 255        id is above 255)
+edge           uint8 ``[H, W]`` 0/1                            ``png`` (8-bit grey, 0/255)
+det            str: boxes as ``v0=.. v1=.. v2=.. v3=.. name``  ``txt`` (UTF-8)
+               (xmin ymin xmax ymax in ``COORD_BINS`` bins)
+caption        str                                             ``txt`` (UTF-8)
+canny_edge     uint8 ``[H, W]`` 0/1 (Canny on the photo)       ``png`` (8-bit grey, 0/255)
+color_palette  str when read from a shard: ``v1=k v0=r       ``json`` (4M's palette JSON: a palette of
+               v0=g v0=b ...``; 4M's JSON structure from a     each length 1..7)
+               labeler
+metadata       str when read from a shard: ``v1=<id>         ``json`` (4M's metadata JSON: raw numbers
+               v0=<bin> ...``; the raw fields from a labeler   by field)
+=============  ==============================================  ==========================================
+
+The last three come from the label stage's labelers (:mod:`fourm_kfp.labelers`); their text forms are 4M-21's
+(:mod:`fourm_kfp.data.label_formats`).
 
 :data:`MODALITIES` is the one table of modalities: kind, in-memory channels, file extension and codec, tokenizer
 kind (``vqvae`` per image modality, the shared ``wordpiece`` for text), the primary metric its tokenizer reports,
@@ -38,14 +48,19 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-#: Semantic classes of the synthetic scenes (index = class id in ``semseg``).
+from fourm_kfp.data.label_formats import decode_metadata, decode_palette, encode_metadata, encode_palette
+
+#: Semantic classes of the synthetic scenes (index = class id in ``semseg``): the semseg vocabulary of a dataset that
+#: names none (a dataset's own is data: :mod:`fourm_kfp.data.vocabularies`).
 CLASS_NAMES: tuple[str, ...] = ("background", "ground", "sphere", "cube", "cylinder", "cone")
-#: Object classes that appear in ``det`` and captions.
+#: Object classes that appear in the synthetic scenes' ``det`` and captions (the default det vocabulary).
 OBJECT_CLASSES: tuple[str, ...] = CLASS_NAMES[2:]
 #: Box coordinates are quantised to this many bins (tokens ``v0=0`` .. ``v3=999``).
 COORD_BINS = 1000
 #: Depth is stored in millimetres in a 16-bit PNG, so this is the largest depth a shard can hold.
 MAX_DEPTH_M = 65.535
+#: semseg is stored as a 16-bit PNG at most, so a vocabulary has at most this many classes (ids 0..65535).
+MAX_SEMSEG_CLASSES = 65536
 
 
 @dataclass(frozen=True)
@@ -122,12 +137,26 @@ def decode_normal(data: bytes) -> np.ndarray:
     return np.where(valid, normal / np.maximum(norm, 1e-6), 0.0).astype(np.float32)
 
 
+def class_id_dtype(num_classes: int) -> type[np.unsignedinteger]:
+    """The dtype of the ids of ``num_classes`` classes: uint8 up to 256 classes, else uint16."""
+    if not 0 < num_classes <= MAX_SEMSEG_CLASSES:
+        raise ValueError(f"modality 'semseg': {num_classes} classes; a shard holds 1 to {MAX_SEMSEG_CLASSES}")
+    return np.uint8 if num_classes <= 256 else np.uint16
+
+
 def encode_semseg(classes: np.ndarray) -> bytes:
-    return _png_bytes(_check(classes, "semseg", 2).astype(np.uint8, copy=False))
+    """An 8-bit grey PNG when every id is at most 255, else a 16-bit one (ids up to 65535, stored exactly)."""
+    ids = _check(classes, "semseg", 2)
+    low, high = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
+    if low < 0 or high >= MAX_SEMSEG_CLASSES:
+        raise ValueError(f"modality 'semseg': class ids {low}..{high} outside 0..{MAX_SEMSEG_CLASSES - 1}")
+    return _png_bytes(ids.astype(class_id_dtype(high + 1), copy=False))
 
 
 def decode_semseg(data: bytes) -> np.ndarray:
-    return _png_array(data).astype(np.uint8)
+    """Class ids: uint8 from an 8-bit PNG, uint16 from a 16-bit one."""
+    ids = _png_array(data)
+    return ids.astype(np.uint8 if ids.dtype == np.uint8 else np.uint16)
 
 
 def encode_edge(edges: np.ndarray) -> bytes:
@@ -160,6 +189,12 @@ MODALITIES: dict[str, Modality] = {
                  scoring="boxes"),
         Modality("caption", "sequence", "txt", encode_text, decode_text, 0, "wordpiece", "unknown_token_rate",
                  scoring="caption"),
+        # The pseudo-labelled modalities of 4M-21 that the label stage makes from a photo (fourm_kfp.labelers).
+        Modality("canny_edge", "image", "png", encode_edge, decode_edge, 1, "vqvae", "pixel_err", scoring="edges"),
+        Modality("color_palette", "sequence", "json", encode_palette, decode_palette, 0, "wordpiece",
+                 "unknown_token_rate", scoring="palette"),
+        Modality("metadata", "sequence", "json", encode_metadata, decode_metadata, 0, "wordpiece",
+                 "unknown_token_rate", scoring="metadata"),
     )
 }
 

@@ -7,11 +7,13 @@ modality) and returns ``[size, size, 3]`` ``uint8``:
 * ``depth`` through a viridis colour map, normalised between the 2nd and 98th percentile of the valid pixels,
   near = bright yellow, far = dark purple; invalid pixels (0) black;
 * ``normal`` as ``(n + 1) / 2`` colours, invalid (zero) vectors black;
-* ``semseg`` with a fixed palette per class id (:func:`class_color`, shared with the ``det`` box colours);
-* ``edge`` white on black (thickened before shrinking so thin edges stay visible);
+* ``semseg`` with a fixed colour per class id, any id (:func:`class_color`, shared with the ``det`` box colours:
+  the synthetic classes' six colours, then a golden-ratio walk of hues for the ids of a larger vocabulary);
+* ``edge`` and ``canny_edge`` white on black (thickened before shrinking so thin edges stay visible);
 * ``det`` boxes with class names over ``context["rgb"]`` (the rest of the sample) when there is one, else grey;
 * ``caption`` the text word-wrapped onto a light tile, shrinking the font down to a legible minimum and ending
-  with an ellipsis when it still does not fit.
+  with an ellipsis when it still does not fit;
+* ``color_palette`` as vertical stripes of its colours; ``metadata`` as ``field bin`` text.
 
 Label-like images (semseg) are resized with nearest neighbour so their colours stay exact.
 """
@@ -25,6 +27,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
+from fourm_kfp.data.label_formats import metadata_bins, palette_text, parse_metadata_text, parse_palette_text
 from fourm_kfp.data.modalities import CLASS_NAMES, COORD_BINS, parse_det
 
 #: Viridis sampled at 9 evenly spaced points; :func:`colormap` interpolates between them.
@@ -63,19 +66,48 @@ def _hashed_color(key: str) -> tuple[int, int, int]:
     return (64 + h % 192, 64 + (h >> 8) % 192, 64 + (h >> 16) % 192)
 
 
+#: The golden ratio's fraction: hues this far apart, id after id, never repeat and stay spread out.
+_GOLDEN = (5 ** 0.5 - 1) / 2
+
+
+def _walk_colors(ids: np.ndarray) -> np.ndarray:
+    """Colours of class ids past the fixed ones, ``uint8 [..., 3]``: the hue walks the circle in golden-ratio
+    steps, the saturation alternates (0.9, 0.6) and the brightness takes three levels, so neighbouring ids differ
+    clearly; ids 0..1988 all get different colours (larger ids may repeat one)."""
+    ids = np.asarray(ids, np.int64)
+    h = (ids * _GOLDEN) % 1.0 * 6.0
+    s = np.where(ids % 2 == 0, 0.9, 0.6)
+    v = np.array([0.95, 0.75, 0.55])[(ids // 2) % 3]
+    sector, f = np.floor(h).astype(np.int64) % 6, h - np.floor(h)
+    p, q, t = v * (1 - s), v * (1 - f * s), v * (1 - (1 - f) * s)
+    rgb = np.choose(sector[..., None], [np.stack(c, -1) for c in
+                                        ((v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q))])
+    return np.round(rgb * 255).astype(np.uint8)
+
+
+@functools.lru_cache(maxsize=8)
+def class_palette(count: int) -> np.ndarray:
+    """``class_palette(n)[class_id]`` → RGB ``uint8`` for ids ``0..n - 1`` (:func:`class_color`'s colours)."""
+    palette = _walk_colors(np.arange(max(count, len(_CLASS_COLORS))))
+    palette[: len(_CLASS_COLORS)] = _CLASS_COLORS
+    palette.flags.writeable = False
+    return palette[:count]
+
+
 def class_color(class_id_or_name: int | str) -> tuple[int, int, int]:
-    """The palette colour of a class, by id (``semseg``) or name (``det``)."""
+    """The palette colour of a class, by id (``semseg``: the six synthetic classes' fixed colours, then distinct
+    colours for any larger id) or name (``det``: a synthetic class's colour, else one derived from the name)."""
     if isinstance(class_id_or_name, str):
         if class_id_or_name not in CLASS_NAMES:
             return _hashed_color(class_id_or_name)
         class_id_or_name = CLASS_NAMES.index(class_id_or_name)
     if class_id_or_name < len(_CLASS_COLORS):
         return _CLASS_COLORS[class_id_or_name]
-    return _hashed_color(f"class-{class_id_or_name}")
+    return tuple(int(c) for c in _walk_colors(np.int64(class_id_or_name)))
 
 
-#: ``SEMSEG_PALETTE[class_id]`` → RGB, for every possible ``uint8`` id.
-SEMSEG_PALETTE = np.array([class_color(i) for i in range(256)], dtype=np.uint8)
+#: ``SEMSEG_PALETTE[class_id]`` → RGB, for every ``uint8`` id (:func:`class_palette` for any id).
+SEMSEG_PALETTE = class_palette(256)
 
 
 def _fit(image: np.ndarray, size: int, labels: bool = False) -> np.ndarray:
@@ -92,7 +124,7 @@ def _rgb(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
 
 def _depth(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
     depth = np.nan_to_num(np.asarray(value, dtype=np.float32))
-    valid = depth > 0
+    valid = depth != 0  # metric depth is >= 0; a standardised relative map (a tokenizer's) goes below 0
     if not valid.any():
         return np.zeros((size, size, 3), np.uint8)
     lo, hi = np.percentile(depth[valid], (2, 98))
@@ -109,7 +141,9 @@ def _normal(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
 
 
 def _semseg(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
-    return _fit(SEMSEG_PALETTE[np.clip(np.asarray(value), 0, 255).astype(np.uint8)], size, labels=True)
+    ids = np.maximum(np.asarray(value, np.int64), 0)
+    palette = class_palette(1 << max(8, int(ids.max(initial=0)).bit_length()))  # a power of two: cached
+    return _fit(palette[ids], size, labels=True)
 
 
 def _edge(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
@@ -198,6 +232,26 @@ def draw_centered(draw: ImageDraw.ImageDraw, center: tuple[float, float], text: 
     draw.text((center[0] - (left + right) / 2, center[1] - (top + bottom) / 2), text, fill=fill, font=font)
 
 
+def _palette(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
+    """A palette as vertical stripes of its colours (text, as read from a shard or generated, or 4M's JSON: its
+    longest palette); an unreadable one as its text."""
+    text = value if isinstance(value, str) else palette_text(value, max(int(k) for k in value[0]))
+    colours = parse_palette_text(text)
+    if not colours:
+        return text_tile(text or "no colours", size)
+    edges = np.linspace(0, size, len(colours) + 1).round().astype(int)
+    tile = np.zeros((size, size, 3), np.uint8)
+    for colour, left, right in zip(colours, edges[:-1], edges[1:]):
+        tile[:, left:right] = colour
+    return tile
+
+
+def _metadata(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
+    """Metadata as ``field bin`` lines (the bins of 4M's quantisation)."""
+    bins = parse_metadata_text(value) if isinstance(value, str) else metadata_bins(value)
+    return text_tile("; ".join(f"{name.replace('_', ' ')} {b}" for name, b in bins.items()) or "no fields", size)
+
+
 VISUALIZERS: dict[str, Visualizer] = {
     "rgb": _rgb,
     "depth": _depth,
@@ -206,6 +260,9 @@ VISUALIZERS: dict[str, Visualizer] = {
     "edge": _edge,
     "det": _det,
     "caption": _caption,
+    "canny_edge": _edge,
+    "color_palette": _palette,
+    "metadata": _metadata,
 }
 
 

@@ -12,7 +12,9 @@ name            member ``<key>.<ext>``       content
                                              (smallest unsigned dtype holding the codebook)
 ``rgb``         ``npy``                      ``[n_crops, H, W, 3]`` uint8 pixels of each crop (pixel-
                                              patch input, evaluation)
-``caption``     ``txt``                      the caption (the same for every crop)
+``caption``     ``txt``                      the caption (the same for every crop); likewise every
+                                             other sequence modality but det (``color_palette``,
+                                             ``metadata``: 4M-21's token text, whole-image statistics)
 ``det``         ``json``                     list of ``n_crops`` det strings, boxes in crop coordinates
 ``crop``        ``json``                     list of ``n_crops`` ``{"x0", "y0", "width", "height",
                                              "flip"}`` in source pixels
@@ -32,6 +34,8 @@ import re
 from typing import Any
 
 import numpy as np
+
+from fourm_kfp.data.modalities import SEQUENCE_MODALITIES
 
 INDEX_FILE = "pretokenized.json"
 CROP = "crop"
@@ -60,10 +64,10 @@ def member_ext(name: str) -> str:
     """The member extension of a pretokenized modality (see the table above)."""
     if name.startswith(TOKEN_PREFIX) or name == "rgb":
         return "npy"
-    if name == "caption":
-        return "txt"
     if name in ("det", CROP):
         return "json"
+    if name in SEQUENCE_MODALITIES:
+        return "txt"
     raise KeyError(f"unknown pretokenized modality {name!r}")
 
 

@@ -4,9 +4,14 @@ Shard ``i`` of a split is one tar per modality plus the key index ``<split>/_key
 :mod:`fourm_kfp.data.shard_writer` writes. :func:`iter_joined_shard` streams the key index and every modality's
 tar in lockstep (:func:`fourm_kfp.data.ustar.read_members`) over ``webdataset``'s ``gopen`` streams (``s3://``
 through an opener registered with webdataset and backed by :mod:`fourm_kfp.storage`): each key yields one sample
-holding the modalities that have a member for it; a modality lacking the key is absent from that sample. A member
-whose key is not the next expected one (a corrupt or foreign shard) is a :class:`ShardMismatchError` naming both
-shards and the key; a tar that cannot be read is a :class:`~fourm_kfp.data.ustar.ShardReadError` naming it.
+holding the modalities that have a member for it; a modality lacking the key is absent from that sample, and the
+members of keys listed in the shard's dropped-keys file (a later layer's gate: ``shard_writer.DROPPED_DIR``) are
+passed over. A member whose key is not the next expected one (a corrupt or foreign shard) is a
+:class:`ShardMismatchError` naming both shards and the key; a tar that cannot be read is a
+:class:`~fourm_kfp.data.ustar.ShardReadError` naming it.
+
+:func:`iter_source_info` reads a shard's ``_source`` tar the same way: what a real-data source knew of each sample
+(its original size before the centre crop).
 
 Memory holds one member per modality at a time, or ``shuffle_buffer`` samples with :func:`iter_split`'s bounded
 shuffle.
@@ -14,12 +19,13 @@ shuffle.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
 from fourm_kfp.data.modalities import get_modality
-from fourm_kfp.data.shard_writer import KEYS_DIR, keys_key, shard_key
+from fourm_kfp.data.shard_writer import KEYS_DIR, SOURCE_DIR, dropped_key, keys_key, shard_key
 from fourm_kfp.data.ustar import read_members
 from fourm_kfp.errors import UserError
 from fourm_kfp.storage import Store, is_s3_uri, open_store
@@ -109,6 +115,7 @@ def iter_joined_shard(store: Store, split: str, index: int, modalities: Sequence
     index_key = keys_key(split, index)
     keys = store.get_text(index_key).split()
     position = {key: i for i, key in enumerate(keys)}
+    dropped = set(store.get_text(dropped_key(split, index)).split()) if store.exists(dropped_key(split, index)) else ()
     streams = {m: _members(store, shard_key(split, m, index)) for m in modalities}
     pending: dict[str, tuple[str, bytes] | None] = {m: next(streams[m], None) for m in modalities}
 
@@ -123,6 +130,8 @@ def iter_joined_shard(store: Store, split: str, index: int, modalities: Sequence
             sample: dict[str, Any] = {}
             for modality in modalities:
                 member = pending[modality]
+                while member is not None and member[0] in dropped:  # a sample a later layer's gate dropped
+                    member = pending[modality] = next(streams[modality], None)
                 if member is None:
                     continue
                 if member[0] == key:
@@ -132,11 +141,21 @@ def iter_joined_shard(store: Store, split: str, index: int, modalities: Sequence
                     raise mismatch(modality, member[0], f"{key!r} or a later key")
             yield key, sample
         for modality, member in pending.items():
+            while member is not None and member[0] in dropped:
+                member = next(streams[modality], None)
             if member is not None:
                 raise mismatch(modality, member[0], "the end of the shard")
     finally:
         for stream in streams.values():
             stream.close()
+
+
+def iter_source_info(store: Store, split: str, index: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(key, source facts)`` for every sample of one shard, in key-index order: what a real-data source recorded
+    in the shard's ``_source`` tar (``{"original_width": W, "original_height": H}``), ``{}`` for a sample without
+    (synthetic data has no ``_source`` tar)."""
+    for key, sample in iter_joined_shard(store, split, index, [SOURCE_DIR], decode=None):
+        yield key, json.loads(sample[SOURCE_DIR]) if SOURCE_DIR in sample else {}
 
 
 def iter_split(store: Store, split: str, modalities: Sequence[str], *, decode: Decode | None = _default_decode,

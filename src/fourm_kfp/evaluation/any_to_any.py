@@ -4,7 +4,8 @@
 string, ...) into tokens with the tokenizers the model was trained with, generates targets with
 :class:`~fourm_kfp.model.generation.Generator` (one after another, each added to the inputs: a chain), and decodes
 generated tokens back to arrays and text. :func:`read_input` and :func:`write_output` are the file side used by
-``fourm-kfp generate --model URI --from rgb=photo.png --to depth,caption --out DIR``.
+``fourm-kfp generate --model URI --from rgb=photo.png --to depth,caption --out DIR``, whose ``generate.json`` names
+the classes of a generated semseg map from the model's vocabulary (its tokenizer bundle's).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class AnyToAny:
         self.specs = self.generator.specs
         image = [n for n, s in self.specs.items() if s.kind == "image"]
         self.image_size = self.tokenizers.image[image[0]].config.image_size if image else 0
+        #: the class vocabularies the model's tokenizers were trained with (semseg ids, det names)
+        self.vocabularies = self.tokenizers.vocabularies
 
     @property
     def modalities(self) -> list[str]:
@@ -156,6 +159,11 @@ def write_output(out_dir: Path, modality: str, value: Any, size: int = 256) -> l
     return [data, view]
 
 
+def class_legend(ids: np.ndarray, vocabulary: Sequence[str]) -> dict[str, str]:
+    """``{id: class name}`` of the ids a class map holds (the model's vocabulary; ``class_<id>`` beyond it)."""
+    return {str(i): vocabulary[i] if i < len(vocabulary) else f"class_{i}" for i in np.unique(ids).tolist()}
+
+
 def run_generate(model_uri: str, inputs: Mapping[str, str], targets: Sequence[str], out_dir: str,
                  sampling: SamplingArgs, seed: int = 0, device: str | None = None) -> dict[str, Any]:
     """The ``generate`` command: read the inputs, generate the chain of targets, write them; returns a summary."""
@@ -168,5 +176,9 @@ def run_generate(model_uri: str, inputs: Mapping[str, str], targets: Sequence[st
     written = {name: [str(p) for p in write_output(Path(out_dir), name, value)] for name, value in generated.items()}
     summary = {"model": model_uri, "inputs": dict(inputs), "targets": list(targets), "written": written,
                "text": {k: v for k, v in generated.items() if isinstance(v, str)}}
+    legends = {name: class_legend(value, engine.vocabularies[name]) for name, value in generated.items()
+               if name in engine.vocabularies and not isinstance(value, str)}
+    if legends:
+        summary["classes"] = legends
     (Path(out_dir) / "generate.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -23,16 +23,22 @@ normals where the true normal is non-zero.
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 import numpy as np
 
-from fourm_kfp.data.modalities import CLASS_NAMES, MAX_DEPTH_M
+from fourm_kfp.data.modalities import MAX_DEPTH_M
+from fourm_kfp.data.vocabularies import DEFAULT_VOCABULARIES
 from fourm_kfp.evaluation.scene_stats import SummedStats, ratio
 
 #: Predicted depths are clamped to at least this (metres) so that ratios stay finite.
 MIN_DEPTH_M = 1e-3
+#: semseg's class count where none is given: the default vocabulary's (a dataset's own comes with the model).
+_DEFAULT_CLASSES = len(DEFAULT_VOCABULARIES["semseg"])
+#: A vocabulary of up to this many classes keeps every cell of the confusion matrix in semseg's per-scene statistics
+#: (the columns of the six synthetic classes' saved evaluations); a larger one keeps the cells some scene has, so the
+#: statistics (and the bootstrap over them) grow with what the scenes show, not with the vocabulary squared.
+DENSE_CONFUSION_CLASSES = 64
 
 
 def depth_finish(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -45,16 +51,30 @@ def normal_finish(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             "within_11_25": ratio(t["within_11_25"], t["pixels"])}
 
 
+def _class_sums(totals: np.ndarray, class_of: np.ndarray, count: int) -> np.ndarray:
+    """``[R, cells]`` counts summed per class (``class_of[cell]`` in ``0..count - 1``) → ``[R, count]``; exact, as
+    the counts are whole numbers."""
+    order = np.argsort(class_of, kind="stable")
+    bounds = np.searchsorted(class_of[order], np.arange(count + 1))
+    running = np.concatenate([np.zeros((len(totals), 1)), np.cumsum(totals[:, order], axis=1)], axis=1)
+    return running[:, bounds[1:]] - running[:, bounds[:-1]]
+
+
 def semseg_finish(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Columns ``"<true>,<pred>"``: the summed confusion matrix; mIoU over the classes in truth or prediction."""
-    c = math.isqrt(len(t))
-    confusion = np.stack(list(t.values()), axis=-1).reshape(-1, c, c)
-    intersection = np.diagonal(confusion, axis1=1, axis2=2)
-    union = confusion.sum(1) + confusion.sum(2) - intersection
+    """Columns ``"<true>,<pred>"``: cells of the summed confusion matrix (every cell, or those some scene has: the
+    others are 0); mIoU over the classes in truth or prediction."""
+    cells = np.array([name.split(",") for name in t], dtype=np.int64).reshape(-1, 2)
+    classes, index = np.unique(cells, return_inverse=True)
+    true_of, pred_of = index.reshape(-1, 2).T
+    totals = np.stack(list(t.values()), axis=-1)
+    diagonal = true_of == pred_of
+    intersection = np.zeros((len(totals), len(classes)))
+    intersection[:, true_of[diagonal]] = totals[:, diagonal]
+    union = _class_sums(totals, pred_of, len(classes)) + _class_sums(totals, true_of, len(classes)) - intersection
     present = union > 0
     iou = np.divide(intersection, union, out=np.zeros(union.shape), where=present)
     return {"miou": ratio(iou.sum(1), present.sum(1).astype(np.float64)),
-            "pixel_accuracy": intersection.sum(1) / np.maximum(confusion.sum((1, 2)), 1)}
+            "pixel_accuracy": intersection.sum(1) / np.maximum(totals.sum(1), 1)}
 
 
 def depth_stats(pred: np.ndarray, true: np.ndarray) -> SummedStats:
@@ -100,20 +120,23 @@ def normal_metrics(pred: np.ndarray, true: np.ndarray, valid: np.ndarray | None 
     return normal_stats(pred, true, valid).whole()
 
 
-def semseg_stats(pred: np.ndarray, true: np.ndarray, num_classes: int = len(CLASS_NAMES)) -> SummedStats:
-    """Class-id maps ``[N, H, W]``: a confusion matrix per scene, summed over the set; ``miou`` (mean IoU over the
-    classes present in truth or prediction) and ``pixel_accuracy``."""
+def semseg_stats(pred: np.ndarray, true: np.ndarray, num_classes: int = _DEFAULT_CLASSES) -> SummedStats:
+    """Class-id maps ``[N, H, W]`` with ids below ``num_classes`` (the vocabulary's size): a confusion matrix per
+    scene, summed over the set; ``miou`` (mean IoU over the classes present in truth or prediction) and
+    ``pixel_accuracy``."""
     for name, ids in (("pred", pred), ("true", true)):
         if ids.size and (ids.min() < 0 or ids.max() >= num_classes):
             raise ValueError(f"semseg_stats: {name} has class ids outside 0..{num_classes - 1}")
-    n, cells = len(true), num_classes * num_classes
-    flat = (np.asarray(true, np.int64) * num_classes + np.asarray(pred, np.int64)).reshape(n, -1)
-    flat = flat + cells * np.arange(n)[:, None]
-    confusion = np.bincount(flat.ravel(), minlength=n * cells).reshape(n, cells)
-    columns = [f"{t},{p}" for t in range(num_classes) for p in range(num_classes)]
+    n = len(true)
+    codes = (np.asarray(true, np.int64) * num_classes + np.asarray(pred, np.int64)).reshape(n, -1)
+    # the cells kept: all of a small vocabulary's (DENSE_CONFUSION_CLASSES), else those some scene has
+    cells = np.arange(num_classes**2) if num_classes <= DENSE_CONFUSION_CLASSES else np.unique(codes)
+    flat = np.searchsorted(cells, codes) + len(cells) * np.arange(n)[:, None]
+    confusion = np.bincount(flat.ravel(), minlength=n * len(cells)).reshape(n, len(cells))
+    columns = [f"{c // num_classes},{c % num_classes}" for c in cells.tolist()]
     return SummedStats("semseg", columns, confusion, semseg_finish)
 
 
-def semseg_miou(pred: np.ndarray, true: np.ndarray, num_classes: int = len(CLASS_NAMES)) -> dict[str, float]:
+def semseg_miou(pred: np.ndarray, true: np.ndarray, num_classes: int = _DEFAULT_CLASSES) -> dict[str, float]:
     """The whole set's :func:`semseg_stats` (one confusion matrix over the set)."""
     return semseg_stats(pred, true, num_classes).whole()

@@ -29,18 +29,22 @@ Box = tuple[float, float, float, float]
 #: IoU at which a predicted box matches a ground-truth box (inclusive).
 IOU_THRESHOLD = 0.5
 
-_BOX = re.compile(r"\bv0\s*=\s*(\d+)\s+v1\s*=\s*(\d+)\s+v2\s*=\s*(\d+)\s+v3\s*=\s*(\d+)\s+([a-z]+)\b", re.IGNORECASE)
+#: A box: four coordinates and a name (a word that is not itself the start of a coordinate, ``v0=``).
+_BOX = re.compile(r"\bv0\s*=\s*(\d+)\s+v1\s*=\s*(\d+)\s+v2\s*=\s*(\d+)\s+v3\s*=\s*(\d+)\s+(\w+)\b(?!\s*=)",
+                  re.IGNORECASE)
 
 
-def parse_generated_det(text: str) -> list[tuple[Box, str]]:
+def parse_generated_det(text: str, classes: Sequence[str] = OBJECT_CLASSES) -> list[tuple[Box, str]]:
     """Boxes ``((x0, y0, x1, y1) in bins, class)`` of a generated det text, tolerant of garbage.
 
-    Groups that are malformed, have a coordinate outside ``0..COORD_BINS - 1`` or a name outside
-    ``OBJECT_CLASSES`` are skipped; swapped corners are put in order."""
+    Groups that are malformed, have a coordinate outside ``0..COORD_BINS - 1`` or a name outside ``classes`` (the
+    det vocabulary; matched without case, as the text tokenizer lower-cases, and given as the vocabulary spells
+    it) are skipped; swapped corners are put in order."""
+    spelling = {name.lower(): name for name in classes}
     boxes = []
     for match in _BOX.finditer(text):
-        coords, name = [int(v) for v in match.groups()[:4]], match.group(5).lower()
-        if name not in OBJECT_CLASSES or max(coords) >= COORD_BINS:
+        coords, name = [int(v) for v in match.groups()[:4]], spelling.get(match.group(5).lower())
+        if name is None or max(coords) >= COORD_BINS:
             continue
         (x0, x1), (y0, y1) = sorted(coords[0::2]), sorted(coords[1::2])
         boxes.append(((float(x0), float(y0), float(x1), float(y1)), name))

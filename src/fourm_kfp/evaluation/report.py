@@ -122,6 +122,8 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     for name, values in report["masked"].items():
         lines.append(f"| {name} | {_fmt(values['loss'])} | {_fmt(values['accuracy'])} |")
     lines += ["", "## Cross-modal tasks", "", _explanation(report), ""]
+    if report.get("labelled_by"):
+        lines += [_labelled_explanation(report["labelled_by"]), ""]
     lines += _markdown_table(TASK_HEAD, _task_rows(report["tasks"]))
     if report.get("tasks_skipped"):
         lines += ["", f"Skipped: {'; '.join(report['tasks_skipped'])}."]
@@ -132,6 +134,14 @@ def report_markdown(report: Mapping[str, Any]) -> str:
         lines += ["", "## Scores against training steps", "", _curve_explanation(report["curve"]), ""]
         lines += _markdown_table(*_curve_table(report["curve"]))
     return "\n".join(lines) + "\n"
+
+
+def _labelled_explanation(labelled_by: Mapping[str, str]) -> str:
+    """Where the ground truth of a labelled modality comes from: a task targeting it scores agreement with a
+    teacher, not accuracy."""
+    sources = "; ".join(f"{modality}: {labeler}" for modality, labeler in sorted(labelled_by.items()))
+    return ("**The ground truth of these modalities is a labeler's output, not a measurement** (the label stage): "
+            f"{sources}. A task targeting one of them scores how well the model reproduces that labeler.")
 
 
 def _curve_explanation(curve: Mapping[str, Any]) -> str:

@@ -21,7 +21,7 @@ difference that one lucky scene explains is not a win. The relative gain is repo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -119,18 +119,22 @@ class TaskResult:
 class Baselines:
     """Trivial predictions fitted on training scenes (one value used for every val scene): per scored modality its
     family's baseline (:mod:`.targets`), and for caption-to-rgb the set of shapes that scores best against the
-    shapes the training captions name (:func:`~fourm_kfp.evaluation.shape_presence.best_constant_set`)."""
+    shapes the training captions name (:func:`~fourm_kfp.evaluation.shape_presence.best_constant_set`); and the
+    class vocabularies they were fitted over, which the tasks are scored over too (the model's)."""
 
     predictions: dict[str, Any]
     shapes: frozenset[str]
+    vocabularies: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
     @classmethod
-    def fit(cls, train: dict[str, list[Any]]) -> "Baselines":
-        """``train``: training values per modality (those without a ``scoring`` are ignored)."""
-        predictions = {m: scorer(m).baseline(values) for m, values in train.items()
+    def fit(cls, train: dict[str, list[Any]], vocabularies: Mapping[str, Sequence[str]] | None = None
+            ) -> "Baselines":
+        """``train``: training values per modality (those without a ``scoring`` are ignored); ``vocabularies``:
+        the model's class vocabularies (:attr:`AnyToAny.vocabularies`; default: the synthetic scenes')."""
+        predictions = {m: scorer(m, vocabularies).baseline(values) for m, values in train.items()
                        if values and get_modality(m).scoring}
         shapes = [caption_shapes(c) for c in train.get("caption", [])]
-        return cls(predictions, best_constant_set(shapes))
+        return cls(predictions, best_constant_set(shapes), dict(vocabularies or {}))
 
 
 def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, sampling: SamplingArgs,
@@ -145,7 +149,7 @@ def run_task(engine: AnyToAny, scenes: Scenes, task: str, baselines: Baselines, 
     if task in CHAINED_TASKS:
         return _caption_to_rgb(engine, scenes, inputs, baselines, sampling, map_sampling, seed, batch_size, shown,
                                task_primary(task)[0])
-    family = scorer(target)
+    family = scorer(target, baselines.vocabularies)
     if engine.specs[target].kind == "sequence":
         how = text_sampling or sampling
     elif engine.specs[source].kind == "image":  # a map read off an image

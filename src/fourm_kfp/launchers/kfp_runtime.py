@@ -190,6 +190,51 @@ def run_job_component(stage: str, preset: str, config_overrides: Sequence[str], 
     return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
 
 
+def dataset_uris(dataset: str) -> dict[str, str]:
+    """The URIs of the dataset's layers by stage name, from the ``dataset`` parameter that every dataset stage's
+    step passes on to the next (a JSON object: prepare-data's output, then the label stage's when it ran). The
+    downstream steps take it whole, so a new dataset layer changes none of their parameters."""
+    layers = json.loads(dataset or "{}")
+    if not isinstance(layers, dict) or not all(isinstance(v, str) for v in layers.values()):
+        raise ValueError(f"dataset {dataset!r}: expected a JSON object of stage name -> output URI")
+    return layers
+
+
+def with_dataset_layer(dataset: str, stage: str, uri: str) -> str:
+    """``dataset`` with ``stage``'s output as its top layer (unchanged when the stage is off: ``uri`` empty)."""
+    layers = dataset_uris(dataset)
+    if uri:
+        layers[stage] = uri
+    return json.dumps(layers)
+
+
+def stage_is_on(stage: str, preset: str, config_overrides: Sequence[str]) -> bool:
+    """Whether ``stage`` has anything to do under this config (the label stage: some labelers are configured)."""
+    from fourm_kfp.stages import get_stage
+
+    return get_stage(stage).is_enabled(load_config(preset, overrides=list(config_overrides)))
+
+
+def fan_out_items(stage: str, width: int, preset: str, config_overrides: Sequence[str], carried: dict
+                  ) -> list[dict]:
+    """The items of a fan-out stage's ``dsl.ParallelFor``: one per part, each carrying ``carried`` (kfp.local
+    resolves upstream outputs inside a loop of width > 1 to the loop item, so they travel in it)."""
+    if width < 1:
+        raise ValueError(f"{param_prefix(stage)}_width must be >= 1, got {width}")
+    load_config(preset, overrides=list(config_overrides))  # a bad config fails here, before the workers
+    return [{"part": i, **carried} for i in range(width)]
+
+
+def worker_pods(stage: str, preset: str, config_overrides: Sequence[str]) -> str:
+    """The pods a fan-out stage's workers want: ``gpu`` when its work wants an accelerator under this config (a
+    teacher labeler: ``StageSpec.wants_accelerator``), else ``cpu``."""
+    from fourm_kfp.stages import get_stage
+
+    spec, config = get_stage(stage), load_config(preset, overrides=list(config_overrides))
+    wants = spec.is_enabled(config) and spec.wants_accelerator is not None and spec.wants_accelerator(config)
+    return "gpu" if wants else "cpu"
+
+
 def run_stage_part_component(stage: str, part: int, parts: int, preset: str, config_overrides: Sequence[str],
                              store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str, parent_run_id: str,
                              input_uris: dict[str, str] | None = None) -> str:

@@ -1,10 +1,15 @@
-"""The pipeline's five stages: this table says what the runner needs to know of each (name, the config it reads,
+"""The pipeline's stages: this table says what the runner needs to know of each (name, the config it reads,
 its upstream stages, its code version), and ``stages/<name>.py`` holds its body, top to bottom: read the committed
 inputs, compute, write the output and its reports.
 
 A body module is imported when its stage first runs (:func:`_body`), so reading the table (the CLI, the planner, the
 pipeline compiler) imports neither torch nor the data libraries. Each stage is a pure function of (config, inputs)
-writing one content-addressed output; bump ``code_version`` when a stage's code changes what it writes.
+writing one content-addressed output; bump ``code_version`` when a stage's code changes what it writes. A stage
+may be off under a config (``enabled``: the label stage without labelers), and then it is out of every address.
+
+Adding a stage is its body (``stages/<name>.py``), its config section (:data:`fourm_kfp.config.fourm_config.SECTIONS`),
+its KFP component, and one entry here (with its place in :data:`PIPELINE`, and in :data:`DATASET` when its output is
+a layer of the dataset): the CLI, the planner, the run follower and the downstream stages' inputs read this table.
 """
 
 from __future__ import annotations
@@ -25,19 +30,56 @@ def _body(module: str, function: str = "run") -> Callable[..., Any]:
     return call
 
 
+def _labelers_configured(config: Any) -> bool:
+    return bool(config.label.labelers)
+
+
+#: The modalities each prepare-data source writes (the others of ``data.modalities`` come from later stages).
+SOURCE_MODALITIES = {"synthetic": ("rgb", "depth", "normal", "semseg", "edge", "det", "caption"),
+                     "image_folder": ("rgb", "caption"), "webdataset": ("rgb", "caption")}
+
+
+def _source_modalities(config: Any) -> dict[str, list[str]]:
+    """What prepare-data's address covers of ``data.modalities``: those its source writes, in their order, so that
+    adding a labelled modality to the data config does not move it."""
+    source = SOURCE_MODALITIES[config.prepare_data.source]
+    return {"data.modalities": [m for m in config.data.modalities if m in source]}
+
+
 PREPARE_DATA = StageSpec(
     name="prepare-data",
+    dataset_layer=True,
     run=_body("prepare_data"),
     config_keys=("data.image_size", "data.modalities", "prepare_data"),
     source_fingerprint=_body("prepare_data", "source_fingerprint"),
+    run_part=_body("prepare_data", "run_part"),
+    narrow_config=_source_modalities,
+    resumable=True,  # a fan-out worker skips the output shards already committed
     # 2: closer camera in the synthetic scenes (objects ~12% of pixels, was ~6%); 3: per-shard key index
     code_version=3,
 )
+LABEL = StageSpec(
+    name="label",
+    run=_body("label"),
+    run_part=_body("label", "run_part"),
+    resumable=True,  # a fan-out worker skips the output shards already committed
+    config_keys=("data.image_size", "data.modalities", "label"),
+    upstream=(PREPARE_DATA,),
+    source_fingerprint=_body("label", "labelers_fingerprint"),  # each labeler's version and weights digest
+    enabled=_labelers_configured,
+    off_when="label.labelers is empty",
+    dataset_layer=True,
+    wants_accelerator=_body("label", "wants_accelerator"),  # a teacher network: GPU pods for the workers
+)
+#: The stages whose outputs make up the dataset, lowest layer first: a later stage reads them as one
+#: (``StageContext.dataset``), so a new layer is one entry here.
+DATASET: tuple[StageSpec, ...] = (PREPARE_DATA, LABEL)
+
 TRAIN_TOKENIZERS = StageSpec(
     name="train-tokenizers",
     run=_body("train_tokenizers"),
     config_keys=("data.image_size", "train_tokenizers"),
-    upstream=(PREPARE_DATA,),
+    upstream=DATASET,
     code_version=7,  # 2: reproducible bytes (deterministic WordPiece, no timings or absolute URIs)
     # 3: the conv VQ-VAE's encoder is patch-local (a token is a function of its own patch)
     # 4: the report's usage target is a collapse check (>= 10%), not >= 50%
@@ -51,7 +93,7 @@ PRETOKENIZE = StageSpec(
     run_part=_body("pretokenize", "run_part"),
     resumable=True,
     config_keys=("data.image_size", "pretokenize"),
-    upstream=(PREPARE_DATA, TRAIN_TOKENIZERS),
+    upstream=(*DATASET, TRAIN_TOKENIZERS),
     code_version=2,  # 2: reproducible bytes (no timings or absolute URIs in the index and the report)
 )
 PRETRAIN = StageSpec(
@@ -75,7 +117,7 @@ EVALUATE = StageSpec(
     run=_body("evaluate"),
     # train and alphas: the masked-modeling loss uses the training budgets and masking, as pretrain's validation
     config_keys=("evaluate", "data", "train", "alphas"),
-    upstream=(PRETRAIN, PRETOKENIZE, TRAIN_TOKENIZERS, PREPARE_DATA),
+    upstream=(PRETRAIN, PRETOKENIZE, TRAIN_TOKENIZERS, *DATASET),
     code_version=6,  # 2: claims with confidence (bootstrap intervals), reproducible bytes (gate in run records)
     # 3: a generated rgb read as pixels takes its kept tokens back between steps; text targets take text_sampling
     # 4: bf16 autocast on CPUs with bf16 arithmetic too (as pretrain's precision auto), not only on CUDA
@@ -87,7 +129,7 @@ EVALUATE = StageSpec(
 )
 
 #: The pipeline, in order; every stage's upstream stages come before it.
-PIPELINE: tuple[StageSpec, ...] = (PREPARE_DATA, TRAIN_TOKENIZERS, PRETOKENIZE, PRETRAIN, EVALUATE)
+PIPELINE: tuple[StageSpec, ...] = (PREPARE_DATA, LABEL, TRAIN_TOKENIZERS, PRETOKENIZE, PRETRAIN, EVALUATE)
 STAGES: dict[str, StageSpec] = {spec.name: spec for spec in PIPELINE}
 
 

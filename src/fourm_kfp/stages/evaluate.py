@@ -39,12 +39,11 @@ from fourm_kfp.evaluation.scene_stats import SceneStats
 from fourm_kfp.evaluation.tasks import Baselines, TaskResult, run_task
 from fourm_kfp.model.generation import SamplingArgs
 from fourm_kfp.progress import progress
-from fourm_kfp.stages import PREPARE_DATA, PRETOKENIZE, PRETRAIN, TRAIN_TOKENIZERS
+from fourm_kfp.stages import PRETOKENIZE, PRETRAIN, TRAIN_TOKENIZERS
 from fourm_kfp.storage import output_ref
 
 log = logging.getLogger("fourm_kfp.evaluate")
-PREPARED, TOKENIZERS, PRETOKENIZED, MODEL = (PREPARE_DATA.name, TRAIN_TOKENIZERS.name, PRETOKENIZE.name,
-                                             PRETRAIN.name)
+TOKENIZERS, PRETOKENIZED, MODEL = TRAIN_TOKENIZERS.name, PRETOKENIZE.name, PRETRAIN.name
 
 
 def masked_modeling(ctx: StageContext, engine: AnyToAny) -> tuple[list[str], SceneStats]:
@@ -96,12 +95,12 @@ def run(ctx: StageContext) -> StageResult:
     log.info("evaluate: model %s (%s) on %s", model_uri, ", ".join(engine.modalities), engine.device)
     masked_keys, masked_stats = masked_modeling(ctx, engine)
     masked = masked_summary(masked_stats)
-    scenes = load_scenes(engine, ctx.inputs[PREPARED].store, ctx.inputs[PRETOKENIZED].store, cfg.num_samples)
+    scenes = load_scenes(engine, ctx.dataset, ctx.inputs[PRETOKENIZED].store, cfg.num_samples)
     tasks, skipped = runnable_tasks(cfg.tasks, scenes, engine.modalities)
     if skipped:
         log.info("evaluate: tasks skipped: %s", "; ".join(skipped))
     scored = [name for name, modality in MODALITIES.items() if modality.scoring]
-    baselines = Baselines.fit(train_ground_truth(ctx.inputs[PREPARED].store, scored, cfg.baseline_samples))
+    baselines = Baselines.fit(train_ground_truth(ctx.dataset, scored, cfg.baseline_samples), engine.vocabularies)
     sampling = SamplingArgs(**to_dict(cfg.sampling))
     map_sampling = SamplingArgs(steps=cfg.map_steps, temperature=0.0)  # a reading, not a draw: the likeliest map
     text_sampling = SamplingArgs(**to_dict(cfg.text_sampling))
@@ -135,6 +134,7 @@ def run(ctx: StageContext) -> StageResult:
         "tasks": [r.to_dict() for r in results], "tasks_skipped": skipped,
         "tasks_beating_baseline": int(metrics["tasks_beating_baseline"]), "metrics": metrics,
         **({"curve": curve} if curve else {}),
+        **({"labelled_by": labelled} if (labelled := _labelled_by(ctx)) else {}),
     }
     grids = {r.task: task_grid(r.examples) for r in results}
     scores = scene_scores({"": (masked_keys, masked_stats)} | {f"{r.task}.": (r.scene_keys, r.model_stats)
@@ -160,6 +160,12 @@ def run(ctx: StageContext) -> StageResult:
         result_metrics["promoted"] = float(gate["promoted"])
     return StageResult(counts={"val_scenes": len(scenes), "tasks": tasks, "tasks_skipped": skipped},
                        metrics=result_metrics)
+
+
+def _labelled_by(ctx: StageContext) -> dict[str, str]:
+    """``{modality: "labeler vN"}`` for the modalities a dataset layer's labelers made (the label stage's)."""
+    return {modality: f"{who['name']} v{who['version']}" for layer in ctx.dataset_layers
+            for modality, who in layer.manifest.get("counts", {}).get("labelers", {}).items()}
 
 
 def _gate(ctx: StageContext, model_uri: str, metrics: dict[str, float],

@@ -1,11 +1,11 @@
 """The ``pretokenize`` stage: every sample's aligned crops to VQ-VAE tokens, fanned out over shards, resumable.
 
-Reads the prepared shards and the tokenizer bundle by URI and writes the pretokenized dataset
-(:mod:`fourm_kfp.data.pretokenized`): input shard ``i`` → output shard ``i``. A fan-out worker (``run_part``) takes
-every ``parts``-th shard and skips shards already committed, so a killed worker redoes only what is missing. The
-collect step (``run``) checks the parts: the same shards, keys and key order as the input, counts that match, and
-a sample of tokens decoded back through the tokenizers whose reconstruction error matches the tokenizer report
-(a mismatch fails naming the modality); then it writes the index and the report.
+Reads the dataset's shards (prepare-data's and the label stage's) and the tokenizer bundle by URI and writes the
+pretokenized dataset (:mod:`fourm_kfp.data.pretokenized`): input shard ``i`` → output shard ``i``. A fan-out worker
+(``run_part``) takes every ``parts``-th shard and skips shards already committed, so a killed worker redoes only
+what is missing. The collect step (``run``) checks the parts: the same shards, keys and key order as the input,
+counts that match, and a sample of tokens decoded back through the tokenizers whose reconstruction error matches the
+tokenizer report (a mismatch fails naming the modality); then it writes the index and the report.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fourm_kfp.data.pretokenized import INDEX_FILE, decode_member, token_name
 from fourm_kfp.data.shard_stream import available_modalities, iter_split, shard_indices
 from fourm_kfp.data.shard_writer import keys_key
 from fourm_kfp.progress import LineProgress
-from fourm_kfp.stages import PREPARE_DATA, TRAIN_TOKENIZERS
+from fourm_kfp.stages import TRAIN_TOKENIZERS
 from fourm_kfp.storage import output_ref
 from fourm_kfp.tokenizers.bundle import load_tokenizers
 from fourm_kfp.tokenizers.metrics import METRICS
@@ -32,7 +32,7 @@ from fourm_kfp.tokenizers.pretokenizer import Pretokenizer, output_names, pretok
 from fourm_kfp.tokenizers.shard_crops import CropSettings, ShardJob, decode_workers
 
 log = logging.getLogger(__name__)
-DATA, TOKENIZERS = PREPARE_DATA.name, TRAIN_TOKENIZERS.name
+TOKENIZERS = TRAIN_TOKENIZERS.name
 SPLITS = ("train", "val")
 
 
@@ -42,7 +42,7 @@ class PretokenizeCheckError(RuntimeError):
 
 def _plan(ctx: StageContext) -> dict[str, Any]:
     """What this dataset pretokenizes: input modalities, tokenizers, output names and shard jobs."""
-    data = ctx.inputs[DATA].store
+    data = ctx.dataset
     index = json.loads(ctx.inputs[TOKENIZERS].store.get_bytes("tokenizers.json"))
     present = set(available_modalities(data, "train"))
     image = [m for m in IMAGE_MODALITIES if m in present and m in index["image"]]
@@ -63,12 +63,12 @@ def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
     pretokenizer = Pretokenizer({m: bundle.image[m] for m in plan["image"]}, ctx.config.data.image_size, crops,
                                 cfg.batch_size, device, plan["text"], plan["keep_rgb"])
     jobs = plan["jobs"][part::parts]
-    data = ctx.inputs[DATA].store
+    data = ctx.dataset
     total = sum(len(data.get_text(keys_key(j.split, j.index)).split()) for j in jobs)  # small key indexes
     bar = LineProgress(total, f"pretokenize part {part + 1}/{parts}", "samples", interval=10.0)
     workers = decode_workers(cfg.decode_workers, device)
     log.info("pretokenize part %d/%d: %d decode workers", part + 1, parts, workers)
-    stats = pretokenize_shards(ctx.inputs[DATA].store, ctx.output, jobs, plan["read"], pretokenizer,
+    stats = pretokenize_shards(data, ctx.output, jobs, plan["read"], pretokenizer,
                                plan["names"], workers, progress=lambda n, total, s: bar.update(n))
     bar.close()
     stats["encoded_images"], stats["decode_workers"] = float(pretokenizer.encoded_images), float(workers)
@@ -77,7 +77,7 @@ def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
 
 
 def _check_keys(ctx: StageContext, plan: dict[str, Any]) -> dict[str, int]:
-    data, out = ctx.inputs[DATA].store, ctx.output
+    data, out = ctx.dataset, ctx.output
     samples = {split: 0 for split in SPLITS}
     for job in plan["jobs"]:
         key = keys_key(job.split, job.index)
@@ -106,7 +106,7 @@ def _check_reconstruction(ctx: StageContext, plan: dict[str, Any]) -> dict[str, 
         for m in plan["image"]:
             tokens[m].append(sample[token_name(m)][0] if token_name(m) in sample else None)
     originals = {m: [] for m in plan["image"]}
-    for _, sample in iter_split(ctx.inputs[DATA].store, "val", plan["image"], limit=cfg.check_samples):
+    for _, sample in iter_split(ctx.dataset, "val", plan["image"], limit=cfg.check_samples):
         for m in plan["image"]:
             originals[m].append(sample.get(m))
     metrics = {}
@@ -116,7 +116,7 @@ def _check_reconstruction(ctx: StageContext, plan: dict[str, Any]) -> dict[str, 
             continue
         decoded = bundle.image[m].decode(np.stack([t.astype(np.int64) for t, _ in pairs]))
         primary = METRICS[m].primary
-        error = METRICS[m].errors(decoded, np.stack([o for _, o in pairs]))[primary]
+        error = METRICS[m].errors(decoded, bundle.image[m].codec.reference(np.stack([o for _, o in pairs])))[primary]
         expected, baseline = report[m][primary], report[m][f"baseline_{primary}"]
         deviation = abs(error - expected) / max(baseline, 1e-12)
         metrics[f"check.{m}.{primary}"], metrics[f"check.{m}.deviation"] = error, deviation
@@ -128,12 +128,22 @@ def _check_reconstruction(ctx: StageContext, plan: dict[str, Any]) -> dict[str, 
     return metrics
 
 
+def _dataset_refs(ctx: StageContext) -> dict[str, Any]:
+    """Where the dataset came from, as the index records it: prepare-data's output (``data_uri``) and, when there
+    are more layers (the label stage's), every layer by stage name."""
+    layers = ctx.dataset_layers
+    refs: dict[str, Any] = {"data_uri": output_ref(layers[0].uri)}
+    if len(layers) > 1:
+        refs["dataset_layers"] = {layer.name: output_ref(layer.uri) for layer in layers}
+    return refs
+
+
 def run(ctx: StageContext) -> StageResult:
     """The collect step: check the parts, then write the index and the report."""
     plan = _plan(ctx)
     samples = _check_keys(ctx, plan)
     records = ctx.part_records()
-    expected = ctx.inputs[DATA].manifest["counts"]["splits"]
+    expected = ctx.dataset_manifest["counts"]["splits"]
     for split in SPLITS:
         if samples[split] != expected[split]["samples"]:
             raise PretokenizeCheckError(f"pretokenize: {samples[split]} {split} samples written, the input has "
@@ -146,7 +156,7 @@ def run(ctx: StageContext) -> StageResult:
     index = {
         "n_crops": cfg.n_crops, "image_size": ctx.config.data.image_size,
         "tokenizers_uri": output_ref(ctx.inputs[TOKENIZERS].uri),
-        "data_uri": output_ref(ctx.inputs[DATA].uri),
+        **_dataset_refs(ctx),
         "modalities": {token_name(m): {"vocab_size": plan["index"]["image"][m]["codebook_size"],
                                        "grid": [plan["index"]["image"][m]["grid_size"]] * 2,
                                        "dtype": stats["dtypes"][m]} for m in plan["image"]},

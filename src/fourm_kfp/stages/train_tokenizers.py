@@ -1,13 +1,19 @@
 """The ``train-tokenizers`` stage: a VQ-VAE per image modality and one WordPiece tokenizer for text, trained on the
 prepared dataset and committed as the bundle that :func:`fourm_kfp.tokenizers.bundle.load_tokenizers` reads back.
 
-Reads the prepare-data shards (local or S3), trains each image tokenizer on the train split (single process, or
-DDP when the stage runs under torchrun), evaluates it on the val split against a trivial baseline (the per-pixel
-mean image / majority class), trains the text tokenizer on captions and det strings, and writes the bundle that
+Reads the dataset's shards (prepare-data's, with the label stage's modalities when it ran; local or S3), trains
+each image tokenizer on the train split (single process, or DDP when the stage runs under torchrun), evaluates it
+on the val split against a trivial baseline (the per-pixel mean image / majority class), trains the text tokenizer
+on the sequence modalities (captions, det strings, ...), and writes the bundle that
 :func:`fourm_kfp.tokenizers.bundle.load_tokenizers` reads back, plus a report and a reconstruction grid.
 
 In one process on a CPU with several cores, the image tokenizers train side by side in forked worker processes, the
 cores split among them (:mod:`fourm_kfp.tokenizers.parallel_training`).
+
+The dataset's class vocabularies and modality settings (:mod:`fourm_kfp.data.vocabularies`) shape the tokenizers:
+the semseg tokenizer has one channel per class of the vocabulary, a relative depth is standardised per image (each
+saved as its codec's settings), the text tokenizer keeps the class names whole, and the index records the
+vocabularies that differ from the defaults, for the stages that read the model back.
 """
 
 from __future__ import annotations
@@ -29,11 +35,11 @@ from fourm_kfp import distributed
 from fourm_kfp.contract import StageContext, StageResult
 from fourm_kfp.data.dataset_report import render_preview_grid
 from fourm_kfp.hardware import training_nondeterminism
-from fourm_kfp.stages import PREPARE_DATA
 from fourm_kfp.data.shard_stream import (MissingModalityError, available_modalities, iter_split, iter_texts,
                                          shard_indices)
-from fourm_kfp.tokenizers.bundle import INDEX_FILE, TEXT_FILE, image_key
-from fourm_kfp.tokenizers.modality_codecs import MAX_FIT_IMAGES, fit_normalisation
+from fourm_kfp.data.vocabularies import DatasetMeta, read_dataset_meta
+from fourm_kfp.tokenizers.bundle import INDEX_FILE, TEXT_FILE, VOCABULARIES, image_key
+from fourm_kfp.tokenizers.modality_codecs import MAX_FIT_IMAGES, fit_normalisation, get_codec
 from fourm_kfp.tokenizers.parallel_training import train_image_tokenizers
 from fourm_kfp.tokenizers.saved_tokenizer import save_image_tokenizer
 from fourm_kfp.tokenizers.text_tokenizer import (mean_tokens_per_text, save_text_tokenizer, special_token_ids,
@@ -43,7 +49,6 @@ from fourm_kfp.tokenizers.training import evaluate_tokenizer, train_vqvae
 from fourm_kfp.tokenizers.vqvae import VQVAEConfig
 
 log = logging.getLogger(__name__)
-DATA = PREPARE_DATA.name
 #: Val images for the report when max_val_images is 0 (the report needs a bounded set).
 MAX_VAL_IMAGES = 1024
 
@@ -78,30 +83,39 @@ def _batch_source(data, modality: str, batch_size: int, seed: int, limit: int | 
     mine = shards[rank::world] or shards
 
     def stream():
+        batch: list[np.ndarray] = []
         for epoch in itertools.count():
-            batch = []
+            yielded = seen = 0
             for array in _images(data, "train", modality, limit, SHUFFLE_BUFFER, seed * 1_000_003 + rank * 7919 +
                                  epoch, mine):
                 batch.append(array)
+                seen += 1
                 if len(batch) == batch_size:
                     yield np.stack(batch)
-                    batch = []
+                    batch, yielded = [], yielded + 1
+            if not seen:
+                raise MissingModalityError(f"split 'train' at {data.uri} has no {modality!r} samples")
+            if yielded:  # an epoch's remainder is dropped; a split smaller than a batch fills it from the next
+                batch = []
 
     batches = stream()
     return lambda step: {modality: next(batches)}
 
 
-def _train_image_tokenizer(ctx: StageContext, modality: str, device: str) -> tuple[Any, dict[str, float], dict]:
+def _train_image_tokenizer(ctx: StageContext, meta: DatasetMeta, modality: str,
+                           device: str) -> tuple[Any, dict[str, float], dict]:
     cfg = ctx.config.train_tokenizers
-    data = ctx.inputs[DATA].store
+    data = ctx.dataset
     settings = cfg.image_config(modality)
+    codec_settings = get_codec(modality).settings_for(meta)  # the vocabulary's classes, relative depth
     reference = _bounded(data, "train", modality, MAX_FIT_IMAGES, cfg.seed)  # normalisation and baseline
     val = _bounded(data, "val", modality, cfg.max_val_images or MAX_VAL_IMAGES)
     config = VQVAEConfig.for_modality(
-        modality, image_size=ctx.config.data.image_size, patch_size=settings.patch_size,
+        modality, codec_settings, image_size=ctx.config.data.image_size, patch_size=settings.patch_size,
         architecture=settings.architecture, hidden_dim=settings.hidden_dim, depth=settings.depth,
         heads=settings.heads, codebook_size=settings.codebook_size, code_dim=settings.code_dim,
-        ema_decay=settings.ema_decay, beta=settings.beta, norm_stats=fit_normalisation(modality, reference))
+        ema_decay=settings.ema_decay, beta=settings.beta,
+        norm_stats=fit_normalisation(modality, reference, codec_settings))
     batches = _batch_source(data, modality, settings.batch_size, cfg.seed, cfg.max_train_images or None)
     started = time.monotonic()
     model, records = train_vqvae(config, batches, settings.steps,
@@ -137,8 +151,9 @@ def _reconstruction_grid(models: dict[str, Any], examples: dict[str, np.ndarray]
 
 def run(ctx: StageContext) -> StageResult:
     cfg = ctx.config.train_tokenizers
-    data = ctx.inputs[DATA].store
+    data = ctx.dataset
     device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    meta = read_dataset_meta(data)
     present = set(available_modalities(data, "train"))
     image_modalities = [m for m in cfg.image_modalities if m in present]
     missing = sorted(set(cfg.image_modalities) - present)
@@ -146,7 +161,7 @@ def run(ctx: StageContext) -> StageResult:
         log.info("train-tokenizers: the dataset has no %s; no tokenizer for them", missing)
 
     models, metrics, examples, index_image, timings = {}, {}, {}, {}, {}
-    trained = train_image_tokenizers(partial(_train_image_tokenizer, ctx), image_modalities, device,
+    trained = train_image_tokenizers(partial(_train_image_tokenizer, ctx, meta), image_modalities, device,
                                      partial(_training_samples, cfg))
     for modality, (model, modality_metrics, extra) in trained.items():
         models[modality], examples[modality] = model, extra["val"]
@@ -163,7 +178,7 @@ def run(ctx: StageContext) -> StageResult:
     text_metrics, index_text = {}, None
     if text_modalities and ctx.is_primary:
         tok = train_text_tokenizer(iter_texts(data, "train", text_modalities), cfg.text_vocab_size,
-                                   cfg.num_sentinels)
+                                   cfg.num_sentinels, class_names=meta.text_class_names)
         val_captions = list(iter_texts(data, "val", text_modalities[:1], limit=cfg.max_val_images or None))
         text_metrics = {"unknown_token_rate": unknown_token_rate(tok, val_captions),
                         "mean_tokens_per_text": mean_tokens_per_text(tok, val_captions),
@@ -177,6 +192,8 @@ def run(ctx: StageContext) -> StageResult:
     report = {"image": metrics, "text": text_metrics, "skipped_modalities": missing}
     if ctx.is_primary:
         index = {"image": index_image, "text": index_text, "image_size": ctx.config.data.image_size}
+        if meta.custom_vocabularies:  # the defaults are left out: a synthetic dataset's index is as it was
+            index[VOCABULARIES] = meta.custom_vocabularies
         ctx.output.put_bytes(INDEX_FILE, json.dumps(index, indent=2, sort_keys=True).encode())
         ctx.write_report("tokenizer_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
         ctx.write_report("tokenizer_report.md", report_markdown(report).encode())

@@ -2,13 +2,16 @@
 
 Layout under the stage's output prefix::
 
-    tokenizers.json                       index: modalities, token grids, vocabulary sizes, special token ids
+    tokenizers.json                       index: modalities, token grids, vocabulary sizes, special token ids,
+                                          and the dataset's class vocabularies where not the defaults
     image/<modality>/config.json          VQ-VAE config with normalisation statistics
     image/<modality>/model.safetensors    weights (no pickles)
     text/tokenizer.json                   the WordPiece tokenizer's own JSON
 
 :func:`load_tokenizers` rebuilds every tokenizer from that URI (local or S3); later stages use
-``bundle.image["rgb"].encode(images)`` and ``bundle.text.encode(text).ids``.
+``bundle.image["rgb"].encode(images)`` and ``bundle.text.encode(text).ids``; ``bundle.vocabularies`` are the class
+vocabularies the tokenizers were trained with (:mod:`fourm_kfp.data.vocabularies`), what the evaluation scores
+semseg and det over.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from fourm_kfp.contract.manifest import require_manifest
+from fourm_kfp.data.vocabularies import DatasetMeta
 from fourm_kfp.storage import Store, open_store
 from fourm_kfp.tokenizers.saved_tokenizer import CONFIG_FILE, WEIGHTS_FILE, load_image_tokenizer
 from fourm_kfp.tokenizers.text_tokenizer import load_text_tokenizer
@@ -29,6 +33,8 @@ from fourm_kfp.tokenizers.vqvae import VQVAE
 
 INDEX_FILE = "tokenizers.json"
 TEXT_FILE = "text/tokenizer.json"
+#: The index's entry of the dataset's vocabularies that differ from the defaults (absent when none do).
+VOCABULARIES = "vocabularies"
 
 
 @dataclass
@@ -37,6 +43,13 @@ class TokenizerBundle:
     index: dict[str, Any]
     image: dict[str, VQVAE]
     text: Tokenizer | None
+
+    @property
+    def vocabularies(self) -> dict[str, tuple[str, ...]]:
+        """Every class vocabulary in force: the defaults, with the dataset's that the index records on top."""
+        meta = DatasetMeta.from_json({VOCABULARIES: self.index.get(VOCABULARIES, {})},
+                                     f"{self.uri}/{INDEX_FILE} ({VOCABULARIES!r})")
+        return meta.all_vocabularies
 
 
 def image_key(modality: str, name: str) -> str:

@@ -14,6 +14,7 @@ depth      ``abs_rel``, ``rmse`` (metres) on valid pixels; ``valid_acc``        
 normal     ``angle_deg`` (mean angular error) on valid pixels; ``valid_acc``       ``angle_deg``
 semseg     ``pixel_acc``, ``miou``, ``pixel_err`` (= 1 - pixel_acc)                  ``pixel_err``
 edge       ``pixel_acc``, ``miou`` (edge / no-edge), ``pixel_err``                   ``pixel_err``
+canny_edge as edge                                                                    ``pixel_err``
 =========  ===================================================================  ==============
 """
 
@@ -24,7 +25,8 @@ from typing import Callable
 
 import numpy as np
 
-from fourm_kfp.data.modalities import CLASS_NAMES, get_modality
+from fourm_kfp.data.modalities import MAX_SEMSEG_CLASSES, get_modality
+from fourm_kfp.data.vocabularies import DEFAULT_VOCABULARIES
 
 
 def rgb_errors(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
@@ -52,9 +54,13 @@ def normal_errors(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
 
 
 def _class_errors(num_classes: int) -> Callable[[np.ndarray, np.ndarray], dict[str, float]]:
+    """Class-map errors over at least ``num_classes`` classes (more when the ids go higher: a semseg vocabulary is
+    the dataset's); mIoU is over the classes in truth or prediction, so the count does not change it."""
+
     def errors(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
         pred, true = pred.astype(np.int64).ravel(), true.astype(np.int64).ravel()
-        confusion = np.bincount(true * num_classes + pred, minlength=num_classes**2).reshape(num_classes, -1)
+        n = max(num_classes, int(max(pred.max(initial=0), true.max(initial=0))) + 1)
+        confusion = np.bincount(true * n + pred, minlength=n**2).reshape(n, -1)
         intersection = np.diag(confusion)
         union = confusion.sum(0) + confusion.sum(1) - intersection
         accuracy = float(intersection.sum() / max(true.size, 1))
@@ -82,9 +88,20 @@ def mean_normal(train: np.ndarray) -> np.ndarray:
 
 
 def majority_map(num_classes: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Training class maps ``[N, H, W]`` → the most frequent id per pixel (ties: the lower id), for ids in
+    ``0..num_classes - 1``; memory does not grow with the number of classes."""
+
     def baseline(train: np.ndarray) -> np.ndarray:
-        counts = np.stack([(train == c).sum(0) for c in range(num_classes)])
-        return counts.argmax(0).astype(train.dtype)
+        ids = np.unique(train)
+        if ids.size and (ids[0] < 0 or ids[-1] >= num_classes):
+            raise ValueError(f"majority_map: class ids {ids[0]}..{ids[-1]} outside 0..{num_classes - 1}")
+        best = np.zeros(train.shape[1:], train.dtype)
+        best_count = np.full(train.shape[1:], -1, np.int64)
+        for c in ids:  # ascending: a later class wins a pixel only with strictly more votes
+            count = (train == c).sum(0)
+            better = count > best_count
+            best, best_count = np.where(better, c, best).astype(train.dtype), np.where(better, count, best_count)
+        return best
 
     return baseline
 
@@ -107,6 +124,8 @@ METRICS: dict[str, ModalityMetrics] = {m.name: m for m in (
     ModalityMetrics("rgb", rgb_errors, mean_image),
     ModalityMetrics("depth", depth_errors, mean_depth),
     ModalityMetrics("normal", normal_errors, mean_normal),
-    ModalityMetrics("semseg", _class_errors(len(CLASS_NAMES)), majority_map(len(CLASS_NAMES))),
+    # the semseg vocabulary is the dataset's: its errors and baseline take whatever ids the maps hold
+    ModalityMetrics("semseg", _class_errors(len(DEFAULT_VOCABULARIES["semseg"])), majority_map(MAX_SEMSEG_CLASSES)),
     ModalityMetrics("edge", _class_errors(2), majority_map(2)),
+    ModalityMetrics("canny_edge", _class_errors(2), majority_map(2)),
 )}

@@ -9,27 +9,37 @@ modality    input channels                                  output channels → 
 ==========  ==============================================  ==============================================
 rgb         3: ``(x / 255 - mean) / std`` per channel        3 → uint8 ``[H, W, 3]``; MSE + 0.5 * L1
 depth       2: normalised log-depth (0 where invalid),      2: log-depth + validity logit → metres, 0 where
-            validity                                        invalid; L1 on valid pixels + BCE on validity
+            validity; relative depth: the map standardised  invalid (relative: the standardised map); L1 on
+            per image (:func:`standardize_depth`)           valid pixels + BCE on validity
 normal      3: unit vectors, zero where invalid              4: vector + validity logit → unit vectors or 0;
                                                             (1 - cosine) on valid pixels + BCE on validity
-semseg      ``len(CLASS_NAMES)``: one-hot                    class logits → uint8 ids; cross-entropy
+semseg      one-hot over the vocabulary's classes             class logits → ids (uint8; uint16 above 256
+                                                            classes); cross-entropy
 edge        1: 0/1                                          1 logit → uint8 0/1; BCE
+canny_edge  as edge                                         as edge
 ==========  ==============================================  ==============================================
 
 Normalisation statistics come from training data (:func:`fit_normalisation`, on up to 512 images),
 are stored in :class:`~fourm_kfp.tokenizers.vqvae.VQVAEConfig` ``.norm_stats`` and hence saved with the
 tokenizer. Codecs are looked up by name in :data:`CODECS`.
+
+What a codec takes from the dataset (:mod:`fourm_kfp.data.vocabularies`) are its *settings*
+(:meth:`ImageCodec.settings_for`): semseg's ``classes`` (the vocabulary's size, when not the six synthetic
+classes) and depth's ``relative`` (a teacher's relative depth). They are saved with the tokenizer
+(``VQVAEConfig.codec_settings``), and :func:`get_codec` builds the codec they describe; a codec without settings
+(every tokenizer saved before settings existed) is the default one: six classes, metric depth.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fourm_kfp.data.modalities import CLASS_NAMES
+from fourm_kfp.data.modalities import class_id_dtype
+from fourm_kfp.data.vocabularies import DEFAULT_VOCABULARIES, DatasetMeta
 
 Stats = dict[str, list[float]]
 #: :func:`fit_normalisation` looks at no more images than this.
@@ -54,6 +64,19 @@ class ImageCodec:
     def fit(self, arrays: np.ndarray) -> Stats:
         """Normalisation statistics from a sample of training arrays ``[N, H, W(, C)]``."""
         return {}
+
+    def settings_for(self, meta: DatasetMeta) -> dict[str, Any]:
+        """What this codec takes from a dataset's vocabularies and modality settings (empty: the default codec)."""
+        return {}
+
+    def configured(self, settings: Mapping[str, Any]) -> "ImageCodec":
+        """The codec with ``settings`` (:meth:`settings_for`'s)."""
+        raise ValueError(f"the {self.name} codec takes no settings, got {dict(settings)}")
+
+    def reference(self, arrays: np.ndarray) -> np.ndarray:
+        """The in-memory values that decoding tokens reproduces, for arrays as stored: the arrays themselves (a
+        relative depth map standardised)."""
+        return arrays
 
     def to_input(self, arrays: Any, stats: Stats, device: torch.device | str | None = None) -> torch.Tensor:
         """In-memory batch ``[B, H, W(, C)]`` (numpy or torch) → float input ``[B, in_channels, H, W]``."""
@@ -92,10 +115,49 @@ class RGBCodec(ImageCodec):
         return rgb.to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
 
 
+def standardize_depth(depth: torch.Tensor, valid: torch.Tensor, trim: float = 0.1) -> torch.Tensor:
+    """Each map of ``depth`` ``[B, H, W]`` standardised on its ``valid`` pixels (0 elsewhere), robustly: the mean
+    and standard deviation are those of the valid values with the lowest and highest ``trim`` of them left out (4M's
+    truncated depth standardisation of its teachers' relative depth, here over the valid pixels only)."""
+    out = torch.zeros_like(depth, dtype=torch.float32)
+    for i in range(depth.shape[0]):
+        values = torch.sort(depth[i][valid[i]].float()).values
+        if values.numel() == 0:
+            continue
+        kept = values[int(trim * values.numel()): max(int((1 - trim) * values.numel()), 1)]
+        scale = torch.sqrt(kept.var(unbiased=kept.numel() > 1) + 1e-6)
+        out[i] = torch.where(valid[i], (depth[i].float() - kept.mean()) / scale, 0.0)
+    return out
+
+
 class DepthCodec(ImageCodec):
+    """Metric depth as normalised log-depth; relative depth (``relative=True``: a teacher's, of unknown scale and
+    shift) standardised per image, and decoded to that standardised map."""
+
     name, in_channels, out_channels = "depth", 2, 2
 
+    def __init__(self, relative: bool = False) -> None:
+        self.relative = relative
+
+    def settings_for(self, meta: DatasetMeta) -> dict[str, Any]:
+        return {"relative": True} if meta.setting("depth", "relative") else {}
+
+    def configured(self, settings: Mapping[str, Any]) -> "DepthCodec":
+        _check_settings(self, settings, {"relative"})
+        return DepthCodec(relative=bool(settings.get("relative", False)))
+
+    def _valid(self, depth: torch.Tensor) -> torch.Tensor:
+        return torch.isfinite(depth) & (depth > 0)
+
+    def reference(self, arrays: np.ndarray) -> np.ndarray:
+        if not self.relative:
+            return arrays
+        depth = _tensor(arrays, None).float()
+        return standardize_depth(depth, self._valid(depth)).numpy()
+
     def fit(self, arrays: np.ndarray) -> Stats:
+        if self.relative:  # standardised per image: nothing to fit
+            return {}
         depth = np.asarray(arrays, dtype=np.float64)
         logs = np.log(depth[np.isfinite(depth) & (depth > 0)])
         if logs.size == 0:
@@ -104,7 +166,9 @@ class DepthCodec(ImageCodec):
 
     def to_input(self, arrays, stats, device=None):
         depth = _tensor(arrays, device).float()
-        valid = torch.isfinite(depth) & (depth > 0)
+        valid = self._valid(depth)
+        if self.relative:
+            return torch.stack([standardize_depth(depth, valid), valid.float()], dim=1)
         log = (torch.log(torch.where(valid, depth, 1.0)) - stats["log_mean"][0]) / stats["log_std"][0]
         return torch.stack([torch.where(valid, log, 0.0), valid.float()], dim=1)
 
@@ -114,7 +178,7 @@ class DepthCodec(ImageCodec):
 
     def to_arrays(self, out, stats):
         out = out.float()
-        depth = torch.exp(out[:, 0] * stats["log_std"][0] + stats["log_mean"][0])
+        depth = out[:, 0] if self.relative else torch.exp(out[:, 0] * stats["log_std"][0] + stats["log_mean"][0])
         return torch.where(out[:, 1] > 0, depth, 0.0).cpu().numpy().astype(np.float32)
 
 
@@ -136,17 +200,36 @@ class NormalCodec(ImageCodec):
 
 
 class SemsegCodec(ImageCodec):
-    name, in_channels, out_channels = "semseg", len(CLASS_NAMES), len(CLASS_NAMES)
+    """One channel per class of the vocabulary (``classes``; by default the six synthetic ones)."""
+
+    name = "semseg"
+    DEFAULT_CLASSES = len(DEFAULT_VOCABULARIES["semseg"])
+
+    def __init__(self, classes: int = DEFAULT_CLASSES) -> None:
+        self.id_dtype = class_id_dtype(classes)
+        self.in_channels = self.out_channels = classes
+
+    def settings_for(self, meta: DatasetMeta) -> dict[str, Any]:
+        classes = len(meta.vocabulary("semseg"))
+        return {"classes": classes} if classes != self.DEFAULT_CLASSES else {}
+
+    def configured(self, settings: Mapping[str, Any]) -> "SemsegCodec":
+        _check_settings(self, settings, {"classes"})
+        return SemsegCodec(int(settings.get("classes", self.DEFAULT_CLASSES)))
 
     def to_input(self, arrays, stats, device=None):
-        ids = _tensor(arrays, device).long().clamp(0, self.in_channels - 1)
+        ids = arrays if isinstance(arrays, torch.Tensor) else np.asarray(arrays, dtype=np.int64)  # uint16 too
+        ids = _tensor(ids, device).long().clamp(0, self.in_channels - 1)
         return F.one_hot(ids, self.in_channels).permute(0, 3, 1, 2).float()
 
     def loss(self, out, x, stats):
         return F.cross_entropy(out, x.argmax(dim=1))
 
     def to_arrays(self, out, stats):
-        return out.argmax(dim=1).to(torch.uint8).cpu().numpy()
+        ids = out.argmax(dim=1)
+        if self.id_dtype == np.uint8:
+            return ids.to(torch.uint8).cpu().numpy()
+        return ids.cpu().numpy().astype(self.id_dtype)
 
 
 class EdgeCodec(ImageCodec):
@@ -165,21 +248,37 @@ class EdgeCodec(ImageCodec):
         return (out[:, 0] > 0).to(torch.uint8).cpu().numpy()
 
 
-CODECS: dict[str, ImageCodec] = {c.name: c for c in (RGBCodec(), DepthCodec(), NormalCodec(), SemsegCodec(), EdgeCodec())}
+class CannyEdgeCodec(EdgeCodec):
+    """Canny edges of a photo: binary like ``edge``, and coded the same way."""
+
+    name = "canny_edge"
 
 
-def get_codec(modality: str) -> ImageCodec:
-    """The codec of an image-like modality; a clear error lists the known ones."""
+CODECS: dict[str, ImageCodec] = {c.name: c for c in (RGBCodec(), DepthCodec(), NormalCodec(), SemsegCodec(),
+                                                     EdgeCodec(), CannyEdgeCodec())}
+
+
+def _check_settings(codec: ImageCodec, settings: Mapping[str, Any], known: set[str]) -> None:
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise ValueError(f"the {codec.name} codec has no settings {unknown}; it takes {sorted(known)}")
+
+
+def get_codec(modality: str, settings: Mapping[str, Any] | None = None) -> ImageCodec:
+    """The codec of an image-like modality, with ``settings`` (:meth:`ImageCodec.settings_for`; none: the default
+    codec); a clear error lists the known ones."""
     try:
-        return CODECS[modality]
+        codec = CODECS[modality]
     except KeyError:
         raise KeyError(f"no image tokenizer codec for {modality!r}; known: {', '.join(CODECS)}") from None
+    return codec.configured(settings) if settings else codec
 
 
-def fit_normalisation(modality: str, arrays: np.ndarray) -> Stats:
-    """Normalisation statistics of ``modality`` from training arrays ``[N, ...]``, for ``VQVAEConfig.norm_stats``.
+def fit_normalisation(modality: str, arrays: np.ndarray, settings: Mapping[str, Any] | None = None) -> Stats:
+    """Normalisation statistics of ``modality`` (its codec with ``settings``) from training arrays ``[N, ...]``, for
+    ``VQVAEConfig.norm_stats``.
 
     At most :data:`MAX_FIT_IMAGES` evenly spaced images are used, which keeps memory small on large datasets.
     """
     step = -(-len(arrays) // MAX_FIT_IMAGES)
-    return get_codec(modality).fit(np.asarray(arrays[::step]))
+    return get_codec(modality, settings).fit(np.asarray(arrays[::step]))

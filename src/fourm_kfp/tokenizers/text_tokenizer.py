@@ -8,7 +8,8 @@ punctuation), WordPiece model and decoder. The vocabulary, in id order:
 2. WordPiece tokens learned from the training texts, with coordinate tokens removed from them;
 3. the coordinate tokens ``v0=0`` .. ``v0={coord_bins-1}``, ..., ``v3=...`` (``4 * coord_bins``), added tokens
    matched as whole words before pre-tokenization, so ``v0=123`` is one id (and decodes back verbatim);
-4. any class name the training did not already learn as a whole word, added the same way.
+4. any class name of the dataset's vocabularies (semseg's, then det's; :mod:`fourm_kfp.data.vocabularies`) the
+   training did not already learn as a whole word, added the same way.
 
 ``vocab_size`` bounds parts 1 and 2 together (as ``WordPieceTrainer`` does); parts 3 and 4 come on top, so
 the final size is ``tok.get_vocab_size()``.
@@ -18,8 +19,9 @@ Training is deterministic: the same texts give the same vocabulary, byte for byt
 in the iteration order of a randomly seeded hash map, and those numbers break ties between equally frequent merge
 candidates, so two runs can learn different vocabularies. We count the words ourselves (with the tokenizer's own
 normaliser and pre-tokenizer), hand the trainer every continuation symbol the words need, in sorted order, as
-reserved tokens (so none is numbered by the hash map), and feed it the words in sorted order. No post-processor is set: :func:`encode` returns the bare ids and
-the caller adds ``[SOS]``/``[EOS]``. The tokenizer is saved as its own JSON (:func:`save_text_tokenizer`).
+reserved tokens (so none is numbered by the hash map), and feed it the words in sorted order. No post-processor is
+set: :func:`encode` returns the bare ids and the caller adds ``[SOS]``/``[EOS]``. The tokenizer is saved as its
+own JSON (:func:`save_text_tokenizer`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from typing import Iterable, Iterator, Sequence
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from fourm_kfp.data.modalities import CLASS_NAMES, COORD_BINS
+from fourm_kfp.data.modalities import COORD_BINS
+from fourm_kfp.data.vocabularies import DatasetMeta
 
 PAD, UNK, SOS, EOS = "[PAD]", "[UNK]", "[SOS]", "[EOS]"
 CONTINUATION = "##"  # WordPiece's prefix of a word's non-initial pieces
@@ -88,7 +91,7 @@ def train_text_tokenizer(
     vocab_size: int,
     num_sentinels: int = 100,
     coord_bins: int = COORD_BINS,
-    class_names: Sequence[str] = CLASS_NAMES,
+    class_names: Sequence[str] = DatasetMeta().text_class_names,
 ) -> Tokenizer:
     """Train the WordPiece tokenizer on ``texts`` (captions and det strings; streamed once), deterministically
     (see the module docstring)."""

@@ -137,8 +137,10 @@ def evaluate_tokenizer(
         tokens.append(codes.flatten().cpu())
         recon.append(model.decode(codes))
     model.train(was_training)
+    # what the tokens reproduce (a relative depth map standardised), for the reconstruction and the baseline alike
+    val_arrays = model.codec.reference(val_arrays)
     errors = metrics.errors(np.concatenate(recon), val_arrays)
-    baseline = metrics.baseline(val_arrays if train_arrays is None else train_arrays)
+    baseline = metrics.baseline(val_arrays if train_arrays is None else model.codec.reference(train_arrays))
     baseline_errors = metrics.errors(np.broadcast_to(baseline, val_arrays.shape), val_arrays)
     counts = torch.bincount(torch.cat(tokens), minlength=model.config.codebook_size).double()
     probs = counts / counts.sum()

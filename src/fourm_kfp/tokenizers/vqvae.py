@@ -54,6 +54,9 @@ class VQVAEConfig:
     beta: float = 0.25
     dead_threshold: float = 1.0  # restart codes with fewer EMA assignments per training step than this
     norm_stats: dict[str, list[float]] = field(default_factory=dict)  # from fit_normalisation
+    #: the codec's settings from the dataset (semseg ``classes``, depth ``relative``; ``ImageCodec.settings_for``);
+    #: saved only when there are any, so a config without them (saved before they existed) is the default codec
+    codec_settings: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
@@ -67,17 +70,23 @@ class VQVAEConfig:
             raise ValueError(f"vit: hidden_dim {self.hidden_dim} is not divisible by heads {self.heads}")
 
     @classmethod
-    def for_modality(cls, modality: str, **overrides: Any) -> VQVAEConfig:
-        """A config with the channel counts of ``modality``'s codec; ``overrides`` set any other field."""
-        codec = get_codec(modality)
-        return cls(modality=modality, in_channels=codec.in_channels, out_channels=codec.out_channels, **overrides)
+    def for_modality(cls, modality: str, codec_settings: dict[str, Any] | None = None,
+                     **overrides: Any) -> VQVAEConfig:
+        """A config with the channel counts of ``modality``'s codec (with ``codec_settings``); ``overrides`` set any
+        other field."""
+        codec = get_codec(modality, codec_settings)
+        return cls(modality=modality, in_channels=codec.in_channels, out_channels=codec.out_channels,
+                   codec_settings=dict(codec_settings or {}), **overrides)
 
     @property
     def grid_size(self) -> int:
         return self.image_size // self.patch_size
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not data["codec_settings"]:  # the default codec: saved as before codec settings existed
+            del data["codec_settings"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> VQVAEConfig:
@@ -190,7 +199,11 @@ class VQVAE(nn.Module):
     def __init__(self, config: VQVAEConfig) -> None:
         super().__init__()
         self.config = config
-        self.codec = get_codec(config.modality)
+        self.codec = get_codec(config.modality, config.codec_settings)
+        if (self.codec.in_channels, self.codec.out_channels) != (config.in_channels, config.out_channels):
+            raise ValueError(f"{config.modality} tokenizer: the config has {config.in_channels} input and "
+                             f"{config.out_channels} output channels, its codec (settings {config.codec_settings}) "
+                             f"{self.codec.in_channels} and {self.codec.out_channels}")
         self.encoder, self.decoder = ARCHITECTURES[config.architecture](config)
         self.quantizer = VectorQuantizer(
             config.hidden_dim, config.codebook_size, config.code_dim, config.ema_decay, config.beta,

@@ -1,0 +1,143 @@
+"""The data gate's value checks: is a label a valid value of its modality?
+
+:func:`check_value` returns ``None`` for a valid value, else the reason in words; the label stage fails naming the
+shard, the key and the modality. What is checked, per modality (the in-memory forms of
+:mod:`fourm_kfp.data.modalities`):
+
+=================  ============================================================================================
+depth              a finite float map of the image's size; metric depth within ``[0, max_depth_m]`` (0 =
+                   invalid), at most ``max_invalid_fraction`` invalid pixels; a relative depth (standardised per
+                   image) is only checked for finite values
+normal             ``[H, W, 3]``, every valid vector of unit length (within 2%), at most ``max_invalid_fraction``
+                   zero vectors
+semseg             integer ids inside the class vocabulary (when the labeler has one), at most 65535
+edge, canny_edge   a binary map (0/1)
+caption, det, …    a non-empty string (a sequence modality)
+color_palette      1 to 7 colours per length, three channels in 0..255
+=================  ============================================================================================
+
+Any image modality must also have the prepared images' size. A modality without its own check passes those
+generic ones only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from fourm_kfp.data.modalities import MAX_SEMSEG_CLASSES, MODALITIES
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """The gate's thresholds (the ``label`` config section's)."""
+
+    image_size: int
+    max_invalid_fraction: float = 0.5
+    max_depth_m: float = 1000.0
+    relative_depth: bool = False
+    classes: Sequence[str] | None = None
+
+
+def _shape(value: Any, modality: str, settings: CheckSettings) -> str | None:
+    array = np.asarray(value)
+    channels = MODALITIES[modality].channels
+    want = (settings.image_size, settings.image_size) + ((channels,) if channels > 1 else ())
+    if array.shape != want:
+        return f"shape {array.shape}, expected {want}"
+    return None
+
+
+def _depth(value: Any, settings: CheckSettings) -> str | None:
+    depth = np.asarray(value, np.float64)
+    if not np.isfinite(depth).all():
+        return "non-finite depth values"
+    if settings.relative_depth:
+        return None
+    if depth.min() < 0 or depth.max() > settings.max_depth_m:
+        return f"depth outside [0, {settings.max_depth_m}] m (min {depth.min():.3g}, max {depth.max():.3g})"
+    invalid = float((depth == 0).mean())
+    if invalid > settings.max_invalid_fraction:
+        return f"{invalid:.0%} of the depth pixels are invalid (0), more than {settings.max_invalid_fraction:.0%}"
+    return None
+
+
+def _normal(value: Any, settings: CheckSettings) -> str | None:
+    normal = np.asarray(value, np.float64)
+    if not np.isfinite(normal).all():
+        return "non-finite normal vectors"
+    norm = np.linalg.norm(normal, axis=-1)
+    valid = norm > 0
+    invalid = 1.0 - float(valid.mean())
+    if invalid > settings.max_invalid_fraction:
+        return f"{invalid:.0%} of the normals are zero (invalid), more than {settings.max_invalid_fraction:.0%}"
+    if valid.any() and np.abs(norm[valid] - 1.0).max() > 0.02:
+        return f"normals are not unit vectors (lengths {norm[valid].min():.3f}..{norm[valid].max():.3f})"
+    return None
+
+
+def _semseg(value: Any, settings: CheckSettings) -> str | None:
+    ids = np.asarray(value)
+    if not np.issubdtype(ids.dtype, np.integer):
+        return f"class ids of dtype {ids.dtype}, expected integers"
+    if settings.classes is not None and ids.size and (ids.min() < 0 or ids.max() >= len(settings.classes)):
+        return (f"class ids {int(ids.min())}..{int(ids.max())} outside the vocabulary of {len(settings.classes)} "
+                "classes")
+    if ids.size and (ids.min() < 0 or ids.max() >= MAX_SEMSEG_CLASSES):
+        return f"class ids {int(ids.min())}..{int(ids.max())} outside 0..{MAX_SEMSEG_CLASSES - 1} (a 16-bit PNG)"
+    return None
+
+
+def _binary(value: Any, settings: CheckSettings) -> str | None:
+    values = np.unique(np.asarray(value))
+    if not set(values.tolist()) <= {0, 1}:
+        return f"values {values[:5].tolist()} in a binary map (expected 0 and 1)"
+    return None
+
+
+def _palette(value: Any, settings: CheckSettings) -> str | None:
+    if not (isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict) and value[0]):
+        return "not 4M's palette JSON (a list holding one mapping of length -> colours)"
+    for length, colours in value[0].items():
+        if not (str(length).isdigit() and 1 <= int(length) <= 7):
+            return f"palette length {length!r} outside 1..7"
+        array = np.asarray(colours)
+        if array.shape != (int(length), 3):
+            return f"palette of length {length} has shape {array.shape}, expected ({length}, 3)"
+        if array.min() < 0 or array.max() > 255:
+            return f"palette of length {length} has channels outside 0..255"
+    return None
+
+
+def _text(value: Any, settings: CheckSettings) -> str | None:
+    if isinstance(value, (dict, list)):  # a structured sequence value (metadata), encoded to text by its codec
+        return None if value else "an empty value"
+    if not isinstance(value, str) or not value.strip():
+        return "an empty text"
+    return None
+
+
+#: Modality-specific checks (on top of the image shape check).
+CHECKS: dict[str, Callable[[Any, CheckSettings], str | None]] = {
+    "depth": _depth,
+    "normal": _normal,
+    "semseg": _semseg,
+    "edge": _binary,
+    "canny_edge": _binary,
+    "color_palette": _palette,
+}
+
+
+def check_value(modality: str, value: Any, settings: CheckSettings) -> str | None:
+    """``None`` when ``value`` is a valid ``modality`` value, else why not (see the module docstring)."""
+    spec = MODALITIES[modality]
+    if spec.kind == "image":
+        problem = _shape(value, modality, settings)
+        if problem:
+            return problem
+    elif modality not in CHECKS:
+        return _text(value, settings)
+    check = CHECKS.get(modality)
+    return check(value, settings) if check else None

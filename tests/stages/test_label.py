@@ -1,0 +1,148 @@
+"""The label stage on a folder of photos: labels as a layer of the dataset, aligned by key with the photos, the same
+bytes at any width and after a killed worker, the gate's value checks and missing-modality policy, and the address
+moving with a labeler's parameters."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fourm_kfp.config.loader import load_config
+from fourm_kfp.contract import run_stage, run_stage_part
+from fourm_kfp.contract.addressing import stage_address
+from fourm_kfp.contract.manifest import MANIFEST_NAME, payload_files, read_manifest
+from fourm_kfp.data.label_formats import parse_metadata_text
+from fourm_kfp.data.shard_stream import iter_split, shard_indices
+from fourm_kfp.data.shard_writer import keys_key
+from fourm_kfp.labelers.base import LabelBatch
+from fourm_kfp.labelers.registry import build_labeler
+from fourm_kfp.stages import get_stage
+from fourm_kfp.stages.label import LabelGateError
+from fourm_kfp.storage import LayeredStore, open_store
+from tests.labeler_plugins import GATE_LABELERS, expose_entry_points
+from tests.photos import write_photo_folder
+
+PREPARE, LABEL = get_stage("prepare-data"), get_stage("label")
+BUILT_IN = "[{name: canny_edge}, {name: color_palette}, {name: metadata}]"
+MODALITIES = "[rgb, caption, canny_edge, color_palette, metadata, depth]"
+
+
+def _config(photos: Path, labelers: str = BUILT_IN, *overrides: str):
+    return load_config("smoke", overrides=[
+        "prepare_data.source=image_folder", f"prepare_data.source_uri={photos}", "prepare_data.val_fraction=0.3",
+        "prepare_data.samples_per_shard=3", f"data.modalities={MODALITIES}", f"data.input_modalities={MODALITIES}",
+        f"data.target_modalities={MODALITIES}", f"label.labelers={labelers}", "label.batch_size=2", *overrides])
+
+
+@pytest.fixture
+def photos(tmp_path):
+    return write_photo_folder(tmp_path / "photos", good=10)
+
+
+@pytest.fixture
+def gate_labelers(tmp_path, monkeypatch):
+    expose_entry_points(tmp_path / "site", monkeypatch, "gate-labelers", "1", GATE_LABELERS)
+
+
+def _label(config, root: Path, parts: int = 1, order: tuple[int, ...] = ()) -> str:
+    store = open_store(str(root), create=True)
+    run_stage(PREPARE, config, store)
+    for part in order:
+        run_stage_part(LABEL, config, store, part, parts)
+    return run_stage(LABEL, config, store, parts=parts).output_uri
+
+
+def _payload(uri: str) -> tuple[dict, str]:
+    manifest = json.loads(open_store(uri).get_bytes(MANIFEST_NAME))
+    return payload_files(manifest), manifest["payload_digest"]
+
+
+def _dataset(config, root: Path) -> LayeredStore:
+    store = open_store(str(root))
+    return LayeredStore([store.child("prepare-data", stage_address(PREPARE, config)),
+                         store.child("label", stage_address(LABEL, config))])
+
+
+def test_labels_are_a_layer_of_the_dataset_aligned_with_the_photos(photos, tmp_path):
+    config = _config(photos)
+    uri = _label(config, tmp_path / "run")
+    manifest, _ = read_manifest(open_store(uri))
+    assert set(manifest["counts"]["labelers"]) == {"canny_edge", "color_palette", "metadata"}
+    assert manifest["counts"]["labelers"]["canny_edge"]["params"] == {"blur": 0.0, "high": 200, "low": 100}
+    dataset = _dataset(config, tmp_path / "run")
+    canny = build_labeler("canny_edge")
+    seen = 0
+    for split in ("train", "val"):
+        for key, sample in iter_split(dataset, split, ["rgb", "caption", "canny_edge", "color_palette", "metadata"]):
+            assert set(sample) == {"rgb", "caption", "canny_edge", "color_palette", "metadata"}, key
+            expected = canny.label(LabelBatch((key,), (sample["rgb"],)))[0]
+            np.testing.assert_array_equal(sample["canny_edge"], expected)  # the labels of this very photo
+            fields = parse_metadata_text(sample["metadata"])
+            assert (fields["original_width"], fields["original_height"]) == (60 // 32, 40 // 32)  # before the crop
+            assert fields["caption_n_words"] == len(sample["caption"].split())
+            seen += 1
+    assert seen == 10 == sum(s["samples"] for s in manifest["counts"]["splits"].values())
+    reports = open_store(uri).list("reports")
+    assert {"reports/label_report.json", "reports/label_report.md", "reports/label_preview.png"} <= set(reports)
+    report = json.loads(open_store(uri).get_bytes("reports/label_report.json"))
+    assert report["coverage"] == {"canny_edge": 1.0, "color_palette": 1.0, "metadata": 1.0}
+
+
+def test_any_width_and_a_killed_worker_give_the_same_bytes(photos, tmp_path):
+    config = _config(photos)
+    one = _payload(_label(config, tmp_path / "one"))
+    assert one == _payload(_label(config, tmp_path / "three", 3, order=(2, 0, 1)))
+    # A worker killed mid-way: its first shard is committed, its second is not (no key index yet).
+    root = tmp_path / "killed"
+    store = open_store(str(root), create=True)
+    run_stage(PREPARE, config, store)
+    run_stage_part(LABEL, config, store, 0, 2)
+    output = store.child("label", stage_address(LABEL, config))
+    data = store.child("prepare-data", stage_address(PREPARE, config))
+    mine = [(split, i) for split in ("train", "val") for i in shard_indices(data, split)][0::2]
+    assert len(mine) >= 2
+    output.delete_prefix(keys_key(*mine[-1]))
+    output.delete_prefix("_parts")
+    assert one == _payload(run_stage(LABEL, config, store, parts=2).output_uri)
+
+
+def test_a_labeler_parameter_moves_the_address_and_the_rest_downstream(photos):
+    plain, other = _config(photos), _config(photos, "[{name: canny_edge, params: {low: 20}}, {name: color_palette},"
+                                                    " {name: metadata}]")
+    assert stage_address(PREPARE, plain) == stage_address(PREPARE, other)
+    for name in ("label", "train-tokenizers", "pretokenize", "evaluate"):
+        assert stage_address(get_stage(name), plain) != stage_address(get_stage(name), other), name
+
+
+def test_a_bad_value_fails_naming_shard_key_and_modality_and_commits_nothing(photos, tmp_path, gate_labelers):
+    config = _config(photos, "[{name: far_depth}]")
+    with pytest.raises(LabelGateError, match=r"the depth label of key '[^']+' in shard \d+ of (train|val) .*depth "
+                                             r"outside \[0, 1000.0\] m"):
+        _label(config, tmp_path / "run")
+    assert read_manifest(open_store(str(tmp_path / "run")).child("label", stage_address(LABEL, config))) is None
+
+
+def test_missing_labels_are_dropped_everywhere_or_kept_and_counted(photos, tmp_path, gate_labelers):
+    lenient = ("label.max_missing_fraction=0.9",)
+    dropped = _config(photos, "[{name: patchy_depth}]", *lenient)
+    uri = _label(dropped, tmp_path / "drop")
+    gate = read_manifest(open_store(uri))[0]["counts"]["gate"]
+    lost = sum(g["dropped"] for g in gate.values())
+    assert 0 < lost < 10 and sum(g["missing"].get("depth", 0) for g in gate.values()) == lost
+    dataset = _dataset(dropped, tmp_path / "drop")
+    kept = [(key, s) for split in ("train", "val") for key, s in iter_split(dataset, split, ["rgb", "depth"])]
+    assert len(kept) == 10 - lost and all("depth" in s for _, s in kept)  # the rgb of a dropped photo is gone too
+    assert all(s["rgb"][..., 0].mean() <= s["rgb"][..., 2].mean() for _, s in kept)
+
+    keep = _config(photos, "[{name: patchy_depth}]", "label.missing=keep", *lenient)
+    dataset = _dataset(keep, tmp_path / "keep")
+    _label(keep, tmp_path / "keep")
+    samples = [s for split in ("train", "val") for _, s in iter_split(dataset, split, ["rgb", "depth"])]
+    assert len(samples) == 10 and sum("depth" not in s for s in samples) == lost
+
+    strict = _config(photos, "[{name: patchy_depth}]", f"label.max_missing_fraction={(lost - 1) / 10}")
+    with pytest.raises(LabelGateError, match=rf"{lost} of 10 samples .* lack a required modality .*depth"):
+        _label(strict, tmp_path / "strict")
