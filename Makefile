@@ -49,6 +49,7 @@ compile: setup
 
 bench: setup
 	$(BIN)/python bench/prepare_data.py
+	$(BIN)/python bench/labelers.py
 
 # Wheels the GPU device machine's image lacks, for bench/gpu_session.sh (carried there as .whl/).
 device-wheels: setup

@@ -195,6 +195,30 @@ def test_new_weights_in_the_same_file_change_the_identity_and_the_labels(tiny_de
     assert not np.allclose(before.label(images())[0], after.label(images())[0], atol=1e-3)
 
 
+def test_new_weights_in_the_same_file_move_the_label_stage_and_what_reads_it(tiny_depth, tmp_path):
+    """The config names the same path before and after: only the file's digest tells the two teachers apart."""
+    from fourm_kfp.config.loader import load_config
+    from fourm_kfp.contract.addressing import stage_address
+    from fourm_kfp.stages import get_stage
+
+    weights, photos = tmp_path / "tiny.pt", tmp_path / "photos"
+    photos.mkdir()
+    modalities = "[rgb, caption, depth]"
+    config = load_config("smoke", overrides=[
+        "prepare_data.source=image_folder", f"prepare_data.source_uri={photos}", f"data.modalities={modalities}",
+        f"data.input_modalities={modalities}", f"data.target_modalities={modalities}",
+        f"label.labelers=[{{name: tiny_depth, weights: '{weights}'}}]"])
+    tiny_depth.save_random_network(weights, seed=0)
+    before = {name: stage_address(get_stage(name), config) for name in ("prepare-data", "label", "pretrain")}
+    tiny_depth.save_random_network(weights, seed=1)
+    after = {name: stage_address(get_stage(name), config) for name in ("prepare-data", "label", "pretrain")}
+    assert before["label"] != after["label"] and before["pretrain"] != after["pretrain"]
+    assert before["prepare-data"] == after["prepare-data"]
+    weights.unlink()
+    with pytest.raises(LabelerError, match=re.escape(f"label.labelers[0]: weights file {weights} does not exist")):
+        stage_address(get_stage("label"), config)
+
+
 def test_new_weights_at_the_same_s3_uri_change_the_identity(tiny_depth, tmp_path, s3_uri):
     store = open_store(s3_uri)
     weights = tmp_path / "tiny.pt"

@@ -254,7 +254,10 @@ class LabelConfig:
     """The label stage: pseudo-labels for the prepared images (4M's teachers), and the data gate before the
     tokenizers. With no labelers the stage is off: it runs nothing and no address moves."""
 
-    labelers: tuple[LabelerEntry, ...] = option((), "labelers run on every prepared image, each making one modality")
+    labelers: tuple[LabelerEntry, ...] = option((), "labelers run on every prepared image, each making one modality: "
+                                                    "a list of {name, params, weights} (name: canny_edge, "
+                                                    "color_palette, metadata, fourm_model or a plug-in's; weights: a "
+                                                    "path, s3:// URI or preset:<name>)")
     missing: Literal["drop", "keep"] = option(
         "drop", "a sample lacking one of required_modalities: drop it from every modality, or keep it without that "
                 "modality (4M gives an absent modality no tokens); either way the stage fails when more than "
