@@ -63,5 +63,16 @@ class PatchyDepthLabeler(_DepthFromGrey):
                 for image, value in zip(batch.images, values)]
 
 
+class CaptionTeacherLabeler(Labeler):
+    """A caption for every photo ("a photo"): for data that may already have its own captions."""
+
+    name = "caption_teacher"
+    modality = "caption"
+
+    def label(self, batch: LabelBatch) -> list[Any]:
+        return check_labels(self, batch, ["a photo"] * len(batch))
+
+
 GATE_LABELERS = {"far_depth": "tests.labeler_plugins:FarDepthLabeler",
-                 "patchy_depth": "tests.labeler_plugins:PatchyDepthLabeler"}
+                 "patchy_depth": "tests.labeler_plugins:PatchyDepthLabeler",
+                 "caption_teacher": "tests.labeler_plugins:CaptionTeacherLabeler"}

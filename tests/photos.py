@@ -1,7 +1,10 @@
-"""A folder of a team's own photos for the real-data tests: random jpgs with caption side files, and broken files."""
+"""A team's own photos for the real-data tests: a folder of random jpgs with caption side files and broken files,
+and the bytes of a WebDataset tar."""
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -19,3 +22,14 @@ def write_photo_folder(folder: Path, good: int, bad: int = 0) -> Path:
     for i in range(bad):
         (folder / f"broken{i}.jpg").write_bytes(b"not an image")
     return folder
+
+
+def make_tar(members: list[tuple[str, bytes]]) -> bytes:
+    """The bytes of a tar holding ``(name, data)`` members, in order (a WebDataset shard)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

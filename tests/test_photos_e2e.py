@@ -99,3 +99,10 @@ def test_photos_preset_labels_real_photos_and_trains_on_them(fresh_smoke_run, tm
     assert label_run.data.tags["fourm.label.depth"] == "tiny_depth v1"
     assert label_run.data.tags["fourm.label.canny_edge"] == "canny_edge v1"
     print(f"photos preset end to end: {time.monotonic() - started:.0f} s")
+
+
+def test_a_preset_teacher_is_that_presets_model_in_the_same_store(fresh_smoke_run):
+    from fourm_kfp.stages.label import _weights_uri
+
+    stages = {s["name"]: s["output_uri"] for s in fresh_smoke_run["stages"]}
+    assert _weights_uri("preset:smoke", stages["prepare-data"], "label.labelers[0]") == stages["pretrain"]

@@ -111,8 +111,8 @@ def test_smoke_pipeline_local_then_skipped(fresh_smoke_run):
 def test_smoke_pipeline_on_s3(tmp_path, s3_env):
     bucket = f"e2e-{time.monotonic_ns()}"
     store = f"s3://{bucket}/runs"
-    # Two pretokenize workers (ParallelFor) over 3 train + 2 val shards, then the collect step.
-    wide = ("--pretokenize-width", "2", "--set", "prepare_data.samples_per_shard=6")
+    # Two prepare-data and two pretokenize workers (ParallelFor) over 3 train + 2 val shards, then the collect steps.
+    wide = ("--prepare-data-width", "2", "--pretokenize-width", "2", "--set", "prepare_data.samples_per_shard=6")
     first = run_smoke(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide)
     stage, tokenizers, tokens = first["stages"][:3]
     assert stage["status"] == "ran" and stage["output_uri"].startswith(f"{store}/prepare-data/")
@@ -124,7 +124,8 @@ def test_smoke_pipeline_on_s3(tmp_path, s3_env):
     assert (on_disk / "_MANIFEST.json").is_file() and (on_disk / "train/rgb/shard-000000.tar").is_file()
 
     parts = lineage.child_runs(first["mlflow"]["tracking_uri"], first["mlflow"]["parent_run_id"], kind="part")
-    assert sorted(r.data.tags["fourm.stage"] for r in parts) == ["pretokenize part 1/2", "pretokenize part 2/2"]
+    assert sorted(r.data.tags["fourm.stage"] for r in parts) == ["prepare-data part 1/2", "prepare-data part 2/2",
+                                                                 "pretokenize part 1/2", "pretokenize part 2/2"]
     assert tokens["status"] == "ran" and tokens["output_uri"].startswith(f"{store}/pretokenize/")
     keys = open_store(tokens["output_uri"]).list("train/_keys")
     assert len(keys) == 3

@@ -15,6 +15,7 @@ from PIL import Image
 from fourm_kfp.data.image_normalize import BadSampleError, normalize_image
 from fourm_kfp.data.ingest import SkipCounter, TooManyBadSamplesError, iter_image_folder, iter_webdataset
 from fourm_kfp.storage import open_store
+from tests.photos import make_tar
 
 RED, GREEN, BLUE, WHITE = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255)
 
@@ -202,16 +203,6 @@ def test_malformed_captions_file_names_file_and_line(folder, name, text, where):
 
 
 # -------------------------------------------------------------------------------------------------- webdataset
-
-
-def make_tar(members: list[tuple[str, bytes]]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def test_webdataset_samples_skips_and_corrupt_tars(any_store_uri):

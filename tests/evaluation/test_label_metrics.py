@@ -171,9 +171,10 @@ def test_metadata_perfect_and_by_hand():
     truth = "v1=0 v0=20 v1=10 v0=20"  # width 20 (of 1000 bins), brightness 20 (of 50)
     wrong = metadata_stats(["v1=0 v0=30 v1=10 v0=25"], [truth]).whole()
     assert math.isclose(wrong["bin_error"], (10 / 1000 + 5 / 50) / 2) and wrong["exact_bin_accuracy"] == 0.0
-    # a field left out is not in the error but in the coverage; a field only the generation gives is not scored
+    # a field left out counts as the largest error (1) and is not exact; a field only the generation gives is not
+    # scored
     partial = metadata_stats(["v1=10 v0=20 v1=13 v0=3"], [truth]).whole()
-    assert partial["bin_error"] == 0.0 and partial["exact_bin_accuracy"] == 1.0
+    assert partial["bin_error"] == (0.0 + 1.0) / 2 and partial["exact_bin_accuracy"] == 0.5
     assert partial["field_coverage"] == 0.5 and partial["well_formed_rate"] == 1.0
 
 
@@ -181,10 +182,10 @@ def test_metadata_malformed_generations():
     truth = "v1=0 v0=20 v1=10 v0=20"
     # junk, an unknown field id, a bin out of brightness's range (0..49), a field cut short: brightness survives
     messy = metadata_stats(["v1=10 v0=24 junk v1=99 v0=3 v1=0 v0=1000 v1=10 v0=50 v1=0"], [truth]).whole()
-    assert math.isclose(messy["bin_error"], 4 / 50) and messy["field_coverage"] == 0.5
+    assert math.isclose(messy["bin_error"], (4 / 50 + 1.0) / 2) and messy["field_coverage"] == 0.5
     assert messy["well_formed_rate"] == 0.0
-    empty = metadata_stats([""], [truth]).whole()
-    assert math.isnan(empty["bin_error"]) and empty["field_coverage"] == 0.0 and empty["well_formed_rate"] == 0.0
+    empty = metadata_stats([""], [truth]).whole()  # nothing readable: the worst score, not an undefined one
+    assert empty["bin_error"] == 1.0 and empty["field_coverage"] == 0.0 and empty["well_formed_rate"] == 0.0
 
 
 def test_metadata_baseline_is_each_fields_median_train_bin():

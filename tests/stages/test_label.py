@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fourm_kfp.config.loader import load_config
+from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract import run_stage, run_stage_part
 from fourm_kfp.contract.addressing import stage_address
 from fourm_kfp.contract.manifest import MANIFEST_NAME, payload_files, read_manifest
@@ -146,3 +147,23 @@ def test_missing_labels_are_dropped_everywhere_or_kept_and_counted(photos, tmp_p
     strict = _config(photos, "[{name: patchy_depth}]", f"label.max_missing_fraction={(lost - 1) / 10}")
     with pytest.raises(LabelGateError, match=rf"{lost} of 10 samples .* lack a required modality .*depth"):
         _label(strict, tmp_path / "strict")
+
+
+def test_a_labeler_of_a_modality_the_photos_came_with_is_not_run(photos, tmp_path, gate_labelers):
+    config = _config(photos, "[{name: caption_teacher}, {name: canny_edge}]")
+    uri = _label(config, tmp_path / "run")
+    manifest, _ = read_manifest(open_store(uri))
+    assert set(manifest["counts"]["labelers"]) == {"canny_edge"}
+    report = json.loads(open_store(uri).get_bytes("reports/label_report.json"))
+    assert report["not_run"] == ["label.labelers[0] (caption_teacher): the data's own caption"]
+    dataset = _dataset(config, tmp_path / "run")
+    captions = [s["caption"] for split in ("train", "val") for _, s in iter_split(dataset, split, ["caption"])]
+    assert len(captions) == 10 and all(c.startswith("a photo number ") for c in captions)  # the files' own
+
+
+def test_a_preset_teacher_that_is_not_committed_is_an_error_naming_the_run_to_make_it(photos, tmp_path):
+    config = _config(photos, "[{name: fourm_model, weights: 'preset:smoke', params: {modality: depth}}]")
+    with pytest.raises(ConfigError, match=r"label.labelers\[0\]: the teacher 'preset:smoke' is the smoke preset's "
+                                          r"model, which is not committed at .*/pretrain/[0-9a-f]{16}: run "
+                                          r"`fourm-kfp run --preset smoke` first"):
+        _label(config, tmp_path / "run")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from fourm_kfp.data.shard_stream import available_modalities, iter_source_info, 
 from fourm_kfp.stages import get_stage
 from fourm_kfp.stages.prepare_data import IncompleteShardsError
 from fourm_kfp.storage import open_store
-from tests.photos import write_photo_folder
+from tests.photos import make_tar, write_photo_folder
 
 SPEC = get_stage("prepare-data")
 ONLY = "[rgb,caption]"
@@ -146,16 +145,6 @@ def test_max_bad_fraction_is_over_the_whole_source(tmp_path):
     assert not [k for k in store.list() if k.endswith(MANIFEST_NAME)]
 
 
-def _tar(members: list[tuple[str, bytes]]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 def _jpeg(seed: int, size: tuple[int, int] = (48, 36)) -> bytes:
     buf = io.BytesIO()
     pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
@@ -166,11 +155,11 @@ def _jpeg(seed: int, size: tuple[int, int] = (48, 36)) -> bytes:
 def test_webdataset_tar_t_is_shard_t_at_any_width(tmp_path, caplog):
     folder = tmp_path / "wds"
     folder.mkdir()
-    (folder / "00000.tar").write_bytes(_tar([
+    (folder / "00000.tar").write_bytes(make_tar([
         *[(f"{i:04d}.{ext}", data) for i in range(6) for ext, data in (("jpg", _jpeg(i)), ("txt", b"a cat"))],
         ("0006.jpg", b"not a jpeg")]))
-    (folder / "00001.tar").write_bytes(_tar([("0100.jpg", _jpeg(100, (30, 50))), ("0003.jpg", _jpeg(3))]))
-    good = _tar([("0200.jpg", _jpeg(200)), ("0201.jpg", _jpeg(201))])
+    (folder / "00001.tar").write_bytes(make_tar([("0100.jpg", _jpeg(100, (30, 50))), ("0003.jpg", _jpeg(3))]))
+    good = make_tar([("0200.jpg", _jpeg(200)), ("0201.jpg", _jpeg(201))])
     (folder / "00002.tar").write_bytes(good[:len(good) // 2])  # cut short
     config = _real_config("webdataset", folder, "prepare_data.max_bad_fraction=0.5")
     one = _run(config, tmp_path / "one")

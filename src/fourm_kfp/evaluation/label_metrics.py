@@ -41,10 +41,12 @@ colours, nothing else: what :func:`~fourm_kfp.data.label_formats.encode_palette`
 
 **metadata** (texts ``v1=<field id> v0=<bin> ...``). Fields are read tolerantly
 (:func:`~fourm_kfp.data.label_formats.parse_metadata_text`). Over the (scene, field) pairs the truth and the
-generation both give, ``bin_error`` is the mean of ``|generated bin - true bin| / bins`` (``bins``: the field's
-number of bins, :data:`~fourm_kfp.data.label_formats.METADATA_FIELDS`: 50 for the image statistics, 1000 for the
-sizes and caption counts) and ``exact_bin_accuracy`` the share with the exact bin; ``field_coverage`` is the share
-of the true fields the generation gives (the primary alone would not see a field left out), ``well_formed_rate``
+generation both give, the error is ``|generated bin - true bin| / bins`` (``bins``: the field's number of bins,
+:data:`~fourm_kfp.data.label_formats.METADATA_FIELDS`: 50 for the image statistics, 1000 for the sizes and caption
+counts); a true field the generation leaves out counts as the largest error, 1. ``bin_error`` is the mean error over
+the true fields (so a generation with no readable field scores 1, never nothing) and ``exact_bin_accuracy`` the share
+of the true fields given with the exact bin; ``field_coverage`` is the share of the true fields the generation gives,
+``well_formed_rate``
 the share of generated texts that are exactly a metadata text (what
 :func:`~fourm_kfp.data.label_formats.encode_metadata` accepts). Fields only the generation gives are not scored.
 The baseline (:func:`median_metadata`) gives every field seen in training its lower median training bin (the
@@ -258,8 +260,8 @@ def _bins(field: str) -> int:
 
 def metadata_finish(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The metadata metrics of the summed columns (see the module docstring)."""
-    return {"bin_error": ratio(t["bin_error"], t["shared_fields"]),
-            "exact_bin_accuracy": ratio(t["exact"], t["shared_fields"]),
+    return {"bin_error": ratio(t["bin_error"] + t["true_fields"] - t["shared_fields"], t["true_fields"]),
+            "exact_bin_accuracy": ratio(t["exact"], t["true_fields"]),
             "field_coverage": ratio(t["shared_fields"], t["true_fields"]),
             "well_formed_rate": ratio(t["well_formed"], t["scenes"])}
 

@@ -5,6 +5,7 @@ the model and the data both allow. Used by the evaluate stage and by anything th
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -15,15 +16,21 @@ from fourm_kfp.evaluation.any_to_any import AnyToAny
 from fourm_kfp.evaluation.targets import task_modalities
 from fourm_kfp.evaluation.tasks import Scenes
 
+log = logging.getLogger(__name__)
+
 
 def load_scenes(engine: AnyToAny, prepared, pretokenized, limit: int) -> Scenes:
-    """The first ``limit`` val scenes: ground truth of every modality the model knows, and their crop-0 tokens."""
-    truth_names = [m for m in engine.modalities if m in available_modalities(prepared, "val")]
-    keys, truth = [], {m: [] for m in truth_names}
-    for key, sample in iter_split(prepared, "val", truth_names, limit=limit):
-        keys.append(key)
-        for m in truth_names:
-            truth[m].append(sample[m])
+    """The first ``limit`` val scenes: ground truth of every modality the model knows and every one of these scenes
+    has (real photos may lack one: a caption that came with some photos only), and their crop-0 tokens. A modality
+    some of the scenes lack has no ground truth here, so the tasks that need it are skipped, saying so."""
+    candidates = [m for m in engine.modalities if m in available_modalities(prepared, "val")]
+    samples = list(iter_split(prepared, "val", candidates, limit=limit))
+    keys = [key for key, _ in samples]
+    partial = [m for m in candidates if not all(m in sample for _, sample in samples)]
+    if partial:
+        log.info("evaluate: %s missing from some of the %d val scenes: no ground truth for them", partial, len(keys))
+    truth_names = [m for m in candidates if m not in partial]
+    truth = {m: [sample[m] for _, sample in samples] for m in truth_names}
     tokens: dict[str, list[np.ndarray]] = {}
     image = [m for m in truth_names if engine.specs[m].kind == "image"]
     token_names = [token_name(m) for m in image if token_name(m) in available_modalities(pretokenized, "val")]
@@ -43,13 +50,14 @@ def load_scenes(engine: AnyToAny, prepared, pretokenized, limit: int) -> Scenes:
 
 
 def train_ground_truth(prepared, names: list[str], limit: int) -> dict[str, list[Any]]:
-    """The first ``limit`` training scenes' values of ``names`` (those the prepared data has): what the trivial
-    baselines are fitted on."""
+    """The values of ``names`` (those the prepared data has) in the first ``limit`` training scenes that have them:
+    what the trivial baselines are fitted on."""
     names = [m for m in names if m in available_modalities(prepared, "train")]
     values: dict[str, list[Any]] = {m: [] for m in names}
     for _, sample in iter_split(prepared, "train", names, limit=limit):
         for m in names:
-            values[m].append(sample[m])
+            if m in sample:  # real photos may lack one (a caption that came with some only)
+                values[m].append(sample[m])
     return values
 
 

@@ -15,6 +15,7 @@ stage's content address, so a changed threshold, a new version or new weights ma
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
 
@@ -102,6 +103,16 @@ class Labeler:
                                f"{sorted(self.defaults) or 'no params'}")
         self.params: dict[str, Any] = {**self.defaults, **setup.params}
         self.setup = setup
+
+    def check_number(self, key: str, least: float = 0, most: float = float("inf"), integer: bool = False) -> None:
+        """Fail naming this labeler unless param ``key`` is a number (an integer with ``integer``) in
+        ``[least, most]``."""
+        value = self.params[key]
+        kind = numbers.Integral if integer else numbers.Real
+        if isinstance(value, bool) or not isinstance(value, kind) or not least <= value <= most:
+            span = f">= {least}" if most == float("inf") else f"in {least}..{most}"
+            what = "an integer" if integer else "a number"
+            raise LabelerError(f"labeler {self.name!r}: param {key!r} must be {what} {span}, got {value!r}")
 
     @property
     def classes(self) -> tuple[str, ...] | None:

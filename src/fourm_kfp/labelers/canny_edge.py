@@ -11,7 +11,6 @@ its own, so a batch gives what its images give one by one.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -33,9 +32,7 @@ class CannyEdgeLabeler(Labeler):
     def __init__(self, setup: LabelerSetup) -> None:
         super().__init__(setup)
         for key in ("low", "high", "blur"):
-            value = self.params[key]
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < float("inf"):
-                raise LabelerError(f"labeler {self.name!r}: param {key!r} must be a number >= 0, got {value!r}")
+            self.check_number(key, 0, float("inf"))
         if self.params["low"] > self.params["high"]:
             raise LabelerError(f"labeler {self.name!r}: param 'low' ({self.params['low']}) must not exceed 'high' "
                                f"({self.params['high']})")

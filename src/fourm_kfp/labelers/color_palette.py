@@ -16,14 +16,13 @@ numpy's in a fixed order, so the labels are the same on every run and a batch gi
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from fourm_kfp.data.label_formats import MAX_PALETTE_COLORS
-from fourm_kfp.labelers.base import LabelBatch, Labeler, LabelerError, LabelerSetup, check_labels
+from fourm_kfp.labelers.base import LabelBatch, Labeler, LabelerSetup, check_labels
 
 
 class ColorPaletteLabeler(Labeler):
@@ -38,10 +37,7 @@ class ColorPaletteLabeler(Labeler):
     def __init__(self, setup: LabelerSetup) -> None:
         super().__init__(setup)
         for key, least in (("max_pixels", 1), ("iterations", 1), ("seed", 0)):
-            value = self.params[key]
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-                raise LabelerError(f"labeler {self.name!r}: param {key!r} must be an integer >= {least}, "
-                                   f"got {value!r}")
+            self.check_number(key, least, integer=True)
 
     def label(self, batch: LabelBatch) -> list[Any]:
         return check_labels(self, batch, [self.palettes(image) for image in batch.images])

@@ -21,7 +21,6 @@ labelled on its own, so a batch gives what its images give one by one.
 
 from __future__ import annotations
 
-import numbers
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -30,7 +29,7 @@ import cv2
 import numpy as np
 
 from fourm_kfp.data.label_formats import METADATA_FIELDS
-from fourm_kfp.labelers.base import LabelBatch, Labeler, LabelerError, LabelerSetup, check_labels
+from fourm_kfp.labelers.base import LabelBatch, Labeler, LabelerSetup, check_labels
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -67,10 +66,7 @@ class MetadataLabeler(Labeler):
 
     def __init__(self, setup: LabelerSetup) -> None:
         super().__init__(setup)
-        decimals = self.params["decimals"]
-        if isinstance(decimals, bool) or not isinstance(decimals, numbers.Integral) or not 0 <= decimals <= 12:
-            raise LabelerError(f"labeler {self.name!r}: param 'decimals' must be an integer in 0..12, "
-                               f"got {decimals!r}")
+        self.check_number("decimals", 0, 12, integer=True)
 
     def metadata(self, image: np.ndarray, caption: str | None, original_size: tuple[int, int] | None) -> dict:
         """The raw metadata of one image (field → number)."""

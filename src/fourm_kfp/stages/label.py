@@ -106,15 +106,16 @@ def labelers_fingerprint(config: FourMConfig) -> str | None:
     return "sha256:" + hashlib.sha256(canonical_json(parts)).hexdigest()
 
 
-def _weights_uri(weights: str, output_uri: str, where: str) -> str:
-    """A labeler's weights as a URI: a ``preset:<name>`` reference becomes that preset's pretrain output beside
-    this stage's output, which must be committed."""
+def _weights_uri(weights: str, data_uri: str, where: str) -> str:
+    """A labeler's weights as a URI: a ``preset:<name>`` reference becomes that preset's pretrain output in the store
+    this run reads its data from (beside prepare-data's output: also when ``fourm-kfp verify`` recomputes the labels
+    into a scratch store), which must be committed."""
     if not weights.startswith(PRESET_REF):
         return weights
     from fourm_kfp.contract.manifest import read_manifest
     from fourm_kfp.storage import open_store, resolve_uri
 
-    uri = resolve_uri(output_uri, f"../../{_preset_model(weights)}")
+    uri = resolve_uri(data_uri, f"../../{_preset_model(weights)}")
     if read_manifest(open_store(uri)) is None:
         preset = weights[len(PRESET_REF):]
         raise ConfigError(f"{where}: the teacher {weights!r} is the {preset} preset's model, which is not committed "
@@ -135,20 +136,25 @@ def _device(labeler_wants_accelerator: bool) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def build_labelers(config: FourMConfig, present: list[str], output_uri: str) -> list[Labeler]:
+def build_labelers(config: FourMConfig, present: list[str], data_uri: str,
+                   skipped: list[str] | None = None) -> list[Labeler]:
     """The configured labelers, checked against the data: each makes a different modality that the data config
-    lists (``data.modalities``) and that prepare-data did not already write."""
+    lists (``data.modalities``). A labeler of a modality the prepared data already holds (captions that came with
+    the photos) is not run: the data's own values win; ``skipped`` collects which, for the report."""
     labelers, made = [], {}
     for i, entry in enumerate(config.label.labelers):
         cls = labeler_class(entry.name)
-        weights = _weights_uri(entry.weights, output_uri, _where(i))
+        weights = _weights_uri(entry.weights, data_uri, _where(i))
         labeler = build_labeler(entry.name, entry.params, weights, _device(cls.wants_accelerator), _where(i))
         modality = labeler.modality
         get_modality(modality)
         if modality in made:
             raise ConfigError(f"{_where(i)} ({entry.name}) makes {modality!r}, which {made[modality]} already makes")
         if modality in present:
-            raise ConfigError(f"{_where(i)} ({entry.name}) makes {modality!r}, which the prepared data already holds")
+            log.warning("%s (%s) is not run: the prepared data already holds %s", _where(i), entry.name, modality)
+            if skipped is not None:
+                skipped.append(f"{_where(i)} ({entry.name}): the data's own {modality}")
+            continue
         if modality not in config.data.modalities:
             raise ConfigError(f"{_where(i)} ({entry.name}) makes {modality!r}, which data.modalities "
                               f"{list(config.data.modalities)} does not list: add it there")
@@ -262,7 +268,7 @@ def _record_committed(ctx: StageContext, jobs: list[ShardJob]) -> None:
 
 def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
     data = ctx.inputs[DATA].store
-    labelers = build_labelers(ctx.config, available_modalities(data, "train"), ctx.output.uri)
+    labelers = build_labelers(ctx.config, available_modalities(data, "train"), ctx.inputs[DATA].uri)
     settings = _settings(ctx.config, labelers)
     mine = _jobs(data)[part::parts]
     jobs = [job for job in mine if not _committed(ctx.output, job)]
@@ -336,7 +342,8 @@ def dataset_meta(data: Store, labelers: list[Labeler]) -> DatasetMeta:
 def run(ctx: StageContext) -> StageResult:
     """The collect step: check the shards, sum the gate's statistics, apply its threshold, write the report."""
     cfg, data = ctx.config.label, ctx.inputs[DATA].store
-    labelers = build_labelers(ctx.config, available_modalities(data, "train"), ctx.output.uri)
+    skipped: list[str] = []
+    labelers = build_labelers(ctx.config, available_modalities(data, "train"), ctx.inputs[DATA].uri, skipped)
     splits = _gather(ctx, _jobs(data))
     samples = sum(s["samples"] for s in splits.values())
     incomplete = sum(s["incomplete"] for s in splits.values())
@@ -355,7 +362,8 @@ def run(ctx: StageContext) -> StageResult:
         ctx.output.put_bytes(META_FILE, meta.to_json())
     coverage = {m: sum(s["labelled"].get(m, 0) for s in splits.values()) / max(samples, 1) for m in made_by}
     report = {"labelers": made_by, "splits": splits, "coverage": coverage, "missing_policy": cfg.missing,
-              "incomplete_fraction": fraction, "required_modalities": list(_required(ctx.config, labelers))}
+              "incomplete_fraction": fraction, "required_modalities": list(_required(ctx.config, labelers)),
+              "not_run": skipped}
     ctx.write_report("label_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
     ctx.write_report("label_report.md", _markdown(report).encode())
     preview = _preview(ctx, ["rgb", *made_by], cfg.preview_samples)
@@ -382,6 +390,8 @@ def _markdown(report: dict[str, Any]) -> str:
         params = ", ".join(f"{k}={v}" for k, v in who["params"].items()) or "-"
         lines.append(f"| {modality} | {who['name']} | {who['version']} | {params} | {who['weights'] or '-'} | "
                      f"{report['coverage'][modality]:.1%} |")
+    if report["not_run"]:
+        lines += ["", "Not run, the data had the modality already: " + "; ".join(report["not_run"]) + "."]
     lines += ["", f"Required in every sample: {', '.join(report['required_modalities'])}; a sample lacking one is "
               f"{'dropped' if report['missing_policy'] == 'drop' else 'kept without it'} "
               f"({report['incomplete_fraction']:.2%} of the samples).", "",
