@@ -45,10 +45,8 @@ def label(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str,
             fh.write("# label\n\nOff: no labelers are configured (label.labelers), so the dataset passes on as "
                      "prepare-data wrote it.\n")
         return outputs("", dataset, json.dumps({"name": "label", "status": "off"}))
-    if len(set(part_uris)) > 1:
-        raise ValueError(f"the label parts wrote to different outputs: {sorted(set(part_uris))}")
     outcome = run_stage_component("label", preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri,
                                   parent_run_id, force, input_uris=dataset_uris(dataset), report_path=report.path,
-                                  metrics=metrics, parts=parts)
+                                  metrics=metrics, parts=parts, part_uris=part_uris)
     return outputs(outcome.output_uri, with_dataset_layer(dataset, "label", outcome.output_uri),
                    json.dumps(outcome.to_dict()))

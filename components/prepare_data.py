@@ -30,11 +30,9 @@ def prepare_data(preset: str, config_overrides: list, store_uri: str, s3_endpoin
 
     from fourm_kfp.launchers.kfp_runtime import run_stage_component, with_dataset_layer
 
-    if len(set(part_uris)) > 1:
-        raise ValueError(f"the prepare-data parts wrote to different outputs: {sorted(set(part_uris))}")
     outcome = run_stage_component("prepare-data", preset, config_overrides, store_uri, s3_endpoint,
                                   mlflow_tracking_uri, parent_run_id, force, report_path=report.path,
-                                  metrics=metrics, parts=parts)
+                                  metrics=metrics, parts=parts, part_uris=part_uris)
     return namedtuple("Outputs", ["output_uri", "dataset", "result"])(
         outcome.output_uri, with_dataset_layer("{}", "prepare-data", outcome.output_uri),
         json.dumps(outcome.to_dict()))

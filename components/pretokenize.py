@@ -29,10 +29,8 @@ def pretokenize(preset: str, config_overrides: list, store_uri: str, s3_endpoint
 
     from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_stage_component
 
-    if len(set(part_uris)) > 1:
-        raise ValueError(f"the pretokenize parts wrote to different outputs: {sorted(set(part_uris))}")
     outcome = run_stage_component("pretokenize", preset, config_overrides, store_uri, s3_endpoint,
                                   mlflow_tracking_uri, parent_run_id, force,
                                   input_uris={**dataset_uris(dataset), "train-tokenizers": tokenizers_uri},
-                                  report_path=report.path, metrics=metrics, parts=parts)
+                                  report_path=report.path, metrics=metrics, parts=parts, part_uris=part_uris)
     return namedtuple("Outputs", ["output_uri", "result"])(outcome.output_uri, json.dumps(outcome.to_dict()))

@@ -117,10 +117,14 @@ def close_lineage_step(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str
 def run_stage_component(stage: str, preset: str, config_overrides: Sequence[str], store_uri: str,
                         s3_endpoint: str, mlflow_tracking_uri: str, parent_run_id: str, force: bool,
                         input_uris: dict[str, str] | None = None, report_path: str | None = None,
-                        metrics=None, parts: int = 1, html_path: str | None = None) -> StageOutcome:
+                        metrics=None, parts: int = 1, html_path: str | None = None,
+                        part_uris: Sequence[str] = ()) -> StageOutcome:
     """Run one stage as a pipeline step; its Markdown report and metrics also become KFP output artifacts
     (``report_path``: a Markdown artifact's path; ``metrics``: a ``dsl.Metrics`` artifact; ``html_path``: an HTML
-    artifact's path, for a stage with an HTML report), which the UI shows."""
+    artifact's path, for a stage with an HTML report), which the UI shows. A fan-out stage's collect step passes
+    the output URIs its workers returned (``part_uris``), which must all be one output."""
+    if len(set(part_uris)) > 1:
+        raise ValueError(f"the {stage} parts wrote to different outputs: {sorted(set(part_uris))}")
     run = RunContext(preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
     outcome = launch_stage(stage, run, force=force, input_uris=input_uris, parts=parts)
     return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)

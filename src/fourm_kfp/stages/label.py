@@ -32,20 +32,22 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from fourm_kfp.config.fourm_config import FourMConfig
+from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract import StageContext, StageResult
-from fourm_kfp.contract.addressing import canonical_json
+from fourm_kfp.contract.addressing import canonical_json, stage_address
+from fourm_kfp.contract.manifest import read_manifest
 from fourm_kfp.data.dataset_report import render_preview_grid
 from fourm_kfp.data.label_checks import CheckSettings, check_value
 from fourm_kfp.data.modalities import get_modality
-from fourm_kfp.data.shard_stream import available_modalities, iter_joined_shard, shard_indices
+from fourm_kfp.data.shard_stream import available_modalities, iter_joined_shard, iter_source_info, shard_indices
 from fourm_kfp.data.shard_writer import ShardWriter, dropped_key, keys_key
 from fourm_kfp.data.vocabularies import META_FILE, DatasetMeta, read_dataset_meta
 from fourm_kfp.labelers.base import LabelBatch, Labeler, check_labels
 from fourm_kfp.labelers.registry import build_labeler, labeler_class, resolve_weights
 from fourm_kfp.progress import LineProgress
-from fourm_kfp.stages import PREPARE_DATA
-from fourm_kfp.storage import Store
+from fourm_kfp.stages import PREPARE_DATA, PRETRAIN
+from fourm_kfp.storage import LayeredStore, Store, open_store, resolve_uri
 
 log = logging.getLogger(__name__)
 DATA = PREPARE_DATA.name
@@ -80,10 +82,6 @@ PRESET_REF = "preset:"
 
 def _preset_model(weights: str) -> str:
     """``pretrain/<address>`` of the preset a ``preset:<name>`` reference names."""
-    from fourm_kfp.config.loader import load_config
-    from fourm_kfp.contract.addressing import stage_address
-    from fourm_kfp.stages import PRETRAIN
-
     return f"{PRETRAIN.name}/{stage_address(PRETRAIN, load_config(weights[len(PRESET_REF):]))}"
 
 
@@ -112,9 +110,6 @@ def _weights_uri(weights: str, data_uri: str, where: str) -> str:
     into a scratch store), which must be committed."""
     if not weights.startswith(PRESET_REF):
         return weights
-    from fourm_kfp.contract.manifest import read_manifest
-    from fourm_kfp.storage import open_store, resolve_uri
-
     uri = resolve_uri(data_uri, f"../../{_preset_model(weights)}")
     if read_manifest(open_store(uri)) is None:
         preset = weights[len(PRESET_REF):]
@@ -173,8 +168,6 @@ def _jobs(data: Store) -> list[ShardJob]:
 
 def _source_sizes(data: Store, job: ShardJob) -> dict[str, tuple[int, int]]:
     """The original ``(width, height)`` per key that a real-data source recorded before the centre crop."""
-    from fourm_kfp.data.shard_stream import iter_source_info
-
     return {key: (int(info["original_width"]), int(info["original_height"]))
             for key, info in iter_source_info(data, job.split, job.index) if info}
 
@@ -306,8 +299,6 @@ def _gather(ctx: StageContext, jobs: list[ShardJob]) -> dict[str, Any]:
 
 def _preview(ctx: StageContext, modalities: list[str], count: int) -> bytes | None:
     """The first photos of val (else train) beside their labels."""
-    from fourm_kfp.storage import LayeredStore
-
     dataset = LayeredStore([ctx.inputs[DATA].store, ctx.output])
     rows, keys = [], []
     for split in ("val", "train"):
