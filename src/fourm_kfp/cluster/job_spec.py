@@ -100,6 +100,34 @@ class JobParams:
         return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
 
+#: ``scheduler``: how a job's pods are placed. "" the default scheduler, pod by pod; "volcano" or "volcano:<queue>"
+#: gang scheduling by Volcano (all of a job's nodes at once, or none); "kueue:<local queue>" admission by Kueue.
+SCHEDULER_KINDS = ("", "volcano", "kueue")
+
+
+@dataclass(frozen=True)
+class ClusterParams:
+    """Run-wide cluster settings, one pipeline parameter each (same names, no stage prefix): they apply to every
+    step and job of the run, where :class:`JobParams` is one stage's job.
+
+    ``gpu_node_selector`` and ``gpu_tolerations`` go on every pod that requests an accelerator (in-pod GPU steps and
+    the jobs' pods), beside the accelerator's own toleration; ``image_pull_secret`` (a ``kubernetes.io/dockerconfigjson``
+    Secret in the run's namespace) on every pod; ``scheduler`` on the jobs (:data:`SCHEDULER_KINDS`);
+    ``rendezvous_timeout_s``: how long a job's started nodes wait at torchrun's rendezvous for the others (longer than
+    the nodes take to be scheduled, so a partly placed job waits instead of crashing)."""
+
+    scheduler: str = ""
+    image_pull_secret: str = ""
+    gpu_node_selector: dict[str, str] = field(default_factory=dict)
+    gpu_tolerations: list[dict[str, Any]] = field(default_factory=list)
+    rendezvous_timeout_s: int = 1800
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> "ClusterParams":
+        """The fields present in ``values`` (a component's parameters), defaults for the rest."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
+
+
 #: The stages that can run as a cluster job, each with its job's defaults: pretrain launches a PyTorchJob unless
 #: told otherwise; train-tokenizers trains in its own pod unless told otherwise.
 JOB_STAGES = {"train-tokenizers": JobParams(launcher=IN_POD), "pretrain": JobParams()}
@@ -116,6 +144,7 @@ class JobRequest(JobParams):
     image: str
     kfp_run_id: str = ""
     owner: OwnerPod | None = None
+    cluster: ClusterParams = field(default_factory=ClusterParams)
 
     @property
     def name(self) -> str:
