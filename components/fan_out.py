@@ -23,8 +23,9 @@ def fan_out(stage: str, width: int, preset: str, config_overrides: list, parent_
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def worker_pods(stage: str, preset: str, config_overrides: list) -> str:
-    """``gpu`` when ``stage``'s work wants an accelerator under this config (a teacher labeler), else ``cpu``."""
+def worker_pods(stage: str, preset: str, config_overrides: list, accelerator: str) -> str:
+    """``gpu`` when ``stage``'s work wants an accelerator under this config (a teacher labeler) and the run's
+    ``accelerator`` is not ``cpu``, else ``cpu``."""
     from fourm_kfp.launchers.kfp_runtime import worker_pods as kind
 
-    return kind(stage, preset, config_overrides)
+    return kind(stage, preset, config_overrides, accelerator)

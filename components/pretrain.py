@@ -1,6 +1,7 @@
 """The pretrain component: the 4M trainer in this pod (``launcher="in-pod"``), or the launcher of a multi-node
 PyTorchJob / TrainJob that follows the job and reports its committed output (``pytorchjob`` / ``trainjob``). Its job
-parameters (``launcher`` ... ``delete_job``) are the fields of :class:`fourm_kfp.cluster.job_spec.JobParams`, its
+parameters (``launcher`` ... ``delete_job``) are the fields of :class:`fourm_kfp.cluster.job_spec.JobParams`, and
+``scheduler`` ... ``rendezvous_timeout_s`` those of :class:`~fourm_kfp.cluster.job_spec.ClusterParams`, their
 defaults written out (KFP runs the function's own source, without this module's imports)."""
 
 from typing import NamedTuple
@@ -18,21 +19,23 @@ def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
              launcher: str = "pytorchjob", nodes: int = 1, procs_per_node: int = 1,
              accelerator: str = "nvidia.com/gpu", cpu_per_node: str = "", memory_per_node: str = "",
              node_selector: dict = {}, tolerations: list = [], deadline_s: int = 259200, min_nodes: int = 0,
-             delete_job: bool = True, kfp_run_id: str = "",
+             delete_job: bool = True, kfp_run_id: str = "", scheduler: str = "", image_pull_secret: str = "",
+             gpu_node_selector: dict = {}, gpu_tolerations: list = [], rendezvous_timeout_s: int = 1800,
              stage_overrides: list = []) -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):
     """Train the model; outputs the committed run's URI (exported model, checkpoints, metrics, report), the report
     with the loss curves inline (HTML, shown in the UI) and, in the job modes, the rendered job spec."""
     import json
     from collections import namedtuple
 
-    from fourm_kfp.cluster.job_spec import JobParams
+    from fourm_kfp.cluster.job_spec import ClusterParams, JobParams
     from fourm_kfp.launchers.kfp_runtime import run_job_component, with_stage_overrides
 
     job = JobParams.of(locals())  # launcher, nodes, ..., delete_job: the parameters named like its fields
+    cluster = ClusterParams.of(locals())  # scheduler, ..., rendezvous_timeout_s: the run-wide cluster settings
     overrides = with_stage_overrides(config_overrides, stage_overrides)
     outcome = run_job_component(
         "pretrain", preset, overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id, force,
         input_uris={"pretokenize": pretokenized_uri, "train-tokenizers": tokenizers_uri}, job=job,
-        kfp_run_id=kfp_run_id, report_path=report.path, metrics=metrics, job_spec_path=job_spec.path,
+        cluster=cluster, kfp_run_id=kfp_run_id, report_path=report.path, metrics=metrics, job_spec_path=job_spec.path,
         html_path=report_html.path)
     return namedtuple("Outputs", ["output_uri", "result"])(outcome.output_uri, json.dumps(outcome.to_dict()))

@@ -13,7 +13,7 @@ from dataclasses import fields
 
 from kfp import dsl, kubernetes
 
-from fourm_kfp.cluster.job_spec import IN_POD, PYTORCHJOB, JobParams, param_prefix
+from fourm_kfp.cluster.job_spec import IN_POD, PYTORCHJOB, ClusterParams, JobParams, param_prefix
 from fourm_kfp.components.evaluate import evaluate
 from fourm_kfp.images import IMAGE_TAG, IMAGE_TAG_ENV
 from fourm_kfp.components.fan_out import fan_out, worker_pods
@@ -31,17 +31,46 @@ S3_SECRET_ENV = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KE
 #: Optional ConfigMap with cluster-wide defaults (MLflow server, S3 endpoint).
 SETTINGS_CONFIG_MAP = "fourm-settings"
 SETTINGS_ENV = {"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL"}
-#: A job stage's launcher pod, through the downward API (fourm_kfp.launchers.kubernetes_job reads these).
-LAUNCHER_POD_FIELDS = {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_UID": "metadata.uid",
-                       "FOURM_POD_NAMESPACE": "metadata.namespace"}
+#: A job stage's launcher pod, through the downward API: its name (to find the run's Workflow, the job's owner) and
+#: namespace (where the job is created); fourm_kfp.launchers.kubernetes_job and cluster.kube read these.
+LAUNCHER_POD_FIELDS = {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_NAMESPACE": "metadata.namespace"}
+#: The accelerator every GPU step requests, and the taint GPU nodes carry (tolerated by every GPU step and job).
+GPU = "nvidia.com/gpu"
+GPU_TOLERATION = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
+#: Retries of a job stage's launcher step: a drained or preempted launcher pod comes back and adopts its job (the
+#: job's own restart budget is separate: a retried launcher does not start a failed job again).
+LAUNCHER_RETRIES, LAUNCHER_RETRY_BACKOFF = 3, "60s"
 
 
-def _with_cluster_env(task: dsl.PipelineTask) -> dsl.PipelineTask:
-    """Credentials from the Secret and defaults from the ConfigMap (ignored by kfp.local)."""
-    kubernetes.use_secret_as_env(task, secret_name=S3_SECRET, secret_key_to_env=S3_SECRET_ENV, optional=True)
-    kubernetes.use_config_map_as_env(task, config_map_name=SETTINGS_CONFIG_MAP, config_map_key_to_env=SETTINGS_ENV,
-                                     optional=True)
-    return task
+class _Cluster:
+    """The run-wide cluster settings (:class:`ClusterParams`, pipeline parameters of the same names) applied to the
+    steps: the Secret and ConfigMap env and the image pull secret on every step; the accelerator, its taint's
+    toleration, ``gpu_tolerations`` and ``gpu_node_selector`` on every GPU step. All ignored by kfp.local."""
+
+    def __init__(self, image_pull_secret, gpu_node_selector, gpu_tolerations):
+        self.image_pull_secret, self.gpu_node_selector = image_pull_secret, gpu_node_selector
+        self.gpu_tolerations = gpu_tolerations
+
+    def env(self, task: dsl.PipelineTask) -> dsl.PipelineTask:
+        """Credentials from the Secret, defaults from the ConfigMap, and the image pull secret."""
+        kubernetes.use_secret_as_env(task, secret_name=S3_SECRET, secret_key_to_env=S3_SECRET_ENV, optional=True)
+        kubernetes.use_config_map_as_env(task, config_map_name=SETTINGS_CONFIG_MAP,
+                                         config_map_key_to_env=SETTINGS_ENV, optional=True)
+        return self.pull(task)
+
+    def pull(self, task: dsl.PipelineTask) -> dsl.PipelineTask:
+        """The image pull secret ("" = none: the kubelet skips an empty name), on every step."""
+        return kubernetes.set_image_pull_secrets(task, [self.image_pull_secret])
+
+    def gpu(self, task: dsl.PipelineTask, accelerator=GPU, node_selector=None) -> dsl.PipelineTask:
+        """One accelerator (``accelerator``: a resource name, or a channel that resolves to one or to "" for none)
+        on the run's GPU nodes: the taint's toleration, ``gpu_tolerations`` and the node selector (default
+        ``gpu_node_selector``)."""
+        task.set_accelerator_type(accelerator).set_accelerator_limit(1)
+        kubernetes.add_toleration(task, **{k: v for k, v in GPU_TOLERATION.items()})
+        kubernetes.add_toleration_json(task, self.gpu_tolerations)
+        kubernetes.add_node_selector_json(task, self.gpu_node_selector if node_selector is None else node_selector)
+        return task
 
 
 def _with_shared_memory(task: dsl.PipelineTask) -> dsl.PipelineTask:
@@ -53,30 +82,39 @@ def _with_shared_memory(task: dsl.PipelineTask) -> dsl.PipelineTask:
 
 
 def _job_args(stage: str, params: dict) -> dict:
-    """The job fields of ``stage``'s component (:class:`JobParams`), from the pipeline's ``<stage>_<field>``
-    parameters, and the KFP run id the job is labelled with."""
+    """The job fields of ``stage``'s component (:class:`JobParams`) from the pipeline's ``<stage>_<field>``
+    parameters, the run-wide cluster settings (:class:`ClusterParams`, same names), and the KFP run id the job is
+    labelled with."""
     prefix = param_prefix(stage)
     return {**{f.name: params[f"{prefix}_{f.name}"] for f in fields(JobParams)},
+            **{f.name: params[f.name] for f in fields(ClusterParams)},
             "kfp_run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}
 
 
-def _job_launcher(task: dsl.PipelineTask) -> dsl.PipelineTask:
+def _job_launcher(task: dsl.PipelineTask, cluster: _Cluster) -> dsl.PipelineTask:
     """A job stage's step in the job modes: a light CPU pod (the training runs in the job's pods) that knows its
-    own name, uid and namespace through the downward API, so the job can be owned by it (deleting the pod deletes
-    the job; a stopped run's exit handler deletes it by its run-id label) and created in its namespace, and its
-    own image tag, so the job runs the same image."""
-    _with_cluster_env(task).set_cpu_limit("1").set_memory_limit("2Gi")
+    own name and namespace through the downward API (the job is created in its namespace and owned by the run's
+    workflow, which owns this pod) and its own image tag (the job runs the same image). Retried: a launcher pod lost
+    to a drained or preempted node comes back and adopts its job, which trains on meanwhile."""
+    cluster.env(task).set_cpu_limit("1").set_memory_limit("2Gi")
+    task.set_retry(LAUNCHER_RETRIES, backoff_duration=LAUNCHER_RETRY_BACKOFF)
     for env_name, field_path in LAUNCHER_POD_FIELDS.items():
         kubernetes.use_field_path_as_env(task, env_name=env_name, field_path=field_path)
     task.set_env_variable(IMAGE_TAG_ENV, IMAGE_TAG)  # the job's pods run the image this step runs
     return task
 
 
-def _evaluate_on(task: dsl.PipelineTask, accelerator: bool) -> dsl.PipelineTask:
-    _with_cluster_env(task).set_display_name("evaluate").set_cpu_limit("8").set_memory_limit("32Gi")
-    if accelerator:
-        task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
-    return task
+def _pretokenize_worker(item, parts, part_args: dict, cluster: _Cluster) -> dsl.PipelineTask:
+    """A pretokenize worker (one loop item's part), on CPUs; :meth:`_Cluster.gpu` puts it on an accelerator."""
+    task = _with_shared_memory(cluster.env(pretokenize_part(
+        part=item.part, parts=parts, dataset=item.dataset, tokenizers_uri=item.tokenizers_uri,
+        parent_run_id=item.parent_run_id, **part_args)))
+    return task.set_display_name("pretokenize-part").set_cpu_limit("8").set_memory_limit("16Gi")
+
+
+def _evaluate_on(task: dsl.PipelineTask, cluster: _Cluster, accelerator: bool) -> dsl.PipelineTask:
+    cluster.env(task).set_display_name("evaluate").set_cpu_limit("8").set_memory_limit("32Gi")
+    return cluster.gpu(task) if accelerator else task
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="Pre-train a 4M-style massively multimodal masked model.")
@@ -120,6 +158,11 @@ def fourm_pretrain(
     pretrain_min_nodes: int = 0,
     pretrain_delete_job: bool = True,
     evaluate_force: bool = False,
+    scheduler: str = "",
+    image_pull_secret: str = "",
+    gpu_node_selector: dict = {},
+    gpu_tolerations: list = [],
+    rendezvous_timeout_s: int = 1800,
 ):
     """Pre-train a 4M-style model.
 
@@ -172,12 +215,14 @@ def fourm_pretrain(
             pretrain output (pretrain_force recomputes it).
         pretrain_accelerator: "nvidia.com/gpu" (default: pretraining requests GPUs) or "cpu" (no accelerator
             request, so a CPU-only cluster can run it; the image runs on CPUs too, and precision "auto" then trains
-            in fp32); the evaluate step follows it on the same kind of node.
+            in fp32); the pretokenize workers, the label workers of a teacher network and the evaluate step follow
+            it on the same kind of node.
         pretrain_launcher: "pytorchjob" (default: the step, a light CPU pod, submits a multi-node Kubeflow
             Training Operator PyTorchJob, streams its master's log, waits for it and deletes it), "trainjob" (the
-            same with a Kubeflow Trainer v2 TrainJob on the torch-distributed runtime) or "in-pod" (train inside
-            the step's own pod on one accelerator; ``fourm-kfp run`` under kfp.local uses it). Either job mode
-            first computes the pretrain address and creates nothing when that output is committed.
+            same with a Kubeflow Trainer v2 TrainJob on the fourm-torch-distributed runtime of manifests/cluster)
+            or "in-pod" (train inside the step's own pod on one accelerator; ``fourm-kfp run`` under kfp.local uses
+            it). Either job mode first computes the pretrain address and creates nothing when that output is
+            committed. The step is retried 3 times: a launcher pod lost to a drained node adopts its job.
         pretrain_nodes: Job modes: pods (nodes) of the job; default 1.
         pretrain_procs_per_node: Job modes: training processes per node = accelerators per node; default 1.
         pretrain_cpu_per_node: Job modes: CPU request per node, e.g. "32"; default empty = the template's.
@@ -195,13 +240,28 @@ def fourm_pretrain(
             step's log); default true. A stopped KFP run's exit handler deletes its unfinished jobs.
         evaluate_force: Re-evaluate even if this model's evaluation is committed (registers a new model version
             and applies the gate again); default false.
+        scheduler: Job modes: how the jobs' pods are placed: empty (default) = the cluster's default scheduler,
+            pod by pod; "volcano" or "volcano:<queue>" = gang scheduling by Volcano (all of a job's nodes at once or
+            none); "kueue:<local queue>" = admitted by Kueue when the queue has quota for the whole job.
+        image_pull_secret: A Secret of type kubernetes.io/dockerconfigjson in the run's namespace that every step
+            and job pulls the images with (GHCR packages start private); default empty = none.
+        gpu_node_selector: Node selector of every pod that requests an accelerator (the GPU steps and the jobs'
+            pods), e.g. ``{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}``; default none. A job's
+            <stage>_node_selector adds to it.
+        gpu_tolerations: Tolerations of every pod that requests an accelerator, beside the nvidia.com/gpu taint's
+            that they always have (a list of Kubernetes toleration objects); default none. A job's
+            <stage>_tolerations add to them.
+        rendezvous_timeout_s: Job modes: how long a job's started nodes wait at the rendezvous for the others
+            (longer than scheduling the job's pods may take, so a partly placed job waits instead of crashing and
+            spending its restart budget); default 30 minutes.
     """
     params = dict(locals())  # the parameters by name: the job stages' <stage>_<field> ones (_job_args)
-    closer = _with_cluster_env(close_lineage_run(run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+    cluster = _Cluster(image_pull_secret, gpu_node_selector, gpu_tolerations)
+    closer = cluster.env(close_lineage_run(run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                                                  mlflow_tracking_uri=mlflow_tracking_uri,
                                                  mlflow_parent_run_id=mlflow_parent_run_id))
     with dsl.ExitHandler(closer, name="stages"):
-        opener = _with_cluster_env(open_lineage_run(
+        opener = cluster.env(open_lineage_run(
             run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, preset=preset,
             config_overrides=config_overrides, store_uri=store_uri, mlflow_tracking_uri=mlflow_tracking_uri,
             mlflow_parent_run_id=mlflow_parent_run_id))
@@ -212,37 +272,38 @@ def fourm_pretrain(
         fan_args = dict(preset=preset, config_overrides=config_overrides, parent_run_id=opener.output)
         part_args = dict(preset=preset, config_overrides=config_overrides, store_uri=store_uri,
                          s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri)
-        data_parts = fan_out(stage="prepare-data", width=prepare_data_width, **fan_args)
+        data_parts = cluster.pull(fan_out(stage="prepare-data", width=prepare_data_width, **fan_args))
         data_parts.set_display_name("prepare-data-fan-out")
         with dsl.ParallelFor(data_parts.output, name="prepare-data-parts") as item:
-            data_part = _with_cluster_env(prepare_data_part(part=item.part, parts=prepare_data_width,
+            data_part = cluster.env(prepare_data_part(part=item.part, parts=prepare_data_width,
                                                             parent_run_id=item.parent_run_id, **part_args))
             data_part.set_display_name("prepare-data-part")
             data_part.set_cpu_limit("8").set_memory_limit("16Gi")
-        data = _with_cluster_env(prepare_data(force=prepare_data_force, parts=prepare_data_width,
+        data = cluster.env(prepare_data(force=prepare_data_force, parts=prepare_data_width,
                                               part_uris=dsl.Collected(data_part.output), **shared))
         data.set_display_name("prepare-data")
-        label_parts = fan_out(stage="label", width=label_width, dataset=data.outputs["dataset"], **fan_args)
+        label_parts = cluster.pull(fan_out(stage="label", width=label_width, dataset=data.outputs["dataset"],
+                                           **fan_args))
         label_parts.set_display_name("label-fan-out")
-        label_pods = worker_pods(stage="label", preset=preset, config_overrides=config_overrides)
+        label_pods = cluster.pull(worker_pods(stage="label", preset=preset, config_overrides=config_overrides,
+                                              accelerator=pretrain_accelerator))
         label_pods.set_display_name("label-worker-pods")
         label_args = dict(force=label_force, parts=label_width, **shared)
         with dsl.If(label_pods.output == "gpu", name="label-on-accelerator"):
             with dsl.ParallelFor(label_parts.output, name="label-parts-gpu") as item:
-                gpu_part = _with_cluster_env(label_part_gpu(part=item.part, parts=label_width, dataset=item.dataset,
+                gpu_part = cluster.env(label_part_gpu(part=item.part, parts=label_width, dataset=item.dataset,
                                                             parent_run_id=item.parent_run_id, **part_args))
                 gpu_part.set_display_name("label-part")
-                gpu_part.set_cpu_limit("8").set_memory_limit("32Gi").set_accelerator_type("nvidia.com/gpu")
-                gpu_part.set_accelerator_limit(1)
-            labels_gpu = _with_cluster_env(label(part_uris=dsl.Collected(gpu_part.output),
+                cluster.gpu(gpu_part.set_cpu_limit("8").set_memory_limit("32Gi"))
+            labels_gpu = cluster.env(label(part_uris=dsl.Collected(gpu_part.output),
                                                  dataset=data.outputs["dataset"], **label_args))
         with dsl.Else(name="label-on-cpu"):
             with dsl.ParallelFor(label_parts.output, name="label-parts-cpu") as item:
-                cpu_part = _with_cluster_env(label_part_cpu(part=item.part, parts=label_width, dataset=item.dataset,
+                cpu_part = cluster.env(label_part_cpu(part=item.part, parts=label_width, dataset=item.dataset,
                                                             parent_run_id=item.parent_run_id, **part_args))
                 cpu_part.set_display_name("label-part")
                 cpu_part.set_cpu_limit("8").set_memory_limit("16Gi")
-            labels_cpu = _with_cluster_env(label(part_uris=dsl.Collected(cpu_part.output),
+            labels_cpu = cluster.env(label(part_uris=dsl.Collected(cpu_part.output),
                                                  dataset=data.outputs["dataset"], **label_args))
         for task in (labels_gpu, labels_cpu):
             task.set_display_name("label")
@@ -250,49 +311,49 @@ def fourm_pretrain(
         tokenizer_args = dict(force=train_tokenizers_force, dataset=dataset, **shared)
         with dsl.If(train_tokenizers_launcher != IN_POD, name="train-tokenizers-as-job"):
             tokenizers_job = _job_launcher(train_tokenizers(**_job_args("train-tokenizers", params),
-                                                            **tokenizer_args))
+                                                            **tokenizer_args), cluster)
         with dsl.Elif(train_tokenizers_accelerator == "cpu", name="train-tokenizers-on-cpu"):
-            tokenizers_cpu = _with_cluster_env(train_tokenizers(launcher=IN_POD, **tokenizer_args))
+            tokenizers_cpu = cluster.env(train_tokenizers(launcher=IN_POD, **tokenizer_args))
             tokenizers_cpu.set_cpu_limit("8").set_memory_limit("32Gi")
         with dsl.Else(name="train-tokenizers-on-accelerator"):
-            tokenizers_gpu = _with_cluster_env(train_tokenizers(launcher=IN_POD, **tokenizer_args))
-            tokenizers_gpu.set_cpu_limit("8").set_memory_limit("32Gi")
-            tokenizers_gpu.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
+            tokenizers_gpu = cluster.env(train_tokenizers(launcher=IN_POD, **tokenizer_args))
+            cluster.gpu(tokenizers_gpu.set_cpu_limit("8").set_memory_limit("32Gi"))
         for task in (tokenizers_job, tokenizers_cpu, tokenizers_gpu):
             task.set_display_name("train-tokenizers")
         tokenizers_uri = dsl.OneOf(*(t.outputs["output_uri"] for t in (tokenizers_job, tokenizers_cpu,
                                                                        tokenizers_gpu)))
         stage_inputs = dict(dataset=dataset, tokenizers_uri=tokenizers_uri)
-        parts = fan_out(stage="pretokenize", width=pretokenize_width, **stage_inputs, **fan_args)
+        parts = cluster.pull(fan_out(stage="pretokenize", width=pretokenize_width, **stage_inputs, **fan_args))
         parts.set_display_name("pretokenize-fan-out")
-        with dsl.ParallelFor(parts.output, name="pretokenize-parts") as item:
-            worker = _with_shared_memory(_with_cluster_env(pretokenize_part(
-                part=item.part, parts=pretokenize_width, dataset=item.dataset, tokenizers_uri=item.tokenizers_uri,
-                parent_run_id=item.parent_run_id, **part_args)))
-            worker.set_display_name("pretokenize-part")
-            worker.set_cpu_limit("8").set_memory_limit("16Gi").set_accelerator_type("nvidia.com/gpu")
-            worker.set_accelerator_limit(1)
-        tokens = _with_cluster_env(pretokenize(force=pretokenize_force, parts=pretokenize_width,
-                                               part_uris=dsl.Collected(worker.output), **stage_inputs, **shared))
-        tokens.set_display_name("pretokenize")
-        train_args = dict(force=pretrain_force, pretokenized_uri=tokens.outputs["output_uri"],
+        token_args = dict(force=pretokenize_force, parts=pretokenize_width, **stage_inputs, **shared)
+        with dsl.If(pretrain_accelerator == "cpu", name="pretokenize-on-cpu"):  # on the kind of node pretrain uses
+            with dsl.ParallelFor(parts.output, name="pretokenize-parts-cpu") as item:
+                cpu_worker = _pretokenize_worker(item, pretokenize_width, part_args, cluster)
+            tokens_cpu = cluster.env(pretokenize(part_uris=dsl.Collected(cpu_worker.output), **token_args))
+        with dsl.Else(name="pretokenize-on-accelerator"):
+            with dsl.ParallelFor(parts.output, name="pretokenize-parts-gpu") as item:
+                gpu_worker = cluster.gpu(_pretokenize_worker(item, pretokenize_width, part_args, cluster))
+            tokens_gpu = cluster.env(pretokenize(part_uris=dsl.Collected(gpu_worker.output), **token_args))
+        for task in (tokens_cpu, tokens_gpu):
+            task.set_display_name("pretokenize")
+        tokens_uri = dsl.OneOf(tokens_cpu.outputs["output_uri"], tokens_gpu.outputs["output_uri"])
+        train_args = dict(force=pretrain_force, pretokenized_uri=tokens_uri,
                           tokenizers_uri=tokenizers_uri, stage_overrides=pretrain_config_overrides,
                           **shared)
-        eval_args = dict(force=evaluate_force, pretokenized_uri=tokens.outputs["output_uri"], **stage_inputs,
+        eval_args = dict(force=evaluate_force, pretokenized_uri=tokens_uri, **stage_inputs,
                          stage_overrides=pretrain_config_overrides, **shared)
         with dsl.If(pretrain_launcher != IN_POD, name="pretrain-as-job"):
-            pretrain_job = _job_launcher(pretrain(**_job_args("pretrain", params), **train_args))
+            pretrain_job = _job_launcher(pretrain(**_job_args("pretrain", params), **train_args), cluster)
         with dsl.Elif(pretrain_accelerator == "cpu", name="pretrain-on-cpu"):
-            pretrain_cpu = _with_shared_memory(_with_cluster_env(pretrain(launcher=IN_POD, **train_args)))
+            pretrain_cpu = _with_shared_memory(cluster.env(pretrain(launcher=IN_POD, **train_args)))
             pretrain_cpu.set_cpu_limit("16").set_memory_limit("64Gi")
         with dsl.Else(name="pretrain-on-accelerator"):
-            pretrain_gpu = _with_shared_memory(_with_cluster_env(pretrain(launcher=IN_POD, **train_args)))
-            pretrain_gpu.set_cpu_limit("16").set_memory_limit("64Gi")
-            pretrain_gpu.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
+            pretrain_gpu = _with_shared_memory(cluster.env(pretrain(launcher=IN_POD, **train_args)))
+            cluster.gpu(pretrain_gpu.set_cpu_limit("16").set_memory_limit("64Gi"))
         for task in (pretrain_job, pretrain_cpu, pretrain_gpu):
             task.set_display_name("pretrain")
         model_uri = dsl.OneOf(*(t.outputs["output_uri"] for t in (pretrain_job, pretrain_cpu, pretrain_gpu)))
         with dsl.If(pretrain_accelerator == "cpu", name="evaluate-on-cpu"):  # on the kind of node pretrain used
-            _evaluate_on(evaluate(model_uri=model_uri, **eval_args), accelerator=False)
+            _evaluate_on(evaluate(model_uri=model_uri, **eval_args), cluster, accelerator=False)
         with dsl.Else(name="evaluate-on-accelerator"):
-            _evaluate_on(evaluate(model_uri=model_uri, **eval_args), accelerator=True)
+            _evaluate_on(evaluate(model_uri=model_uri, **eval_args), cluster, accelerator=True)

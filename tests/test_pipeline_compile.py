@@ -16,6 +16,8 @@ def test_committed_pipeline_yaml_is_current(tmp_path):
 
 
 def test_pipeline_parameters_are_flat_and_documented(tmp_path):
+    import re
+
     spec, platform = yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text())
     params = spec["root"]["inputDefinitions"]["parameters"]
     assert {"preset", "config_overrides", "store_uri", "mlflow_tracking_uri", "prepare_data_force"} <= set(params)
@@ -27,12 +29,14 @@ def test_pipeline_parameters_are_flat_and_documented(tmp_path):
     for executor in executors.values():  # thin components: no pip install at run time, the image has the package
         assert "pip install" not in " ".join(executor["container"]["command"])
     secrets = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    assert all(e["secretAsEnv"][0]["secretName"] == "fourm-s3-credentials" for e in secrets.values())
+    light = {name for name in secrets if re.fullmatch(r"exec-(fan-out|worker-pods)(-\d+)?", name)}  # no store
+    assert all(secrets[name]["secretAsEnv"][0]["secretName"] == "fourm-s3-credentials"
+               for name in set(executors) - light)
 
 
 @pytest.mark.parametrize("stage, default", [("pretrain", "pytorchjob"), ("train-tokenizers", "in-pod")])
 def test_job_stage_launcher_parameters_and_the_light_launcher_pod(tmp_path, stage, default):
-    """A job stage's step in the job modes is a 1-CPU pod without accelerators that knows its own name, uid and
+    """A job stage's step in the job modes is a 1-CPU pod without accelerators that knows its own name and
     namespace (downward API: the job's owner and namespace); the in-pod steps keep their training resources, one
     of them on an accelerator."""
     import re
@@ -54,8 +58,7 @@ def test_job_stage_launcher_parameters_and_the_light_launcher_pod(tmp_path, stag
     assert len(steps) == 3 and len(launchers) == 1, sorted(steps)
     [launcher] = launchers
     assert steps[launcher]["resourceCpuLimit"] == "1" and "accelerator" not in steps[launcher]
-    assert field_envs[launcher] == {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_UID": "metadata.uid",
-                                    "FOURM_POD_NAMESPACE": "metadata.namespace"}
+    assert field_envs[launcher] == {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_NAMESPACE": "metadata.namespace"}
     assert sum("accelerator" in r for r in steps.values()) == 1  # the in-pod GPU branch
 
 
@@ -69,7 +72,8 @@ def test_steps_with_worker_processes_get_an_in_memory_dev_shm(tmp_path):
     in_pod_pretrain = sorted(name for name, e in executors.items()
                              if name.startswith("exec-pretrain") and "pretokenize" not in name
                              and not e.get("fieldPathAsEnv"))  # the job launcher knows its pod; in-pod steps do not
-    assert len(in_pod_pretrain) == 2 and with_shm == ["exec-pretokenize-part", *in_pod_pretrain], with_shm
+    assert len(in_pod_pretrain) == 2, in_pod_pretrain
+    assert with_shm == ["exec-pretokenize-part", "exec-pretokenize-part-2", *in_pod_pretrain], with_shm
 
 
 @pytest.mark.parametrize("stage", ["pretrain", "train-tokenizers"])
@@ -79,7 +83,7 @@ def test_a_stage_s_job_is_declared_once(stage):
     import inspect
     from dataclasses import fields
 
-    from fourm_kfp.cluster.job_spec import JOB_STAGES, JobParams
+    from fourm_kfp.cluster.job_spec import JOB_STAGES, ClusterParams, JobParams
     from fourm_kfp.components.pretrain import pretrain
     from fourm_kfp.components.train_tokenizers import train_tokenizers
     from fourm_kfp.pipelines.fourm_pretrain import fourm_pretrain
@@ -99,6 +103,11 @@ def test_a_stage_s_job_is_declared_once(stage):
     job_like = {n.removeprefix(f"{prefix}_") for n in pipeline if n.startswith(f"{prefix}_")}
     others = {"force", "config_overrides"}  # <stage>_force, pretrain_config_overrides: the stage's, not the job's
     assert job_like - others == {f.name for f in fields(JobParams)}
+    # The run-wide cluster settings: one pipeline parameter each, unprefixed, passed to both job components.
+    for f in fields(ClusterParams):
+        default = ClusterParams().__getattribute__(f.name)
+        for params in (pipeline, component):
+            assert f.name in params and params[f.name].default == default, f"{f.name}: {params.get(f.name)}"
 
 
 def test_an_image_tag_pins_every_step_and_the_jobs_they_launch(tmp_path):

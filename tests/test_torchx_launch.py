@@ -147,14 +147,159 @@ def test_kubernetes_renders_a_volcano_job_of_the_image_and_scheduler_config_is_c
     assert job["kind"] == "Job" and job["spec"]["queue"] == "default" and len(job["spec"]["tasks"]) == 2
     container = job["spec"]["tasks"][0]["template"].spec.containers[0]
     assert container.image == "registry.example/fourm:1" and "PATH" not in {e.name for e in container.env}
-    assert {"name": "AWS_ACCESS_KEY_ID", "value": "k"} in [{"name": e.name, "value": e.value} for e in container.env]
+    assert "AWS_ACCESS_KEY_ID" not in {e.name for e in container.env}  # a credential never enters the app
     assert f"--root {KUBERNETES_ROOT} --store s3://b/p" in container.command[2]
     assert container.resources.limits["nvidia.com/gpu"] == "4"
-    # sized for a 4-GPU training replica unless told otherwise (torchx's memMB is the container's memory limit)
+    # sized for a 4-GPU training replica unless told otherwise (torchx: memMB is the limit, 1024 less the request)
     assert container.resources.limits["memory"] == f"{4 * 64 * 1024}M" \
         and container.resources.requests["cpu"] == "31900m"  # 32 CPUs less torchx's 100m reserve
     small = TorchxParams(scheduler="kubernetes", cpu=2, mem_mb=4096)
     assert replica_resources(small) == (2, 4096) and replica_resources(TorchxParams()) == (8, 32 * 1024)
+
+
+class ScheduleCapture:
+    """A torchx runner that dry-runs with the real one (torchx's own KubernetesScheduler; no cluster is needed) and
+    records what :meth:`schedule` is given instead of creating it: the app then "succeeds" at once."""
+
+    def __init__(self, runner):
+        self.runner, self.scheduled = runner, []
+
+    def scheduler_run_opts(self, scheduler):
+        return self.runner.scheduler_run_opts(scheduler)
+
+    def dryrun(self, *args, **kwargs):
+        return self.runner.dryrun(*args, **kwargs)
+
+    def schedule(self, info):
+        self.scheduled.append(info)
+        return "kubernetes://torchx/ml:fourm-pretrain-0123456789abcdef-x"
+
+    def log_lines(self, *args, **kwargs):
+        return iter(())
+
+    def wait(self, handle, wait_interval):
+        from torchx.specs import AppState, AppStatus
+
+        return AppStatus(AppState.SUCCEEDED)
+
+
+K8S_SECRETS = {"AWS_ACCESS_KEY_ID": "AKIA-given-with-env", "AWS_SECRET_ACCESS_KEY": "s3cr3t-given-with-env",
+               "MLFLOW_TRACKING_TOKEN": "mlflow-token-given-with-env"}
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def _schedule_kubernetes(tmp_path, params: TorchxParams) -> tuple[dict, list[str]]:
+    """``TorchxApp.start`` on the kubernetes scheduler up to what it schedules: the Volcano job as the API server
+    would receive it (torchx's own serialization), and the launcher's lines."""
+    from types import SimpleNamespace
+
+    from torchx.runner import get_runner
+    from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
+
+    from fourm_kfp.launchers.torchx_job import TorchxApp
+
+    plan = SimpleNamespace(stage="pretrain", address=ADDRESS, output=SimpleNamespace(uri=f"s3://b/p/x/{ADDRESS}"))
+    args = stage_command("pretrain", RunContext("smoke", [], "s3://b/p"), {"pretokenize": "s3://b/p/x"},
+                         KUBERNETES_ROOT)
+    lines: list[str] = []
+    with get_runner() as real, keeping_signal_handlers():
+        capture = ScheduleCapture(real)
+        TorchxApp(params, tmp_path, runner=capture, out=lines.append).start(plan, args, lambda: None)
+    [info] = capture.scheduled
+    return sanitize_for_serialization(info.request.resource), lines
+
+
+def test_kubernetes_pods_read_credentials_from_the_secret_never_as_values(tmp_path, monkeypatch):
+    """Point 10: torchx writes a role's env as literal values into the vcjob (readable by anyone who may read
+    vcjobs); the launcher sends the credentials by reference to the Secret instead, whether they were given with
+    --env or are in the launching environment, and says so without printing them."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-of-the-launching-env")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA-of-the-launching-env")
+    params = TorchxParams(scheduler="kubernetes", j="2x4", gpu=4, scheduler_args=["queue=default", "namespace=ml"],
+                          env={**K8S_SECRETS, "FOURM_TEST_SETTING": "kept"})
+    job, lines = _schedule_kubernetes(tmp_path, params)
+    text = json.dumps(job)
+    for value in [*K8S_SECRETS.values(), "s3cr3t-of-the-launching-env", "AKIA-of-the-launching-env"]:
+        assert value not in text and not any(value in line for line in lines)
+    assert len(job["spec"]["tasks"]) == 2
+    for task in job["spec"]["tasks"]:
+        [container] = task["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["FOURM_TEST_SETTING"] == {"name": "FOURM_TEST_SETTING", "value": "kept"}  # not a credential
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # the Secret's keys (manifests/base)
+            assert env[key] == {"name": key, "valueFrom": {"secretKeyRef": {"name": "fourm-s3-credentials",
+                                                                            "key": key}}}
+        # a token the Secret may hold: optional, so a Secret without it still starts the pods
+        assert env["MLFLOW_TRACKING_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": "fourm-s3-credentials", "key": "MLFLOW_TRACKING_TOKEN", "optional": True}
+    [said] = [line for line in lines if "Secret" in line]
+    assert "fourm-s3-credentials" in said and "not copied into the job" in said
+    assert all(name in said for name in K8S_SECRETS)
+    # another Secret by name
+    job, _ = _schedule_kubernetes(tmp_path, TorchxParams(scheduler="kubernetes", scheduler_args=["queue=q"],
+                                                         credentials_secret="team-s3"))
+    [container] = job["spec"]["tasks"][0]["template"]["spec"]["containers"]
+    assert {e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if "valueFrom" in e} == {"team-s3"}
+
+
+def test_kubernetes_pods_tolerate_the_accelerator_and_get_placement_and_pull_secret(tmp_path):
+    """Point 10: torchx adds no tolerations (its node selector is at most the instance type) and no pull secret;
+    the launcher adds the accelerator's toleration when the replicas request GPUs, the user's tolerations and node
+    selector (Kubernetes objects, as the pipeline's pretrain_tolerations/pretrain_node_selector) and the pull
+    secret, on every pod template of the vcjob. Memory as torchx 0.7 sets it: limit memMB, request memMB - 1024."""
+    own = {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoExecute", "tolerationSeconds": 60}
+    params = TorchxParams(scheduler="kubernetes", j="2x8", gpu=8, mem_mb=900_000, scheduler_args=["queue=default"],
+                          tolerations=[own, GPU_TOLERATION], node_selector={"nvidia.com/gpu.product": "H100"},
+                          image_pull_secret="regcred")
+    from fourm_kfp.cluster.job_spec import load_template
+
+    # the accelerator's toleration is the one the cluster's job templates carry
+    assert GPU_TOLERATION in load_template("pytorchjob")["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+        "tolerations"]
+    job, _ = _schedule_kubernetes(tmp_path, params)
+    for task in job["spec"]["tasks"]:
+        spec = task["template"]["spec"]
+        assert spec["tolerations"] == [GPU_TOLERATION, own]  # no duplicate of the accelerator's
+        assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+        [container] = spec["containers"]
+        assert container["resources"]["limits"]["memory"] == "900000M"
+        assert container["resources"]["requests"]["memory"] == f"{900_000 - 1024}M"
+    # CPU replicas: no accelerator toleration (and none at all when none is given), no pull secret unless asked
+    job, _ = _schedule_kubernetes(tmp_path, TorchxParams(scheduler="kubernetes", scheduler_args=["queue=q"]))
+    spec = job["spec"]["tasks"][0]["template"]["spec"]
+    assert "tolerations" not in spec and "imagePullSecrets" not in spec and not spec.get("nodeSelector")
+    # a toleration that is not a Kubernetes toleration object fails before anything is scheduled
+    with pytest.raises(ConfigError, match=r"--toleration .*'tolerance'.*effect, key, operator, tolerationSeconds"):
+        _schedule_kubernetes(tmp_path, TorchxParams(scheduler="kubernetes", scheduler_args=["queue=q"],
+                                                    tolerations=[{"key": "a", "tolerance": "Exists"}]))
+
+
+def test_launch_command_takes_the_kubernetes_pod_options(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    import fourm_kfp.launchers.torchx_job as torchx_job
+    from fourm_kfp.cli import main
+
+    given: list[TorchxParams] = []
+
+    def fake_launch(stage, run, *, params, **kwargs):
+        given.append(params)
+        return SimpleNamespace(to_dict=lambda: {"status": "ran"})
+
+    monkeypatch.setattr(torchx_job, "launch_torchx", fake_launch)
+    base = ["launch", "pretrain", "--scheduler", "kubernetes", "--store", "s3://b/p", "--root", str(tmp_path)]
+    own = {"key": "team", "operator": "Exists", "effect": "NoSchedule"}
+    assert main([*base, "--toleration", json.dumps(own), "--toleration", json.dumps([GPU_TOLERATION]),
+                 "--node-selector", "pool=a100", "--image-pull-secret", "regcred",
+                 "--credentials-secret", "team-s3"]) == 0
+    [params] = given
+    assert params.tolerations == [own, GPU_TOLERATION] and params.node_selector == {"pool": "a100"}
+    assert params.image_pull_secret == "regcred" and params.credentials_secret == "team-s3"
+    assert main(base) == 0 and given[1].credentials_secret == "fourm-s3-credentials"
+    assert main([*base, "--toleration", "key=team"]) == 2
+    assert "--toleration 'key=team': expected a JSON toleration object or a JSON list of them" in \
+        capsys.readouterr().err
 
 
 def test_pip_check_reports_only_torchxs_stale_urllib3_bound():

@@ -7,10 +7,17 @@ failure rules for those scripts (``pkg/core/job.go``, ``pkg/controller.v1/common
 compared with the container restarts summed over all running pods, and on a backoff or deadline failure the pods
 deleted before the job's ``Failed`` status is written.
 
+Like the API server, it gives every object it creates a fresh ``metadata.uid`` and a ``creationTimestamp`` (whole
+seconds), whatever the request said. :meth:`EmulatedCluster.add_event` writes events as the two recorders do
+(``involvedObject`` with the object's uid; client-go's ``record`` package, used by the Training Operator v1 and
+Volcano: ``firstTimestamp``/``lastTimestamp`` in whole seconds and ``count``, repeats update the same event; the
+``events.k8s.io`` recorder, used by Kueue: ``eventTime`` in microseconds, repeats in ``series``), and can date an
+event in the past and give it another uid: a previous job of the same name's events, which live an hour.
+
 What the emulator does not do (so the tests do it, or do without it):
 - no controllers: nothing creates pods or sets conditions on its own (the test's operator script does);
-- no label or field selectors: a list returns every pod (event) of the namespace (the tests create only the job's
-  pods; the launcher filters events itself);
+- label and field selectors: equality only (``a=b,c=d``; ``!=``, set-based selectors and ``metadata.*`` field
+  paths beyond those the launcher uses are refused with a 400 here rather than answered wrongly);
 - no watch for the client's ``watch=True`` (the launcher polls anyway);
 - no pod logs: :class:`Kubelet` serves ``pods/<name>/log`` from lines the test appends, honouring ``timestamps``,
   ``sinceSeconds``, ``tailLines`` and ``previous`` like the kubelet (404 once the pod is deleted), and can fail a
@@ -20,25 +27,41 @@ What the emulator does not do (so the tests do it, or do without it):
   unknown fields only: with ``fieldValidation=Strict`` they fail the request (400, ``strict decoding error: unknown
   field "spec.x"``), otherwise they are pruned silently, as the API server does; types, required fields and the
   operators' webhooks are not checked here (test_job_spec.py checks the rendered objects against the full schemas);
-- no uids, resourceVersions, admission or RBAC.
+- no resourceVersions, admission or RBAC; no event aggregation of its own (the test's recorder repeats an event).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import itertools
+import json
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import kmock
 from kubernetes import client
 
-from fourm_kfp.cluster.kube import KubeApi
+from fourm_kfp.cluster.kube import KubeApi, Resource
 from tests.k8s_schemas import PYTORCHJOB_CRD, TRAINJOB_CRD, crd_schema, unknown_fields
 
+#: The job kinds served (their resources), to find a job's uid by kind and name.
+_JOB_RESOURCES = (Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"),
+                  Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"))
 #: The custom resources served, with their CRDs (group/version/plural -> CRD file and version).
 CRDS = {"kubeflow.org/v1/pytorchjobs": PYTORCHJOB_CRD, "trainer.kubeflow.org/v1alpha1/trainjobs": TRAINJOB_CRD}
+
+
+def metav1_time(seconds: float) -> str:
+    """A ``metav1.Time`` as the API server serializes it: RFC 3339 in whole seconds."""
+    return dt.datetime.fromtimestamp(int(seconds), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def micro_time(seconds: float) -> str:
+    """A ``metav1.MicroTime`` (an event's ``eventTime``): RFC 3339 with six fractional digits."""
+    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def rfc3339(seconds: float) -> str:
@@ -88,12 +111,41 @@ class Kubelet:
         return "".join(f"{rfc3339(t)} {s}\n" if stamp else f"{s}\n" for t, s in lines)
 
 
+def _selected(obj: dict, selector: str, field_paths: bool) -> bool:
+    """Whether ``obj`` matches an equality selector (labels, or dotted field paths such as ``type``)."""
+    for term in filter(None, selector.split(",")):
+        key, op, value = term.partition("=")
+        if not op or key.endswith("!") or value.startswith("=") or " in " in term:
+            raise kmock.KubernetesError(status=400, reason="BadRequest", details={},
+                                        message=f"the emulator handles equality selectors only: {selector!r}")
+        if field_paths:
+            found: object = obj
+            for part in key.split("."):
+                found = (found or {}).get(part) if isinstance(found, dict) else None
+        else:
+            found = (obj.get("metadata", {}).get("labels") or {}).get(key)
+        if str(found) != value:
+            return False
+    return True
+
+
 class SchemaCheckingEmulator(kmock.KubernetesEmulator):
-    """kmock's emulator with the API server's handling of unknown fields on create (see the module docstring)."""
+    """kmock's emulator with the API server's handling of unknown fields on create, uids and creation times, and
+    equality selectors (see the module docstring)."""
 
     schemas: dict = {}
 
+    async def _serve_list(self, request):
+        listed = await super()._serve_list(request)
+        labels, fields_ = request.params.get("labelSelector", ""), request.params.get("fieldSelector", "")
+        listed["items"] = [item for item in listed["items"]
+                           if _selected(item, labels, False) and _selected(item, fields_, True)]
+        return listed
+
     async def _handle(self, request):
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})  # the server's, whatever the client sent
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=metav1_time(time.time()))
         resource = request.resource
         key = f"{resource.group + '/' if resource and resource.group else ''}{resource.version}/{resource.plural}" \
             if resource is not None else None
@@ -115,6 +167,8 @@ class EmulatedCluster:
     def __init__(self, namespace: str = "fourm"):
         self.namespace = namespace
         self.kubelet = Kubelet()
+        self._uids: dict[tuple[str, str], str] = {}
+        self._serial = itertools.count()  # event names: the object's name and a unique number, as the recorder's
         SchemaCheckingEmulator.schemas = {key: crd_schema(crd) for key, crd in CRDS.items()}
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
@@ -144,13 +198,16 @@ class EmulatedCluster:
     # ------------------------------------------------------------------------------- the operator's side
 
     def add_pod(self, name: str, labels: dict[str, str], container: str, phase: str = "Pending",
-                conditions: list | None = None, waiting: dict | None = None) -> None:
-        """Create a pod (as the operator would) and serve its log from the kubelet."""
+                conditions: list | None = None, waiting: dict | None = None, image: str = "fourm",
+                owner_references: list | None = None) -> dict:
+        """Create a pod (as the operator would) and serve its log from the kubelet; the pod as created."""
         status = {"phase": phase, "conditions": conditions or [],
-                  "containerStatuses": [{"name": container, "image": "fourm", "imageID": "", "ready": False,
+                  "containerStatuses": [{"name": container, "image": image, "imageID": "", "ready": False,
                                          "restartCount": 0, "state": {"waiting": waiting} if waiting else {}}]}
-        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
-                "spec": {"containers": [{"name": container, "image": "fourm"}]}, "status": status}
+        metadata = {"name": name, "labels": labels, **({"ownerReferences": owner_references} if owner_references
+                                                       else {})}
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+                "spec": {"containers": [{"name": container, "image": image}]}, "status": status}
         self.api().core.create_namespaced_pod(self.namespace, body)
         self.kubelet.gone.discard(name)
         path = f"get /api/v1/namespaces/{self.namespace}/pods/{name}/log"
@@ -161,6 +218,7 @@ class EmulatedCluster:
         done = threading.Event()
         self.loop.call_soon_threadsafe(lambda: (install(), done.set()))
         done.wait(10)
+        return json.loads(self.api().core.read_namespaced_pod(name, self.namespace, _preload_content=False).data)
 
     def delete_pod(self, name: str) -> None:
         self.api().core.delete_namespaced_pod(name, self.namespace)
@@ -169,13 +227,58 @@ class EmulatedCluster:
     def pods(self) -> list[dict]:
         return self.api().pods("")
 
-    def add_event(self, kind: str, name: str, reason: str, message: str, type_: str = "Warning") -> None:
-        """An event about ``kind``/``name``, as a controller's recorder writes it (core/v1)."""
+    #: The API groups of the kinds events are posted about in the tests (an event's ``involvedObject.apiVersion``).
+    API_VERSIONS = {"Pod": "v1", "Job": "batch/v1", "PyTorchJob": "kubeflow.org/v1",
+                    "TrainJob": "trainer.kubeflow.org/v1alpha1", "JobSet": "jobset.x-k8s.io/v1alpha2",
+                    "PodGroup": "scheduling.volcano.sh/v1beta1", "Workload": "kueue.x-k8s.io/v1beta1"}
+
+    def uid_of(self, kind: str, name: str) -> str:
+        """The uid of the object ``kind``/``name``: a pod's or job's as the emulator made it, else one made up once
+        per name (an object the test's controllers own: a PodGroup, a JobSet's Job, a Kueue Workload)."""
+        if kind == "Pod":
+            found = [p for p in self.pods() if p["metadata"]["name"] == name]
+            if found:
+                return found[0]["metadata"]["uid"]
+        for resource in _JOB_RESOURCES:
+            job = self.api().get(resource, name) if resource.kind == kind else None
+            if job is not None:
+                return job["metadata"]["uid"]
+        return self._uids.setdefault((kind, name), str(uuid.uuid4()))
+
+    def add_event(self, kind: str, name: str, reason: str, message: str, type_: str = "Warning", *,
+                  uid: str | None = None, at: float | None = None, recorder: str = "record",
+                  component: str = "") -> str:
+        """An event about ``kind``/``name`` (its uid unless ``uid`` says otherwise), written at ``at`` (default
+        now) as a controller's recorder writes it (core/v1): ``recorder="record"`` is client-go's
+        ``tools/record`` (first/last timestamp in whole seconds, ``count``), ``"events"`` the ``events.k8s.io``
+        recorder (``eventTime`` in microseconds, no first/last timestamp). Returns the event's name."""
+        at = time.time() if at is None else at
+        about = {"kind": kind, "name": name, "namespace": self.namespace, "apiVersion": self.API_VERSIONS[kind],
+                 "uid": uid or self.uid_of(kind, name)}
         body = {"apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": self.namespace},
-                "involvedObject": {"kind": kind, "name": name, "namespace": self.namespace}, "reason": reason,
-                "message": message, "type": type_, "count": 1, "lastTimestamp": rfc3339(time.time())}
+                "metadata": {"name": f"{name}.{int(at * 1e9) + next(self._serial):x}", "namespace": self.namespace},
+                "involvedObject": about, "reason": reason, "message": message, "type": type_}
+        if recorder == "events":
+            body.update(eventTime=micro_time(at), reportingComponent=component or "kueue-admission",
+                        reportingInstance=f"{component or 'kueue-admission'}-0", action=reason)
+        else:
+            body.update(firstTimestamp=metav1_time(at), lastTimestamp=metav1_time(at), count=1,
+                        source={"component": component or "controller"})
         self.api().core.create_namespaced_event(self.namespace, body)
+        return body["metadata"]["name"]
+
+    def repeat_event(self, event: str, at: float | None = None) -> None:
+        """The recorder seeing the same event again: ``count`` and ``lastTimestamp`` (``record``), or ``series``
+        (``events.k8s.io``), on the same event object."""
+        at = time.time() if at is None else at
+        api = self.api()
+        current = api.api_client.sanitize_for_serialization(api.core.read_namespaced_event(event, self.namespace))
+        if current.get("eventTime"):
+            count = int((current.get("series") or {}).get("count") or 1) + 1
+            patch = {"series": {"count": count, "lastObservedTime": micro_time(at)}}
+        else:
+            patch = {"count": int(current.get("count") or 1) + 1, "lastTimestamp": metav1_time(at)}
+        api.core.patch_namespaced_event(event, self.namespace, patch)
 
     def set_pod_status(self, name: str, status: dict) -> None:
         self.api().core.patch_namespaced_pod_status(name, self.namespace, {"status": status})

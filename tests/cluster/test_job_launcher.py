@@ -1,6 +1,10 @@
 """The launcher's create → follow → succeed / fail / time out / adopt / conflict / delete paths, against an
 in-memory Kubernetes API reached over HTTP by the real ``kubernetes`` client (``kube_emulator``: what it does not
-emulate is listed there). The test plays the operator and the kubelet from a second thread; the launcher polls.
+emulate is listed there). The test plays the operator, the schedulers and the kubelet from a second thread (their
+events as their recorders write them: uids, times, repeats); the launcher polls. Also: a queued job (Volcano's
+PodGroup, Kueue) waits, a previous job of the same name's events do not count, refusals and images that cannot be
+pulled fail fast, SIGTERM leaves the job to the step's retry, a failed job is reported (not restarted) by a retry,
+and the job's owner is the run's Argo Workflow.
 
 The last test runs the whole pretrain step in job mode: plan (nothing is created when the output is committed),
 render, create; the "operator" runs the rendered container command for real (one node, smoke), feeds its output
@@ -10,6 +14,7 @@ output."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +25,7 @@ import pytest
 
 from fourm_kfp.cluster.job_launcher import (JOB_KINDS, PYTORCHJOB, TRAINJOB, FollowSettings, JobFailed,
                                             parse_timestamp, run_job)
-from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, RUN_ID_LABEL, JobRequest, OwnerPod, render_job
+from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, KEEP_LABEL, RUN_ID_LABEL, JobRequest, Owner, render_job
 from fourm_kfp.cluster.kube import JobConflict
 from fourm_kfp.launchers.stage import RunContext
 from tests.cluster.kube_emulator import EmulatedCluster, TrainingOperatorV1, running_status
@@ -41,7 +46,8 @@ def cluster():
 
 def _job(launcher: str = "pytorchjob", run_id: str = RUN_ID, nodes: int = 2) -> dict:
     return render_job(JobRequest(launcher=launcher, stage="pretrain", address=ADDRESS, stage_args=["stage", "pretrain"],
-                                 image="fourm", nodes=nodes, kfp_run_id=run_id, owner=OwnerPod("launcher", "uid-1")))
+                                 image="fourm", nodes=nodes, kfp_run_id=run_id,
+                                 owner=Owner("argoproj.io/v1alpha1", "Workflow", "run", "uid-1")))
 
 
 class Operator(threading.Thread):
@@ -145,7 +151,8 @@ def test_a_crash_loop_then_failure_raises_with_conditions_and_last_lines(cluster
     restarted = [line for line in lines if "ended (restart" in line]
     assert restarted and "137" in restarted[0] and "OOMKilled" in restarted[0]
     assert lines.index("RuntimeError: CUDA out of memory") < lines.index(restarted[0])
-    assert cluster.api().get(PYTORCHJOB.resource, name) is None
+    assert cluster.api().get(PYTORCHJOB.resource, name) is not None  # kept: a retry of the step reports it
+    assert any(f"kept the failed PyTorchJob {name}" in line for line in lines)
 
 
 def _pod_labels(name: str, role: str, index: int) -> dict[str, str]:
@@ -297,36 +304,216 @@ def test_no_pods_says_the_operator_has_not_made_them(cluster):
     assert any("waiting for the operator to create pods" in line for line in lines)
 
 
+#: How each controller reports a pod it could not create: the Training Operator v1 on the PyTorchJob
+#: (``pod_control.go``: reason FailedCreatePod), the Job controller on the Job a TrainJob's JobSet made
+#: (``controller_utils.go``: reason FailedCreate); both write "Error creating: <the API server's error>".
+REFUSED_ON = {"pytorchjob": lambda name: ("PyTorchJob", name, "FailedCreatePod"),
+              "trainjob": lambda name: ("Job", f"{name}-node-0", "FailedCreate")}
+REFUSALS = {
+    "quota": lambda pod: (f'pods "{pod}" is forbidden: exceeded quota: gpu-quota, requested: '
+                          "requests.nvidia.com/gpu=8, used: requests.nvidia.com/gpu=16, limited: "
+                          "requests.nvidia.com/gpu=16"),
+    "webhook": lambda pod: ('admission webhook "validate.kyverno.svc-fail" denied the request: policy Pod/fourm/'
+                            f"{pod} for resource violation: require-team-label: the label team is required"),
+}
+REFUSING = FollowSettings(poll_s=0.05, grace_s=0.0, pending_every_s=3600, no_pods_s=0.5)
+
+
+@pytest.mark.parametrize("refusal", sorted(REFUSALS))
 @pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])
-def test_pods_the_cluster_refuses_fail_fast_with_the_events_message(cluster, launcher):
+def test_pods_the_cluster_refuses_fail_fast_with_the_events_message(cluster, launcher, refusal):
     """A quota or an admission webhook refuses the pods: the only trace is a Warning event on the job (PyTorchJob)
     or on the Job its JobSet made (TrainJob). The launcher reports it and fails, instead of waiting to its deadline."""
     job = _job(launcher)
     name = job["metadata"]["name"]
     kind = JOB_KINDS[launcher]
-    quota = (f'pods "{name}-master-0" is forbidden: exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=8, '
-             "used: requests.nvidia.com/gpu=16, limited: requests.nvidia.com/gpu=16")
-    about = ("PyTorchJob", name) if launcher == "pytorchjob" else ("Job", f"{name}-node-0")
+    refused = REFUSALS[refusal](f"{name}-master-0")
+    about, about_name, reason = REFUSED_ON[launcher](name)
 
     def operator():
         cluster.wait_for_job(kind.resource, name)
         cluster.add_event("Pod", "someone-elses-pod", "FailedScheduling", "not about this job")
-        cluster.add_event(*about, "Created", "normal news", type_="Normal")
-        cluster.add_event(*about, "FailedCreatePod", quota)
+        cluster.add_event(about, about_name, "Created", "normal news", type_="Normal")
+        cluster.add_event(about, about_name, reason, f"Error creating: {refused}")
 
     script = Operator(operator)
     lines = []
-    settings = FollowSettings(poll_s=0.05, grace_s=0.0, pending_every_s=3600, no_pods_s=0.5)
     started = time.monotonic()
     with pytest.raises(JobFailed) as failure:
-        run_job(cluster.api(), kind, job, deadline_s=30, settings=settings, out=lines.append)
+        run_job(cluster.api(), kind, job, deadline_s=30, settings=REFUSING, out=lines.append)
     script.finish()
     assert time.monotonic() - started < 10  # not the deadline
     message = str(failure.value)
-    assert "has no pods after" in message and "exceeded quota: gpu-quota" in message and "FailedCreatePod" in message
+    assert "has no pods after" in message and refused in message and reason in message
     assert "someone-elses-pod" not in message and "normal news" not in message
-    assert any("exceeded quota" in line for line in lines)  # said while waiting, too
-    assert cluster.api().get(kind.resource, name) is None
+    assert any(refused in line for line in lines)  # said while waiting, too
+    assert cluster.api().get(kind.resource, name) is None  # given up on, not failed: nothing for a retry to adopt
+
+
+def test_a_refused_worker_fails_fast_though_the_master_runs(cluster):
+    """The quota lets the master in and refuses the worker: the job can never start, though it has a pod."""
+    job = _job(nodes=2)
+    name = job["metadata"]["name"]
+    refused = REFUSALS["quota"](f"{name}-worker-0")
+
+    def operator():
+        cluster.wait_for_job(PYTORCHJOB.resource, name)
+        cluster.add_pod(f"{name}-master-0", MASTER_LABELS, "pytorch", phase="Running")
+        cluster.set_pod_status(f"{name}-master-0", running_status("pytorch"))
+        cluster.add_event("PyTorchJob", name, "FailedCreatePod", f"Error creating: {refused}")
+
+    script = Operator(operator)
+    started = time.monotonic()
+    with pytest.raises(JobFailed) as failure:
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=30, settings=REFUSING, out=lambda line: None)
+    script.finish()
+    assert time.monotonic() - started < 10
+    assert "has 1 of 2 pods after" in str(failure.value) and refused in str(failure.value)
+
+
+#: A queue, not a refusal. Volcano (``pkg/scheduler/cache/cache.go``, RecordJobStatusEvent; client-go's ``record``
+#: recorder): a Warning "Unschedulable" on the PodGroup, which the Training Operator names after the job, every
+#: scheduling cycle while the gang does not fit; the operator makes no pod meanwhile. Kueue (``pkg/scheduler``;
+#: the ``events.k8s.io`` recorder): the job suspended and a Warning "Pending" on its Workload
+#: (``<kind>-<job>-<hash>``) each time it is not admitted.
+QUEUES = {
+    "volcano": ("PodGroup", lambda name: name, "Unschedulable", "record", "volcano",
+                "2/2 tasks in gang unschedulable: pod group is not ready, 2 Pending, 2 minAvailable; Pending: 2 "
+                "Unschedulable"),
+    "kueue": ("Workload", lambda name: f"pytorchjob-{name}-3c7a1", "Pending", "events", "kueue-admission",
+              "couldn't assign flavors to pod set master: insufficient quota for nvidia.com/gpu in flavor "
+              "default-flavor, previously considered podsets requests (0) + current podset request (8) > maximum "
+              "capacity (4)"),
+}
+
+
+@pytest.mark.parametrize("queue", sorted(QUEUES))
+def test_a_queued_job_waits_past_no_pods_s_says_why_and_runs_when_admitted(cluster, queue):
+    """A multi-node job waits for GPUs longer than no_pods_s, with Warning events about its PodGroup / Workload all
+    along: it keeps waiting, the step's log says why, and it is followed to success when its pods come."""
+    job = _job(nodes=2)
+    name = job["metadata"]["name"]
+    about, object_name, reason, recorder, component, message = QUEUES[queue]
+    lines = []
+
+    def operator():
+        cluster.wait_for_job(PYTORCHJOB.resource, name)
+        if queue == "kueue":
+            cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Created", "PyTorchJobCreated", "created"),
+                                       ("Suspended", "PyTorchJobSuspended", f"PyTorchJob {name} is suspended."))
+        event = cluster.add_event(about, object_name(name), reason, message, recorder=recorder, component=component)
+        until = time.monotonic() + 4 * REFUSING.no_pods_s
+        while time.monotonic() < until:  # one event per scheduling cycle, aggregated by the recorder
+            time.sleep(0.1)
+            cluster.repeat_event(event)
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Created", "", ""), ("Running", "", ""))
+        for i, pod in enumerate((f"{name}-master-0", f"{name}-worker-0")):
+            cluster.add_pod(pod, _pod_labels(name, "master" if i == 0 else "worker", 0), "pytorch")
+            cluster.set_pod_status(pod, running_status("pytorch"))
+        cluster.kubelet.write(f"{name}-master-0", "pytorch", "step 1/2 after the queue")
+        _wait(lambda: "step 1/2 after the queue" in lines)
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Succeeded", "", ""))
+
+    script = Operator(operator)
+    result = run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=REFUSING, out=lines.append)
+    script.finish()
+    assert result.succeeded
+    queued = [line for line in lines if "queued" in line]
+    assert queued and f"{reason} ({about} {object_name(name)}): {message}" in queued[0], lines
+
+
+def test_a_previous_job_of_the_same_name_s_events_do_not_fail_this_one(cluster):
+    """Job names are fixed per address and events live an hour: the last attempt's refusals (an event on a
+    PyTorchJob of this name but another uid, one on its pods, all older than this job) are not this job's."""
+    job = _job()
+    name = job["metadata"]["name"]
+    an_hour_ago = time.time() - 3000
+    old = REFUSALS["quota"](f"{name}-master-0")
+    cluster.add_event("PyTorchJob", name, "FailedCreatePod", f"Error creating: {old}", uid="3b0c1f7e-old-job",
+                      at=an_hour_ago)
+    cluster.add_event("PodGroup", name, "Unschedulable", "1/1 tasks in gang unschedulable (old)",
+                      uid="9a41-old-podgroup", at=an_hour_ago)
+    cluster.add_event("Job", f"{name}-node-0", "FailedCreate", f"Error creating: {old}", uid="77d2-old-job",
+                      at=an_hour_ago)
+    lines = []
+
+    def operator():
+        cluster.wait_for_job(PYTORCHJOB.resource, name)
+        time.sleep(4 * REFUSING.no_pods_s)  # no pods for longer than no_pods_s
+        cluster.add_pod(f"{name}-master-0", MASTER_LABELS, "pytorch")
+        cluster.set_pod_status(f"{name}-master-0", running_status("pytorch"))
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Succeeded", "", ""))
+
+    script = Operator(operator)
+    result = run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=REFUSING, out=lines.append)
+    script.finish()
+    assert result.succeeded
+    assert not any("exceeded quota" in line or "(old)" in line for line in lines)
+
+
+PULL_IMAGE = "ghcr.io/example/fourm-kfp:0.9.1"
+PULL_ERROR = (f'failed to pull and unpack image "{PULL_IMAGE}": failed to resolve reference "{PULL_IMAGE}": failed to '
+              "authorize: failed to fetch anonymous token: unexpected status from GET request to "
+              "https://ghcr.io/token?scope=repository%3Aexample%2Ffourm-kfp%3Apull&service=ghcr.io: 401 Unauthorized")
+
+
+def _pulling(container: str, reason: str, message: str) -> dict:
+    """A pod scheduled on a node whose kubelet cannot pull the container's image (ErrImagePull, then back-off)."""
+    return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
+            "containerStatuses": [{"name": container, "image": PULL_IMAGE, "imageID": "", "ready": False,
+                                   "restartCount": 0, "state": {"waiting": {"reason": reason, "message": message}}}]}
+
+
+def test_an_image_that_cannot_be_pulled_fails_with_the_image_the_pod_and_the_fix(cluster):
+    """ErrImagePull / ImagePullBackOff would wait out the job's 3-day deadline: past image_pull_s the launcher fails
+    and names the pod, the image, the kubelet's error, and (unauthorized) the pipeline parameter that fixes it."""
+    job = _job()
+    name = job["metadata"]["name"]
+    pod = f"{name}-master-0"
+    settings = FollowSettings(poll_s=0.05, grace_s=0.0, pending_every_s=3600, image_pull_s=0.5)
+    lines = []
+
+    def operator():
+        cluster.wait_for_job(PYTORCHJOB.resource, name)
+        cluster.add_pod(pod, MASTER_LABELS, "pytorch", image=PULL_IMAGE)
+        cluster.set_pod_status(pod, _pulling("pytorch", "ErrImagePull", PULL_ERROR))
+        cluster.add_event("Pod", pod, "Failed", f'Failed to pull image "{PULL_IMAGE}": {PULL_ERROR}',
+                          component="kubelet")
+        time.sleep(0.2)
+        cluster.set_pod_status(pod, _pulling("pytorch", "ImagePullBackOff", f'Back-off pulling image "{PULL_IMAGE}"'))
+
+    script = Operator(operator)
+    started = time.monotonic()
+    with pytest.raises(JobFailed) as failure:
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=30, settings=settings, out=lines.append)
+    script.finish()
+    assert time.monotonic() - started < 10  # not the deadline
+    message = str(failure.value)
+    assert pod in message and PULL_IMAGE in message and "401 Unauthorized" in message
+    assert "image_pull_secret" in message
+    assert cluster.api().get(PYTORCHJOB.resource, name) is None  # given up on: deleted
+
+
+def test_an_image_pull_that_recovers_in_time_is_only_reported(cluster):
+    job = _job()
+    name = job["metadata"]["name"]
+    pod = f"{name}-master-0"
+    settings = FollowSettings(poll_s=0.05, grace_s=0.0, pending_every_s=3600, image_pull_s=0.6)
+    lines = []
+
+    def operator():
+        cluster.wait_for_job(PYTORCHJOB.resource, name)
+        cluster.add_pod(pod, MASTER_LABELS, "pytorch", image=PULL_IMAGE)
+        cluster.set_pod_status(pod, _pulling("pytorch", "ErrImagePull", "i/o timeout"))
+        time.sleep(0.3)
+        cluster.set_pod_status(pod, running_status("pytorch"))
+        time.sleep(0.5)  # past image_pull_s since the first error: the pull succeeded in between
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Succeeded", "", ""))
+
+    script = Operator(operator)
+    assert run_job(cluster.api(), PYTORCHJOB, job, deadline_s=30, settings=settings, out=lines.append).succeeded
+    script.finish()
+    assert any("ErrImagePull" in line for line in lines)
 
 
 def test_a_restarted_launcher_adopts_its_own_running_job(cluster):
@@ -351,7 +538,14 @@ def test_a_restarted_launcher_adopts_its_own_running_job(cluster):
     assert cluster.api().get(PYTORCHJOB.resource, name) is None
 
 
-def test_an_own_job_that_already_failed_is_replaced_not_adopted(cluster):
+@pytest.mark.parametrize("retry_index", [None, "0"])
+def test_an_own_job_that_already_failed_is_replaced_not_adopted(cluster, monkeypatch, retry_index):
+    """A first attempt of the step (no KFP_RETRY_INDEX: no retry policy; 0: the first try; also a run retried by
+    hand) replaces its run's failed job: a fresh restart budget, resuming from the newest checkpoint."""
+    if retry_index is None:
+        monkeypatch.delenv("KFP_RETRY_INDEX", raising=False)
+    else:
+        monkeypatch.setenv("KFP_RETRY_INDEX", retry_index)
     job = _job()
     name = job["metadata"]["name"]
     stale = {**job, "metadata": {**job["metadata"], "annotations": {"created-by": "failed attempt"}}}
@@ -370,6 +564,63 @@ def test_an_own_job_that_already_failed_is_replaced_not_adopted(cluster):
     result = run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lambda line: None)
     script.finish()
     assert result.succeeded and not result.adopted
+
+
+def test_a_retried_step_reports_its_failed_job_and_does_not_start_it_again(cluster, monkeypatch):
+    """KFP_RETRY_INDEX=1 (Argo's {{retries}} in an executor with a retry policy): the job this run made failed
+    (its restart budget spent); the retry reports that failure instead of multiplying the budget."""
+    monkeypatch.setenv("KFP_RETRY_INDEX", "1")
+    job = _job()
+    name = job["metadata"]["name"]
+    cluster.api().create(PYTORCHJOB.resource, job)
+    cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Failed", "PyTorchJobFailed", f"PyTorchJob {name} has "
+                                                           "failed because it has reached the specified backoff limit"))
+    uid = cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["uid"]
+    with pytest.raises(JobFailed) as failure:
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lambda line: None)
+    message = str(failure.value)
+    assert "reached the specified backoff limit" in message and "restart budget is spent" in message
+    assert cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["uid"] == uid  # neither recreated nor deleted
+
+
+def test_sigterm_leaves_the_job_running_and_the_step_s_retry_adopts_it(cluster, monkeypatch):
+    """A node drain or a spot preemption of the launcher pod (SIGTERM) must not end the training: the launcher
+    exits and leaves the job; the step's retry (a new launcher pod, the same run) adopts it and follows it."""
+    monkeypatch.delenv("KFP_RETRY_INDEX", raising=False)
+    job = _job()
+    name = job["metadata"]["name"]
+    pod = f"{name}-master-0"
+    first: list[str] = []
+
+    def operator():
+        cluster.wait_for_job(PYTORCHJOB.resource, name)
+        cluster.add_pod(pod, MASTER_LABELS, "pytorch")
+        cluster.set_pod_status(pod, running_status("pytorch"))
+        cluster.kubelet.write(pod, "pytorch", "step 1/4")
+        _wait(lambda: "step 1/4" in first)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    script = Operator(operator)
+    with pytest.raises(SystemExit, match="retry of this step adopts it"):
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=first.append)
+    script.finish()
+    uid = cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["uid"]  # still there: the training goes on
+
+    monkeypatch.setenv("KFP_RETRY_INDEX", "1")
+    retried: list[str] = []
+
+    def operator_after():
+        _wait(lambda: "step 1/4" in retried)  # the retry shows the log so far
+        assert cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["uid"] == uid  # the same job
+        cluster.kubelet.write(pod, "pytorch", "step 4/4")
+        _wait(lambda: "step 4/4" in retried)
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Succeeded", "", ""))
+
+    script = Operator(operator_after)
+    result = run_job(cluster.api(), PYTORCHJOB, _job(), deadline_s=60, settings=FAST, out=retried.append)
+    script.finish()
+    assert result.adopted and result.succeeded
+    assert cluster.api().get(PYTORCHJOB.resource, name) is None  # succeeded: deleted
 
 
 @pytest.mark.parametrize("other", [{RUN_ID_LABEL: "another-run"}, {ADDRESS_LABEL: "ffffffffffffffff"}, None])
@@ -422,6 +673,66 @@ def test_trainjob_follows_node_zero_and_its_complete_condition(cluster):
     script.finish()
     assert result.succeeded and "hello from node 1" not in lines
     assert cluster.api().get(TRAINJOB.resource, name) is None
+
+
+# --------------------------------------------------------------------------------------- the job's owner
+
+WORKFLOW = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "fourm-pretrain-x7k2p",
+            "uid": "5d0b6c1e-2f4a-4d8e-9a63-0c1f2e3d4b5a", "controller": True, "blockOwnerDeletion": True}
+LAUNCHER_POD = "fourm-pretrain-x7k2p-system-container-impl-2741950365"
+
+
+def _start_stage_job(cluster, tmp_path, lines: list[str], delete_job: bool = True, cluster_params=None,
+                     accelerator: str = "cpu") -> dict:
+    """Run the pretrain step's job backend to a succeeded job; the job as it was created."""
+    from fourm_kfp.cluster.job_spec import JobParams
+    from fourm_kfp.launchers.kubernetes_job import KubernetesJob
+    from fourm_kfp.launchers.stage import plan_launch
+
+    run = RunContext("smoke", store_uri=str(tmp_path / "store"), tracking_uri="none")
+    plan = plan_launch("pretrain", run)
+    name = f"fourm-pretrain-{plan.address}"
+    created = {}
+
+    def operator():
+        created.update(cluster.wait_for_job(PYTORCHJOB.resource, name))
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Succeeded", "", ""))
+
+    script = Operator(operator)
+    settings = FollowSettings(poll_s=FAST.poll_s, grace_s=0.0, pending_every_s=3600, delete=delete_job)
+    backend = KubernetesJob(run, JobParams(accelerator=accelerator, delete_job=delete_job), "fourm", kfp_run_id=RUN_ID,
+                            spec_path=str(tmp_path / "job.yaml"), api=cluster.api(), settings=settings,
+                            cluster=cluster_params, out=lines.append)
+    backend.start(plan, ["stage", "pretrain"], lambda: None)
+    script.finish()
+    return created
+
+
+def test_the_job_is_owned_by_the_workflow_that_owns_the_launcher_pod(cluster, tmp_path, monkeypatch):
+    """Not the launcher pod (a drain or a preemption of it would garbage-collect the training): the Argo Workflow
+    of the KFP run, read from the launcher pod's controller ownerReference, as Argo sets it on every step's pod."""
+    cluster.add_pod(LAUNCHER_POD, {"workflows.argoproj.io/workflow": WORKFLOW["name"]}, "main", phase="Running",
+                    owner_references=[WORKFLOW])
+    monkeypatch.setenv("FOURM_POD_NAME", LAUNCHER_POD)
+    lines: list[str] = []
+    job = _start_stage_job(cluster, tmp_path, lines)
+    assert job["metadata"]["ownerReferences"] == [
+        {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": WORKFLOW["name"], "uid": WORKFLOW["uid"],
+         "controller": False, "blockOwnerDeletion": False}]
+    assert "kind: Workflow" in (tmp_path / "job.yaml").read_text()  # the saved spec is the job as created
+
+
+def test_without_a_workflow_the_job_has_no_owner_and_the_log_says_who_deletes_it(cluster, tmp_path, monkeypatch):
+    cluster.add_pod(LAUNCHER_POD, {}, "main", phase="Running")  # e.g. not run by Argo
+    monkeypatch.setenv("FOURM_POD_NAME", LAUNCHER_POD)
+    lines: list[str] = []
+    job = _start_stage_job(cluster, tmp_path, lines, delete_job=False)
+    assert "ownerReferences" not in job["metadata"]
+    said = [line for line in lines if "no owner" in line]
+    assert said and "exit handler" in said[0], lines
+    # <stage>_delete_job=false: the label that keeps the finished job from the run's exit handler too
+    assert job["metadata"]["labels"][KEEP_LABEL] == "true"
+    assert cluster.api().get(PYTORCHJOB.resource, job["metadata"]["name"]) is not None
 
 
 # ------------------------------------------------------------------------------ the whole step in job mode
@@ -498,3 +809,20 @@ def test_a_job_stage_in_job_mode_plans_launches_and_reports(cluster, tmp_path, s
     assert again.status == "skipped" and again.output_uri == outcome.output_uri
     assert any("creating no job" in line for line in lines)
     assert cluster.api().get(PYTORCHJOB.resource, name) is None
+
+
+def test_the_run_s_cluster_settings_reach_the_job_the_step_creates(cluster, tmp_path, monkeypatch):
+    """The pipeline's run-wide parameters (scheduler, image pull secret, GPU placement), passed by the step to its
+    backend, are in the job the API server receives: gang-scheduled, pulling with the secret, on the GPU pool."""
+    from fourm_kfp.cluster.job_spec import ClusterParams
+
+    monkeypatch.setenv("FOURM_POD_NAME", LAUNCHER_POD)
+    cluster.add_pod(LAUNCHER_POD, {}, "main", phase="Running")
+    params = ClusterParams(scheduler="volcano:training", image_pull_secret="ghcr-pull",
+                           gpu_node_selector={"pool": "h100"},
+                           gpu_tolerations=[{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}])
+    job = _start_stage_job(cluster, tmp_path, [], cluster_params=params, accelerator="nvidia.com/gpu")
+    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 1, "queue": "training"}
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "ghcr-pull"}] and pod["nodeSelector"] == {"pool": "h100"}
+    assert {t["key"] for t in pod["tolerations"]} == {"nvidia.com/gpu", "dedicated"}

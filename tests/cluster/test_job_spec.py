@@ -1,23 +1,32 @@
 """Rendered stage jobs (pretrain and train-tokenizers), checked against the real schemas: the PyTorchJob and
 TrainJob CRDs as the operators ship them (strict: an unknown field fails) and, for PyTorchJob pod templates,
 Kubernetes' own PodTemplate schema; plus the contract the launcher and the operators rely on (replicas, integer
-processes per node, run policy, owner, labels, the one training entry point, no credentials in the spec)."""
+processes per node, run policy, owner, labels, the one training entry point, no credentials in the spec), the run-wide
+cluster settings as the operators read them (gang scheduling: Training Operator v1.9 ``pkg/controller.v1/common/
+job.go``, Trainer v2.2's Volcano plugin, Kueue's queue label; GPU placement; image pull secret) and the rendezvous
+timeout as torchrun itself parses it."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
+import yaml
 
-from fourm_kfp.cluster.job_spec import (ADDRESS_LABEL, JOB_STAGES, POD_ROOT, RESTARTS, RUN_ID_LABEL, STAGE_LABEL,
-                                        JobRequest, OwnerPod, job_name, load_template, render_job, to_yaml)
+from fourm_kfp.cluster.job_spec import (ADDRESS_LABEL, JOB_STAGES, KEEP_LABEL, POD_ROOT, RESTARTS, RUN_ID_LABEL,
+                                        STAGE_LABEL, TRAINJOB_RUNTIMES, ClusterParams, JobRequest, Owner, job_name,
+                                        load_template, render_job, to_yaml)
 from fourm_kfp.images import GPU_IMAGE
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.launchers.remote import stage_command
 from fourm_kfp.launchers.stage import RunContext
 from tests.k8s_schemas import PYTORCHJOB_CRD, TRAINJOB_CRD, crd_errors, crd_validator, pod_template_errors
 
+REPO = Path(__file__).resolve().parents[2]
+RUNTIMES_FILE = REPO / "manifests" / "cluster" / "trainer-runtimes.yaml"
 ADDRESS = "0123456789abcdef"
 INPUTS = {"pretrain": {"pretokenize": "s3://fourm-kfp/pretokenize/aaaa",
                       "train-tokenizers": "s3://fourm-kfp/train-tokenizers/bbbb"},
@@ -33,7 +42,7 @@ def _request(launcher: str, nodes: int = 2, stage: str = "pretrain", **overrides
                   node_selector={"nvidia.com/gpu.product": "H100"},
                   tolerations=[{"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"}],
                   deadline_s=7200, kfp_run_id="3f1c0a52-8d1e-4f7e-9b1a-0c2d3e4f5a6b",
-                  owner=OwnerPod("fourm-pretrain-abc-system-container-impl", "0b6e-uid"))
+                  owner=Owner("argoproj.io/v1alpha1", "Workflow", "fourm-pretrain-abc", "0b6e-uid"))
     return JobRequest(**{**fields, **overrides})
 
 
@@ -93,9 +102,9 @@ def test_metadata_names_owner_and_labels_for_adoption(stage):
         assert meta["labels"][RUN_ID_LABEL] == "3f1c0a52-8d1e-4f7e-9b1a-0c2d3e4f5a6b"
         assert meta["labels"]["app.kubernetes.io/part-of"] == "fourm-kfp"
         [owner] = meta["ownerReferences"]
-        assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", "fourm-pretrain-abc-system-container-impl",
-                                                                "0b6e-uid")
-        assert owner["blockOwnerDeletion"] is False  # True would need update on pods/finalizers (not granted)
+        assert (owner["apiVersion"], owner["kind"], owner["name"], owner["uid"]) == (
+            "argoproj.io/v1alpha1", "Workflow", "fourm-pretrain-abc", "0b6e-uid")
+        assert owner["blockOwnerDeletion"] is False  # True would need update on the owner's finalizers (not granted)
 
 
 @pytest.mark.parametrize("stage", list(JOB_STAGES))
@@ -107,7 +116,8 @@ def test_container_runs_the_one_training_entry_point_through_torchrun(stage):
             argv = container["command"] + container["args"]
         else:
             argv = job["spec"]["trainer"]["command"] + job["spec"]["trainer"]["args"]
-        assert argv[:6] == ["torchrun", "--no-python", "fourm-kfp", "stage", stage, "--preset"]
+        assert argv[0] == "torchrun" and argv[1].startswith("--rdzv-conf=")  # rendezvous_timeout_s, see below
+        assert argv[2:7] == ["--no-python", "fourm-kfp", "stage", stage, "--preset"]
         text = " ".join(argv)
         for expected in ("--set train.steps=10", f"--root {POD_ROOT}", "--store s3://fourm-kfp",
                          "--mlflow-tracking-uri http://mlflow:5000", "--parent-run-id parent123",
@@ -121,7 +131,7 @@ def test_container_runs_the_one_training_entry_point_through_torchrun(stage):
 def test_trainjob_shape():
     job = render_job(_request("trainjob", 4))
     spec = job["spec"]
-    assert spec["runtimeRef"]["name"] == "torch-distributed"
+    assert spec["runtimeRef"]["name"] == "fourm-torch-distributed"  # ours, with the restart budget
     assert spec["trainer"]["numNodes"] == 4 and spec["trainer"]["numProcPerNode"] == 8
     assert spec["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
     assert spec["activeDeadlineSeconds"] == 7200
@@ -204,3 +214,206 @@ def test_the_template_is_the_file_users_submit():
     nodes = sum(r["replicas"] for r in template["spec"]["pytorchReplicaSpecs"].values())
     assert template["spec"]["runPolicy"]["backoffLimit"] == render_job(_request("pytorchjob", nodes))["spec"][
         "runPolicy"]["backoffLimit"]
+
+
+# ------------------------------------------------------------------------------------------- run-wide settings
+
+
+def _runtimes() -> dict[str, dict]:
+    """The ClusterTrainingRuntimes we ship, by name."""
+    return {d["metadata"]["name"]: d for d in yaml.safe_load_all(RUNTIMES_FILE.read_text()) if d}
+
+
+def _pod_specs(job: dict) -> list[dict]:
+    """The pod spec of every replica (PyTorchJob) or of the runtime patch (TrainJob)."""
+    if job["kind"] == "PyTorchJob":
+        return [r["template"]["spec"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
+    [patch] = job["spec"]["runtimePatches"]
+    return [n["template"]["spec"]["template"]["spec"]
+            for n in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]]
+
+
+def _assert_valid(validators, job: dict) -> None:
+    errors = crd_errors(validators[job["kind"].lower()], job)
+    if job["kind"] == "PyTorchJob":
+        errors += [e for role, replica in job["spec"]["pytorchReplicaSpecs"].items()
+                   for e in pod_template_errors(f"{job['metadata']['name']}-{role.lower()}", replica["template"])]
+    assert not errors, "\n".join(errors)
+
+
+def _cluster(**fields) -> ClusterParams:
+    return ClusterParams(**fields)
+
+
+@pytest.mark.parametrize("nodes,min_nodes", [(1, 0), (2, 0), (4, 0), (4, 2)])
+@pytest.mark.parametrize("scheduler,queue", [("volcano", None), ("volcano:research", "research")])
+def test_volcano_gang_schedules_a_pytorchjob_through_its_scheduling_policy(validators, nodes, min_nodes, scheduler,
+                                                                             queue):
+    """Training Operator v1.9 (``--gang-scheduler-name=volcano``) makes a PodGroup with ``minMember`` =
+    ``schedulingPolicy.minAvailable`` (all replicas when unset) and ``queue`` = ``schedulingPolicy.queue`` ("default"
+    when unset), and creates the pods only once the group is admitted; an elastic job starts with ``min_nodes``."""
+    job = render_job(_request("pytorchjob", nodes, min_nodes=min_nodes, cluster=_cluster(scheduler=scheduler)))
+    _assert_valid(validators, job)
+    policy = job["spec"]["runPolicy"]["schedulingPolicy"]
+    replicas = sum(r["replicas"] for r in job["spec"]["pytorchReplicaSpecs"].values())
+    assert policy["minAvailable"] == (min_nodes or nodes) and replicas == nodes
+    assert policy.get("queue") == queue
+    assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4])
+@pytest.mark.parametrize("scheduler,queue", [("volcano", None), ("volcano:research", "research")])
+def test_volcano_gang_schedules_a_trainjob_through_our_volcano_runtime(validators, nodes, scheduler, queue):
+    """Trainer v2.2 takes ``podGroupPolicy`` from the runtime only (a TrainJob's ``runtimePatches`` reach metadata
+    and the pod template, not the policy), so the job refers to our runtime with ``podGroupPolicy.volcano``, whose pods
+    name Volcano as their scheduler (the plugin does not set it); the plugin's PodGroup has ``minMember`` = the node
+    pods and its queue from the JobSet metadata's ``scheduling.volcano.sh/queue-name`` (an empty one is rejected)."""
+    job = render_job(_request("trainjob", nodes, cluster=_cluster(scheduler=scheduler)))
+    _assert_valid(validators, job)
+    runtime = _runtimes()[job["spec"]["runtimeRef"]["name"]]
+    assert job["spec"]["runtimeRef"]["name"] == "fourm-torch-distributed-volcano"
+    assert runtime["spec"]["podGroupPolicy"] == {"volcano": {}}
+    [node] = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert node["template"]["spec"]["template"]["spec"]["schedulerName"] == "volcano"
+    [patch] = job["spec"]["runtimePatches"]
+    annotations = patch["trainingRuntimeSpec"]["template"].get("metadata", {}).get("annotations", {})
+    assert annotations.get("scheduling.volcano.sh/queue-name") == queue
+    assert job["spec"]["trainer"]["numNodes"] == nodes  # the PodGroup's minMember
+
+
+@pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])
+def test_kueue_admits_the_job_of_its_queue_label(validators, launcher):
+    """Kueue (``jobframework.QueueNameForObject``) reads the LocalQueue from the job's ``kueue.x-k8s.io/queue-name``
+    label and its webhook suspends a labelled job until its Workload is admitted; no gang PodGroup, no suspend of ours
+    (a job Kueue does not manage would stay suspended)."""
+    job = render_job(_request(launcher, 4, cluster=_cluster(scheduler="kueue:team-a")))
+    _assert_valid(validators, job)
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    if launcher == "pytorchjob":
+        assert "schedulingPolicy" not in job["spec"]["runPolicy"] and "suspend" not in job["spec"]["runPolicy"]
+    else:
+        assert job["spec"]["runtimeRef"]["name"] == "fourm-torch-distributed" and "suspend" not in job["spec"]
+
+
+def test_the_default_scheduler_gets_no_gang_policy():
+    pytorchjob, trainjob = (render_job(_request(launcher, 4)) for launcher in ("pytorchjob", "trainjob"))
+    assert "schedulingPolicy" not in pytorchjob["spec"]["runPolicy"]
+    assert trainjob["spec"]["runtimeRef"]["name"] == TRAINJOB_RUNTIMES[""] == "fourm-torch-distributed"
+    assert "podGroupPolicy" not in _runtimes()[TRAINJOB_RUNTIMES[""]]["spec"]
+    for job in (pytorchjob, trainjob):
+        assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
+
+
+def test_a_trainjob_refers_to_a_runtime_we_ship():
+    assert set(TRAINJOB_RUNTIMES.values()) == set(_runtimes())
+    for scheduler in ("", "volcano", "volcano:q", "kueue:q"):
+        ref = render_job(_request("trainjob", 2, cluster=_cluster(scheduler=scheduler)))["spec"]["runtimeRef"]
+        assert ref == {"name": TRAINJOB_RUNTIMES[scheduler.partition(":")[0]]}  # kind ClusterTrainingRuntime (default)
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "kueue", "kueue:", "volcano:", "volcano:Research", ":q", "Volcano",
+                                       "kueue:" + "q" * 64])
+def test_a_bad_scheduler_names_the_parameter(scheduler):
+    with pytest.raises(ConfigError, match=r"^scheduler="):
+        render_job(_request("pytorchjob", 2, cluster=_cluster(scheduler=scheduler)))
+
+
+def _rendezvous_timeout(job: dict, monkeypatch) -> timedelta:
+    """How long the container's torchrun waits for its peers: the rendered command parsed by torchrun's own parser
+    with the variables the operator sets in the pod (node 1's), and the rendezvous handler it would make."""
+    from torch.distributed import HashStore
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    if job["kind"] == "PyTorchJob":
+        [container] = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+        nodes = sum(r["replicas"] for r in job["spec"]["pytorchReplicaSpecs"].values())
+    else:
+        container, nodes = job["spec"]["trainer"], job["spec"]["trainer"]["numNodes"]
+    env = {"PET_NPROC_PER_NODE": "8", "OMP_NUM_THREADS": "1"}
+    elastic = job["spec"].get("elasticPolicy")
+    if elastic:  # pkg/controller.v1/pytorch/elastic.go
+        env.update(PET_RDZV_BACKEND="c10d", PET_RDZV_ENDPOINT="master-0:23456", PET_MAX_RESTARTS="3",
+                   PET_NNODES=f"{elastic['minReplicas']}:{elastic['maxReplicas']}")
+    else:  # the operator's and Trainer's torch plugin's static rendezvous
+        env.update(PET_NNODES=str(nodes), PET_NODE_RANK="1", PET_MASTER_ADDR="master-0", PET_MASTER_PORT="23456")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert container["command"] == ["torchrun"]
+    config, entry, _ = torchrun.config_from_args(torchrun.get_args_parser().parse_args(container["args"]))
+    assert entry == "fourm-kfp"
+    params = RendezvousParameters(config.rdzv_backend, config.rdzv_endpoint, config.run_id, config.min_nodes,
+                                  config.max_nodes, **config.rdzv_configs)
+    if config.rdzv_backend == "static":
+        return registry.get_rendezvous_handler(params).timeout  # the TCPStore's: connect and wait for all nodes
+    assert config.rdzv_backend == "c10d"
+    store = HashStore()
+    return create_handler(store, C10dRendezvousBackend(store, config.run_id), params).settings.timeout.join
+
+
+@pytest.mark.parametrize("launcher,min_nodes", [("pytorchjob", 0), ("pytorchjob", 2), ("trainjob", 0)])
+@pytest.mark.parametrize("timeout_s", [None, 2400])
+def test_started_nodes_wait_the_rendezvous_timeout_for_the_others(monkeypatch, launcher, min_nodes, timeout_s):
+    """torchrun's defaults (900 s static, a 600 s c10d join) are shorter than a partly placed job may wait for its
+    last nodes; the rendered command waits ``rendezvous_timeout_s`` (default 1800 s) instead."""
+    cluster = _cluster() if timeout_s is None else _cluster(rendezvous_timeout_s=timeout_s)
+    job = render_job(_request(launcher, 4, min_nodes=min_nodes, cluster=cluster))
+    assert _rendezvous_timeout(job, monkeypatch) == timedelta(seconds=cluster.rendezvous_timeout_s)
+    assert cluster.rendezvous_timeout_s > 900
+
+
+GPU_SELECTOR = {"nvidia.com/gpu.product": "A100", "pool": "gpu"}
+GPU_TOLERATIONS = [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
+                   {"key": "gpu-pool", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+@pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])
+def test_the_run_s_gpu_placement_goes_on_gpu_jobs_only(validators, launcher):
+    """On a GPU job the stage's node selector and tolerations win on a key clash (H100 over A100, dedicated=training
+    over dedicated=gpu), the run's others are added, the accelerator's own toleration stays; a CPU job gets none of
+    the run's GPU placement."""
+    cluster = _cluster(gpu_node_selector=GPU_SELECTOR, gpu_tolerations=GPU_TOLERATIONS)
+    job = render_job(_request(launcher, 2, cluster=cluster))
+    _assert_valid(validators, job)
+    for pod in _pod_specs(job):
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100", "pool": "gpu"}
+        assert sorted((t["key"], t.get("value")) for t in pod["tolerations"]) == [
+            ("dedicated", "training"), ("gpu-pool", None), ("nvidia.com/gpu", None)]
+    for selector, tolerations in (({}, []), ({"pool": "cpu"}, [{"key": "spot", "operator": "Exists"}])):
+        job = render_job(_request(launcher, 2, accelerator="cpu", procs_per_node=4, node_selector=selector,
+                                  tolerations=tolerations, cluster=cluster))
+        _assert_valid(validators, job)
+        for pod in _pod_specs(job):
+            assert pod.get("nodeSelector", {}) == selector and pod.get("tolerations", []) == tolerations
+
+
+@pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])
+def test_the_image_pull_secret_is_on_every_pod_when_set(validators, launcher):
+    """A TrainJob's runtime patch takes ``imagePullSecrets`` (Trainer v2.2 ``PodSpecPatch``: the strict CRD check
+    would fail on a field it lacks)."""
+    job = render_job(_request(launcher, 4, cluster=_cluster(image_pull_secret="ghcr-pull")))
+    _assert_valid(validators, job)
+    assert [pod["imagePullSecrets"] for pod in _pod_specs(job)] == [[{"name": "ghcr-pull"}]] * len(_pod_specs(job))
+    assert all("imagePullSecrets" not in pod for pod in _pod_specs(render_job(_request(launcher, 4))))
+
+
+@pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])
+def test_a_kept_job_is_labelled_keep(validators, launcher):
+    kept = render_job(_request(launcher, 2, delete_job=False))
+    _assert_valid(validators, kept)
+    assert kept["metadata"]["labels"][KEEP_LABEL] == "true"
+    assert KEEP_LABEL not in render_job(_request(launcher, 2))["metadata"]["labels"]
+
+
+def test_bad_cluster_settings_name_their_parameter():
+    cases = {"image_pull_secret": dict(image_pull_secret="GHCR pull"), "gpu_node_selector": dict(
+        gpu_node_selector=["gpu"]), "gpu_tolerations": dict(gpu_tolerations={"key": "gpu"}),
+             "rendezvous_timeout_s": dict(rendezvous_timeout_s=0)}
+    for param, change in cases.items():
+        for launcher in ("pytorchjob", "trainjob"):
+            with pytest.raises(ConfigError, match=rf"^{param}="):
+                render_job(_request(launcher, 2, cluster=_cluster(**change)))
+    with pytest.raises(ConfigError, match=r"^rendezvous_timeout_s="):
+        render_job(_request("pytorchjob", 2, cluster=_cluster(rendezvous_timeout_s="1800")))

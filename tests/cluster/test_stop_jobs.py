@@ -1,6 +1,7 @@
-"""The exit handler's clean-up (:mod:`fourm_kfp.cluster.stop_jobs`) against the emulated API: a stopped run's
-unfinished jobs of both kinds are deleted by their run-id label; another run's jobs and a finished job kept on purpose
-stay; outside a pod (kfp.local) nothing is touched and nothing fails."""
+"""The exit handler's clean-up (:mod:`fourm_kfp.cluster.stop_jobs`) against the emulated API: a run's unfinished jobs of
+both kinds and its failed ones (the launcher keeps those for the step's retry) are deleted by their run-id label;
+another run's jobs and a finished job labelled to be kept stay; outside a pod (kfp.local) nothing is touched and
+nothing fails."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 
 from fourm_kfp.cluster.job_launcher import PYTORCHJOB, TRAINJOB
 from fourm_kfp.cluster.job_spec import JobRequest, render_job
-from fourm_kfp.cluster.stop_jobs import delete_unfinished_jobs, stop_run_jobs
+from fourm_kfp.cluster.job_spec import KEEP_LABEL
+from fourm_kfp.cluster.stop_jobs import delete_run_jobs, stop_run_jobs
 from tests.cluster.kube_emulator import EmulatedCluster
 
 
@@ -19,27 +21,36 @@ def cluster():
     emulated.close()
 
 
-def _create(cluster, launcher: str, stage: str, address: str, run_id: str) -> str:
+def _create(cluster, launcher: str, stage: str, address: str, run_id: str, keep: bool = False) -> str:
     job = render_job(JobRequest(launcher=launcher, stage=stage, address=address, stage_args=["stage", stage],
                                 image="fourm", nodes=2, kfp_run_id=run_id))
+    if keep:  # <stage>_delete_job=false
+        job["metadata"]["labels"][KEEP_LABEL] = "true"
     cluster.api().create(PYTORCHJOB.resource if launcher == "pytorchjob" else TRAINJOB.resource, job)
     return job["metadata"]["name"]
 
 
-def test_a_stopped_run_s_unfinished_jobs_are_deleted_and_nothing_else(cluster):
+def test_a_run_s_leftover_jobs_are_deleted_and_nothing_else(cluster):
     running_pt = _create(cluster, "pytorchjob", "pretrain", "aaaa", "run-1")
     running_tj = _create(cluster, "trainjob", "train-tokenizers", "bbbb", "run-1")
-    kept = _create(cluster, "pytorchjob", "train-tokenizers", "cccc", "run-1")
-    cluster.set_job_conditions(PYTORCHJOB.resource, kept, ("Succeeded", "", ""))  # <stage>_delete_job=false
+    kept = _create(cluster, "pytorchjob", "train-tokenizers", "cccc", "run-1", keep=True)
+    cluster.set_job_conditions(PYTORCHJOB.resource, kept, ("Succeeded", "", ""))
+    kept_failed = _create(cluster, "trainjob", "pretrain", "eeee", "run-1", keep=True)
+    cluster.set_job_conditions(TRAINJOB.resource, kept_failed, ("Failed", "", ""))
+    failed = _create(cluster, "pytorchjob", "pretrain", "ffff", "run-1")  # kept by its launcher for a step retry
+    cluster.set_job_conditions(PYTORCHJOB.resource, failed, ("Failed", "PyTorchJobFailed", "backoff limit"))
     other = _create(cluster, "pytorchjob", "pretrain", "dddd", "run-2")
     lines = []
-    deleted = delete_unfinished_jobs(cluster.api(), "run-1", out=lines.append)
-    assert sorted(deleted) == sorted([running_pt, running_tj])
+    deleted = delete_run_jobs(cluster.api(), "run-1", out=lines.append)
+    assert sorted(deleted) == sorted([running_pt, running_tj, failed])
     api = cluster.api()
     assert api.get(PYTORCHJOB.resource, running_pt) is None and api.get(TRAINJOB.resource, running_tj) is None
-    assert api.get(PYTORCHJOB.resource, kept) is not None and api.get(PYTORCHJOB.resource, other) is not None
+    assert api.get(PYTORCHJOB.resource, failed) is None
+    assert api.get(PYTORCHJOB.resource, kept) is not None and api.get(TRAINJOB.resource, kept_failed) is not None
+    assert api.get(PYTORCHJOB.resource, other) is not None
     assert any(running_pt in line and "run-1" in line for line in lines)
-    assert delete_unfinished_jobs(cluster.api(), "", out=lines.append) == []  # no run id: never "every job"
+    assert any(failed in line and "failed" in line for line in lines)
+    assert delete_run_jobs(cluster.api(), "", out=lines.append) == []  # no run id: never "every job"
 
 
 def test_outside_a_pod_there_is_nothing_to_stop(monkeypatch):

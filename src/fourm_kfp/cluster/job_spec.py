@@ -9,17 +9,23 @@ files a user may submit by hand (package data of ``fourm_kfp.manifests``); nothi
 :func:`render_job` fills in what changes per run:
 
 - the name ``fourm-<stage>-<content address>`` (:func:`job_name`), so a restarted launcher finds its own job;
-- labels with the stage, the address and the KFP run id, and an ownerReference to the launcher pod (stopping the KFP run
-  deletes the job); ``blockOwnerDeletion`` stays off, which needs no permission on the pod's finalizers;
+- labels with the stage, the address and the KFP run id, and an ownerReference to the run's Argo Workflow
+  (:class:`Owner`; deleting the run deletes the job, while a launcher pod lost to a drained node does not);
+  ``blockOwnerDeletion`` stays off, which needs no permission on the owner's finalizers;
 - nodes (PyTorchJob: Master plus ``nodes - 1`` Workers, no Worker spec at all for one node), an integer number of
   processes per node, the accelerator, CPU and memory per node, node selector, tolerations, deadline, and an
   optional ``elasticPolicy`` (PyTorchJob; at least 2 nodes, since the webhook requires a Worker, and with the
   rendezvous on the Master's service, not the operator's default ``<job>-worker-0``);
 - the PyTorchJob's restart budget, scaled with the nodes (:func:`backoff_limit`): the operator counts restarts summed
   over all pods, and one crash restarts every node;
-- the container's arguments: ``torchrun --no-python fourm-kfp stage <stage> ...`` (the launcher's
-  :func:`fourm_kfp.launchers.remote.stage_command`);
-  torchrun reads the rendezvous from the operator's ``PET_*`` variables. Credentials stay in the Secret.
+- the container's arguments: ``torchrun --rdzv-conf=... --no-python fourm-kfp stage <stage> ...`` (the launcher's
+  :func:`fourm_kfp.launchers.remote.stage_command`); torchrun reads the rendezvous from the operator's ``PET_*``
+  variables, and ``--rdzv-conf`` makes the started nodes wait ``rendezvous_timeout_s`` for the others
+  (:func:`rendezvous_args`). Credentials stay in the Secret;
+- the run-wide :class:`ClusterParams`: the ``scheduler`` (:func:`parse_scheduler`; Volcano gang scheduling through
+  the PyTorchJob's ``runPolicy.schedulingPolicy`` or the TrainJob's runtime :data:`TRAINJOB_RUNTIMES`, Kueue through
+  its queue label on the job), the image pull secret on every pod, the GPU node selector and tolerations on the pods
+  of a job that requests an accelerator; and the :data:`KEEP_LABEL` on a job the launcher will not delete.
 """
 
 from __future__ import annotations
@@ -45,10 +51,18 @@ TEMPLATES = {PYTORCHJOB: "pytorchjob-template.yaml", TRAINJOB: "trainjob-templat
 ADDRESS_LABEL = "fourm-kfp.org/address"
 RUN_ID_LABEL = "fourm-kfp.org/kfp-run-id"
 STAGE_LABEL = "fourm-kfp.org/stage"
+#: On a job that is kept after it ends (``<stage>_delete_job=false``), value "true".
+KEEP_LABEL = "fourm-kfp.org/keep"
+#: Kueue's label naming the LocalQueue a job is submitted to (``kueue.x-k8s.io/queue-name``): Kueue's webhook suspends
+#: a job that has it until its Workload is admitted, all nodes at once.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: Volcano's queue annotation, read by Trainer v2's Volcano plugin from the TrainJob's runtime patch (JobSet metadata).
+VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
 #: The pod's local folder: ``--root`` of the stage (ranks share no file system; outputs go to the store).
 POD_ROOT = "/scratch/run"
 #: Crashes a PyTorchJob survives, each followed by a resume from the newest complete checkpoint; the next one fails it.
 RESTARTS = 3
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 
@@ -69,9 +83,12 @@ def check_launcher(launcher: str, stage: str, jobs_only: bool = False) -> str:
 
 
 @dataclass(frozen=True)
-class OwnerPod:
-    """The launcher pod (from the downward API), made the job's owner."""
+class Owner:
+    """The job's owner (an ownerReference): the KFP run's Argo Workflow, whose deletion deletes the job, and which
+    outlives the launcher pod (:func:`fourm_kfp.launchers.kubernetes_job.workflow_owner`)."""
 
+    api_version: str
+    kind: str
     name: str
     uid: str
 
@@ -103,6 +120,11 @@ class JobParams:
 #: ``scheduler``: how a job's pods are placed. "" the default scheduler, pod by pod; "volcano" or "volcano:<queue>"
 #: gang scheduling by Volcano (all of a job's nodes at once, or none); "kueue:<local queue>" admission by Kueue.
 SCHEDULER_KINDS = ("", "volcano", "kueue")
+#: The ClusterTrainingRuntime a TrainJob refers to, per scheduler kind (``manifests/cluster/trainer-runtimes.yaml``,
+#: applied once per cluster). Trainer v2.2 takes the PodGroup policy and the pods' ``schedulerName`` from the runtime
+#: only (a TrainJob's runtime patch reaches neither), so gang scheduling is a runtime of its own.
+TRAINJOB_RUNTIMES = {"": "fourm-torch-distributed", "volcano": "fourm-torch-distributed-volcano",
+                     "kueue": "fourm-torch-distributed"}
 
 
 @dataclass(frozen=True)
@@ -111,8 +133,9 @@ class ClusterParams:
     step and job of the run, where :class:`JobParams` is one stage's job.
 
     ``gpu_node_selector`` and ``gpu_tolerations`` go on every pod that requests an accelerator (in-pod GPU steps and
-    the jobs' pods), beside the accelerator's own toleration; ``image_pull_secret`` (a ``kubernetes.io/dockerconfigjson``
-    Secret in the run's namespace) on every pod; ``scheduler`` on the jobs (:data:`SCHEDULER_KINDS`);
+    the jobs' pods), beside the accelerator's own toleration; ``image_pull_secret`` (a
+    ``kubernetes.io/dockerconfigjson`` Secret in the run's namespace) on every pod; ``scheduler`` on the jobs
+    (:data:`SCHEDULER_KINDS`, :func:`parse_scheduler`);
     ``rendezvous_timeout_s``: how long a job's started nodes wait at torchrun's rendezvous for the others (longer than
     the nodes take to be scheduled, so a partly placed job waits instead of crashing)."""
 
@@ -143,7 +166,7 @@ class JobRequest(JobParams):
     stage_args: Sequence[str]
     image: str
     kfp_run_id: str = ""
-    owner: OwnerPod | None = None
+    owner: Owner | None = None
     cluster: ClusterParams = field(default_factory=ClusterParams)
 
     @property
@@ -171,6 +194,32 @@ def backoff_limit(nodes: int) -> int:
     summed over all running pods reach the limit, and one crash costs every node a restart (a node's loss makes its
     peers' torchrun exit too): ``RESTARTS`` crashes cost ``RESTARTS * nodes``, which must stay below the limit."""
     return RESTARTS * nodes + 1
+
+
+def parse_scheduler(scheduler: str) -> tuple[str, str]:
+    """``(kind, queue)`` of the ``scheduler`` parameter: ``("", "")``, ``("volcano", "")`` (Volcano's default queue),
+    ``("volcano", queue)`` or ``("kueue", local queue)``; an error naming the parameter otherwise."""
+    kind, colon, queue = scheduler.partition(":") if isinstance(scheduler, str) else ("?", "", "")
+    usage = '"" (the default scheduler), "volcano", "volcano:<queue>" or "kueue:<local queue>"'
+    if kind not in SCHEDULER_KINDS or (kind == "" and colon):
+        raise ConfigError(f"scheduler={scheduler!r}: expected {usage}")
+    if kind == "kueue" and not queue:
+        raise ConfigError(f"scheduler={scheduler!r}: Kueue needs the LocalQueue to submit to, kueue:<local queue>")
+    if colon and not (_DNS_SUBDOMAIN.match(queue) and len(queue) <= 63):
+        raise ConfigError(f"scheduler={scheduler!r}: {queue!r} is not a queue name (lower-case letters, digits, '-' "
+                          f"and '.', at most 63 characters)")
+    return kind, queue
+
+
+def rendezvous_args(req: JobRequest) -> list[str]:
+    """torchrun's options that make a started node wait ``cluster.rendezvous_timeout_s`` for the others.
+
+    A fixed-size job meets at the static rendezvous (``PET_MASTER_ADDR``/``PORT``): the Master's TCPStore waits that
+    long for every node to connect and the others keep trying to reach it that long (rendezvous option ``timeout``,
+    torchrun's default 900 s). An elastic job meets at the c10d rendezvous: ``join_timeout`` (default 600 s) bounds
+    the wait for ``min_nodes``."""
+    key = "join_timeout" if req.min_nodes else "timeout"
+    return [f"--rdzv-conf={key}={req.cluster.rendezvous_timeout_s}"]
 
 
 def load_template(launcher: str) -> dict[str, Any]:
@@ -211,6 +260,26 @@ def validate_request(req: JobRequest) -> None:
         raise ConfigError(f"{p}_tolerations={req.tolerations!r}: expected a JSON list of toleration objects")
     if not _LABEL_VALUE.match(req.kfp_run_id) or len(req.kfp_run_id) > 63:
         raise ConfigError(f"KFP run id {req.kfp_run_id!r} cannot be a label value")
+    validate_cluster(req.cluster)
+
+
+def validate_cluster(cluster: ClusterParams) -> None:
+    """Fail on a run-wide cluster setting the API server or the operators would reject, naming its pipeline
+    parameter."""
+    parse_scheduler(cluster.scheduler)
+    secret = cluster.image_pull_secret
+    if not isinstance(secret, str) or secret and not (_DNS_SUBDOMAIN.match(secret) and len(secret) <= 253):
+        raise ConfigError(f"image_pull_secret={secret!r}: the name of a Secret in the run's namespace (lower-case "
+                          f"letters, digits, '-' and '.'), or \"\" for none")
+    if not isinstance(cluster.gpu_node_selector, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in cluster.gpu_node_selector.items()):
+        raise ConfigError(f"gpu_node_selector={cluster.gpu_node_selector!r}: expected a JSON object of strings")
+    if not isinstance(cluster.gpu_tolerations, list) or not all(isinstance(t, dict) for t in cluster.gpu_tolerations):
+        raise ConfigError(f"gpu_tolerations={cluster.gpu_tolerations!r}: expected a JSON list of toleration objects")
+    timeout = cluster.rendezvous_timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+        raise ConfigError(f"rendezvous_timeout_s={timeout!r}: a whole number of seconds, at least 1 (longer than "
+                          f"a job's nodes take to be scheduled and started)")
 
 
 def _pod_resources(template: dict[str, Any], req: JobRequest) -> dict[str, Any]:
@@ -230,7 +299,8 @@ def _pod_resources(template: dict[str, Any], req: JobRequest) -> dict[str, Any]:
 
 
 def _tolerations(template: list[dict[str, Any]], req: JobRequest) -> list[dict[str, Any]]:
-    """The template's accelerator toleration (retargeted to the accelerator, dropped on CPU nodes) plus the run's."""
+    """The template's accelerator toleration (retargeted to the accelerator, dropped on CPU nodes), the run's GPU
+    tolerations on accelerator nodes (less those whose key the stage's own tolerate: the stage's win), the stage's."""
     kept = []
     for toleration in template:
         if str(toleration.get("key", "")).endswith("/gpu"):
@@ -238,16 +308,41 @@ def _tolerations(template: list[dict[str, Any]], req: JobRequest) -> list[dict[s
                 continue
             toleration = {**toleration, "key": req.accelerator}
         kept.append(toleration)
-    return kept + [t for t in req.tolerations if t not in kept]
+    stage_keys = {t.get("key") for t in req.tolerations}
+    run_wide = [t for t in req.cluster.gpu_tolerations if t.get("key") not in stage_keys] if req.gpus_per_node else []
+    for toleration in [*run_wide, *req.tolerations]:
+        if toleration not in kept:
+            kept.append(toleration)
+    return kept
+
+
+def _place_pod(pod_spec: dict[str, Any], req: JobRequest) -> None:
+    """Where the job's pods may run and what they pull with: tolerations, node selector (the run's GPU selector on
+    accelerator nodes, the stage's winning on a key clash) and the image pull secret."""
+    pod_spec["tolerations"] = _tolerations(pod_spec.get("tolerations", []), req)
+    if not pod_spec["tolerations"]:
+        del pod_spec["tolerations"]
+    selector = {**(req.cluster.gpu_node_selector if req.gpus_per_node else {}), **req.node_selector}
+    if selector:
+        pod_spec["nodeSelector"] = selector
+    if req.cluster.image_pull_secret:
+        pod_spec["imagePullSecrets"] = [{"name": req.cluster.image_pull_secret}]
 
 
 def _metadata(obj: dict[str, Any], req: JobRequest) -> None:
     meta = obj["metadata"]
     meta["name"] = req.name
-    meta.setdefault("labels", {}).update(_labels(req))
+    labels = meta.setdefault("labels", {})
+    labels.update(_labels(req))
+    if not req.delete_job:
+        labels[KEEP_LABEL] = "true"
+    kind, queue = parse_scheduler(req.cluster.scheduler)
+    if kind == "kueue":
+        labels[KUEUE_QUEUE_LABEL] = queue
     if req.owner is not None:
-        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": req.owner.name, "uid": req.owner.uid,
-                                    "controller": False, "blockOwnerDeletion": False}]
+        meta["ownerReferences"] = [{"apiVersion": req.owner.api_version, "kind": req.owner.kind,
+                                    "name": req.owner.name, "uid": req.owner.uid, "controller": False,
+                                    "blockOwnerDeletion": False}]
 
 
 def _labels(req: JobRequest) -> dict[str, str]:
@@ -271,13 +366,9 @@ def render_pytorchjob(req: JobRequest) -> dict[str, Any]:
     pod_spec = pod["spec"]
     [container] = pod_spec["containers"]
     container["image"] = req.image
-    container["args"] = ["--no-python", "fourm-kfp", *req.stage_args]
+    container["args"] = _torchrun_args(req)
     container["resources"] = _pod_resources(container["resources"], req)
-    pod_spec["tolerations"] = _tolerations(pod_spec.get("tolerations", []), req)
-    if not pod_spec["tolerations"]:
-        del pod_spec["tolerations"]
-    if req.node_selector:
-        pod_spec["nodeSelector"] = dict(req.node_selector)
+    _place_pod(pod_spec, req)
     replicas = {"Master": {**spec["pytorchReplicaSpecs"]["Master"], "template": pod}}
     if req.nodes > 1:
         worker = spec["pytorchReplicaSpecs"].get("Worker") or spec["pytorchReplicaSpecs"]["Master"]
@@ -289,29 +380,45 @@ def render_pytorchjob(req: JobRequest) -> dict[str, Any]:
         # end the job): the pod the Workers' init containers wait for, reached through its per-pod Service.
         spec["elasticPolicy"] = {"minReplicas": req.min_nodes, "maxReplicas": req.nodes, "rdzvBackend": "c10d",
                                  "rdzvHost": f"{req.name}-master-0", "maxRestarts": RESTARTS}
+    kind, queue = parse_scheduler(req.cluster.scheduler)
+    if kind == "volcano":
+        # The operator (started with --gang-scheduler-name=volcano) makes a Volcano PodGroup of this, sets the pods'
+        # schedulerName and creates the pods once the group is admitted; minAvailable defaults to all replicas, the
+        # queue to "default". An elastic job starts with min_nodes.
+        policy: dict[str, Any] = {"minAvailable": req.min_nodes or req.nodes}
+        if queue:
+            policy["queue"] = queue
+        spec["runPolicy"]["schedulingPolicy"] = policy
     return job
 
 
 def render_trainjob(req: JobRequest) -> dict[str, Any]:
-    """The TrainJob of ``req`` (Trainer v2 ``trainer.kubeflow.org/v1alpha1``, runtime ``torch-distributed``)."""
+    """The TrainJob of ``req`` (Trainer v2 ``trainer.kubeflow.org/v1alpha1``), on the runtime of its scheduler
+    (:data:`TRAINJOB_RUNTIMES`)."""
     job = load_template("trainjob")
     _metadata(job, req)
     spec = job["spec"]
+    kind, queue = parse_scheduler(req.cluster.scheduler)
+    spec["runtimeRef"]["name"] = TRAINJOB_RUNTIMES[kind]
     spec["activeDeadlineSeconds"] = req.deadline_s
     trainer = spec["trainer"]
-    trainer.update(image=req.image, numNodes=req.nodes, numProcPerNode=req.procs_per_node,
-                   args=["--no-python", "fourm-kfp", *req.stage_args])
+    trainer.update(image=req.image, numNodes=req.nodes, numProcPerNode=req.procs_per_node, args=_torchrun_args(req))
     trainer["resourcesPerNode"] = _pod_resources(trainer["resourcesPerNode"], req)
     [patch] = spec["runtimePatches"]
+    if kind == "volcano" and queue:
+        # the JobSet's metadata, where Trainer's Volcano plugin reads the PodGroup's queue
+        jobset_meta = patch["trainingRuntimeSpec"]["template"].setdefault("metadata", {})
+        jobset_meta.setdefault("annotations", {})[VOLCANO_QUEUE_ANNOTATION] = queue
     [node_job] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     pod = node_job["template"]["spec"]["template"]
     _pod_labels(pod["metadata"], req)
-    pod["spec"]["tolerations"] = _tolerations(pod["spec"].get("tolerations", []), req)
-    if not pod["spec"]["tolerations"]:
-        del pod["spec"]["tolerations"]
-    if req.node_selector:
-        pod["spec"]["nodeSelector"] = dict(req.node_selector)
+    _place_pod(pod["spec"], req)
     return job
+
+
+def _torchrun_args(req: JobRequest) -> list[str]:
+    """The container's arguments after ``torchrun``, the same on every node and for both job kinds."""
+    return [*rendezvous_args(req), "--no-python", "fourm-kfp", *req.stage_args]
 
 
 def render_job(req: JobRequest) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The few Kubernetes API calls the job launcher makes, in one namespace, with errors a user can act on.
 
 :class:`KubeApi` wraps the official client (``kubernetes``, installed with kfp): create / get / delete a custom
-object (the job) and list them by label (the exit handler), list pods by label and the Warning events of the job
-and what it made, read a container's log (with timestamps, so a reader can resume where it stopped). Jobs are
+object (the job) and list them by label (the exit handler), read the launcher's own pod (its owner), list pods by
+label and the namespace's Warning events (the launcher picks the job's own, :mod:`.job_launcher`), read a
+container's log (with timestamps, so a reader can resume where it stopped). Jobs are
 created with ``fieldValidation=Strict``: a field the installed operator's CRD does not know (an older Trainer
 without ``runtimePatches``) fails the create with the field named, where the server's default would drop it
 silently (tolerations, volumes, the deadline).
@@ -179,9 +180,21 @@ class KubeApi:
             raise self._explain(exc, "list", "pods") from exc
         return json.loads(response.data).get("items") or []
 
-    def warnings(self, name: str) -> list[dict[str, Any]]:
-        """Warning events about the object ``name`` and what its controllers made (``name-…``: a JobSet, its Jobs,
-        pods), oldest first; [] when the Role may not read events (said once in the log)."""
+    def pod(self, name: str) -> dict[str, Any] | None:
+        """The pod ``name`` as served (camelCase keys), or None when there is none."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            response = self.core.read_namespaced_pod(name, self.namespace, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise self._explain(exc, "get", "pods") from exc
+        return json.loads(response.data)
+
+    def warnings(self) -> list[dict[str, Any]]:
+        """The namespace's Warning events (which are the job's is the caller's to decide: by uid and time); [] when
+        the Role may not read events (said once in the log)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -194,12 +207,7 @@ class KubeApi:
             if exc.status == 403:
                 return []
             raise self._explain(exc, "list", "events") from exc
-        found = []
-        for event in json.loads(response.data).get("items") or []:
-            about = (event.get("involvedObject") or {}).get("name", "")
-            if event.get("type") == "Warning" and (about == name or about.startswith(f"{name}-")):
-                found.append(event)
-        return sorted(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        return [event for event in json.loads(response.data).get("items") or [] if event.get("type") == "Warning"]
 
     def log(self, pod: str, container: str, *, since_seconds: int | None = None, previous: bool = False,
             tail_lines: int | None = None) -> str:

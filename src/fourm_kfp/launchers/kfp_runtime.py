@@ -12,7 +12,7 @@ import json
 import math
 from typing import Sequence
 
-from fourm_kfp.cluster.job_spec import IN_POD, JobParams, check_launcher, param_prefix
+from fourm_kfp.cluster.job_spec import IN_POD, ClusterParams, JobParams, check_launcher, param_prefix
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import ConfigError, to_dict
 from fourm_kfp.contract import StageOutcome, lineage
@@ -173,11 +173,11 @@ def html_report(output, stage: str) -> str:
 def run_job_component(stage: str, preset: str, config_overrides: Sequence[str], store_uri: str, s3_endpoint: str,
                       mlflow_tracking_uri: str, parent_run_id: str, force: bool, input_uris: dict[str, str],
                       job: JobParams, kfp_run_id: str, report_path: str | None = None,
-                      metrics=None, job_spec_path: str | None = None,
-                      html_path: str | None = None) -> StageOutcome:
+                      metrics=None, job_spec_path: str | None = None, html_path: str | None = None,
+                      cluster: ClusterParams | None = None) -> StageOutcome:
     """A job stage's step (pretrain, train-tokenizers): train in this pod (``job.launcher`` ``in-pod``), or launch
     and follow a PyTorchJob / TrainJob (:mod:`fourm_kfp.launchers.kubernetes_job`) and report its committed output
-    the same way."""
+    the same way, under the run-wide ``cluster`` settings (scheduler, pull secret, GPU placement)."""
     if check_launcher(job.launcher, stage) == IN_POD:
         if job_spec_path:
             with open(job_spec_path, "w") as fh:
@@ -190,7 +190,7 @@ def run_job_component(stage: str, preset: str, config_overrides: Sequence[str], 
 
     run = RunContext(preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
     outcome = launch_stage_job(stage, run, force=force, input_uris=input_uris, params=job, image=GPU_IMAGE,
-                               kfp_run_id=kfp_run_id, spec_path=job_spec_path)
+                               kfp_run_id=kfp_run_id, spec_path=job_spec_path, cluster=cluster)
     return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
 
 
@@ -229,14 +229,15 @@ def fan_out_items(stage: str, width: int, preset: str, config_overrides: Sequenc
     return [{"part": i, **carried} for i in range(width)]
 
 
-def worker_pods(stage: str, preset: str, config_overrides: Sequence[str]) -> str:
+def worker_pods(stage: str, preset: str, config_overrides: Sequence[str], accelerator: str = "") -> str:
     """The pods a fan-out stage's workers want: ``gpu`` when its work wants an accelerator under this config (a
-    teacher labeler: ``StageSpec.wants_accelerator``), else ``cpu``."""
+    teacher labeler: ``StageSpec.wants_accelerator``) and the run's ``accelerator`` is not ``cpu`` (a CPU-only
+    cluster), else ``cpu``."""
     from fourm_kfp.stages import get_stage
 
     spec, config = get_stage(stage), load_config(preset, overrides=list(config_overrides))
     wants = spec.is_enabled(config) and spec.wants_accelerator is not None and spec.wants_accelerator(config)
-    return "gpu" if wants else "cpu"
+    return "gpu" if wants and accelerator != "cpu" else "cpu"
 
 
 def run_stage_part_component(stage: str, part: int, parts: int, preset: str, config_overrides: Sequence[str],

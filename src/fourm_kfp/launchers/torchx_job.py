@@ -12,15 +12,23 @@ backend, which does:
    its own rendezvous port (dist.ddp's default, 29500, is fixed): a free port here for ``local_cwd``, one derived
    from the address elsewhere, or ``rdzv_port``;
 2. **run** it with :func:`torchx.runner.get_runner` on ``local_cwd``, ``slurm`` or ``kubernetes`` (Volcano; its
-   ``queue`` is required): validate the scheduler config (dry run), schedule, stream replica 0's log, wait for a
-   terminal state; a failed or cancelled app raises :class:`LaunchFailed` with torchx's error.
+   ``queue`` is required): validate the scheduler config (dry run), on ``kubernetes`` complete the dry run's Volcano
+   job (:func:`patch_volcano_job`), schedule, stream replica 0's log, wait for a terminal state; a failed or
+   cancelled app raises :class:`LaunchFailed` with torchx's error.
 
 Where the replicas run: ``local_cwd`` runs them here, in the current folder, with this interpreter's ``bin/``
 first on ``PATH`` (torchx calls ``torchrun`` from ``PATH``); ``slurm`` runs them in the submit (or ``job_dir``)
 folder with the submitting environment, so the store and ``--root`` must be on a shared file system;
 ``kubernetes`` (a Volcano job) runs them in ``image`` (default: the pretrain GPU image), whose own ``torchrun``
 starts the stage — there ``--root`` is a folder in the pod, the store must be object storage, and the pods get
-only the environment given (``env``: S3 credentials, ``MLFLOW_TRACKING_URI``).
+only the environment given (``env``) plus the credentials by reference to a Secret (:data:`SECRET_ENV`).
+
+torchx 0.7's Volcano job alone would not do for a shared cluster: its ``role_to_pod`` writes every variable of the
+role as a literal ``value`` (anyone who may read vcjobs would read the S3 keys), and it sets no tolerations (so
+no pod lands on a GPU node tainted ``nvidia.com/gpu:NoSchedule``), no pull secret and no node selector beyond the
+instance type. :func:`patch_volcano_job` edits the dry run's pod templates before they are scheduled (what torchx's
+``Runner.schedule`` documents for a setting it has no option for): credentials by ``secretKeyRef``, the
+accelerator's toleration and the user's, the node selector and the image pull secret, as the pipeline's jobs have.
 
 torchx 0.7.0 is installed by ``make setup`` with ``--no-deps`` (its ``urllib3<1.27`` bound is stale and contradicts
 kfp's pin; see the Makefile); it is imported only when a launch runs.
@@ -59,6 +67,17 @@ ENTRY_MODULE = "fourm_kfp.cli"
 KUBERNETES_ROOT = "/tmp/fourm-run"
 #: Derived rendezvous ports (schedulers other than local_cwd) fall in [PORT_BASE, PORT_BASE + PORT_SPAN).
 PORT_BASE, PORT_SPAN = 20000, 10000
+#: The Secret kubernetes replicas read their credentials from (``credentials_secret``): the one manifests/base
+#: creates, with the keys ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY``.
+CREDENTIALS_SECRET = "fourm-s3-credentials"
+#: The variables that hold credentials, each read by kubernetes replicas from the same-named key of the credentials
+#: Secret and never written into the job (a value given with ``env`` or set in the launching environment is not
+#: copied). ``True``: optional, a Secret without that key still starts the pods.
+SECRET_ENV = {"AWS_ACCESS_KEY_ID": False, "AWS_SECRET_ACCESS_KEY": False, "AWS_SESSION_TOKEN": True,
+              "MLFLOW_TRACKING_TOKEN": True, "MLFLOW_TRACKING_PASSWORD": True}
+#: The job templates' accelerator toleration: on the pods of kubernetes replicas that request GPUs (torchx requests
+#: ``nvidia.com/gpu``).
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 class LaunchFailed(UserError):
@@ -76,22 +95,31 @@ class TorchxParams:
     cpu: int = 0  # per replica; 0: see replica_resources
     gpu: int = 0
     mem_mb: int = 0  # per replica; 0: see replica_resources
-    env: dict[str, str] = field(default_factory=dict)  # extra environment of the replicas
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of the replicas (see SECRET_ENV)
     rdzv_port: int = 0  # 0: a free port (local_cwd) or one derived from the address
     max_retries: int = 0
     wait_interval_s: float = 0.0  # 0: 1 s for local_cwd, 10 s elsewhere
+    # kubernetes only (patch_volcano_job): where the pods' credentials come from, and where the pods may run
+    credentials_secret: str = CREDENTIALS_SECRET
+    tolerations: list[dict[str, Any]] = field(default_factory=list)  # Kubernetes toleration objects
+    node_selector: dict[str, str] = field(default_factory=dict)
+    image_pull_secret: str = ""  # a kubernetes.io/dockerconfigjson Secret of the job's namespace
 
 
-#: Per-replica defaults off this machine (``cpu``/``mem_mb`` 0): per GPU, and for a replica without GPUs. On
-#: Kubernetes torchx makes ``mem_mb`` the container's memory limit (its request is 0), on Slurm ``--mem``: what a
-#: training replica must live within, loader workers and pinned host buffers included.
+#: Per-replica defaults off this machine (``cpu``/``mem_mb`` 0): per GPU, and for a replica without GPUs: what a
+#: training replica must live within, loader workers and pinned host buffers included. On Slurm torchx passes
+#: ``mem_mb`` as ``--mem``. On Kubernetes torchx 0.7 (``role_to_pod``) assumes a replica takes the whole node: the
+#: container's memory limit is ``mem_mb`` and its request ``max(mem_mb - 1024, 0)`` (``RESERVED_MEMMB``, left to
+#: the node's system), both with the suffix ``M`` (10^6 bytes: 65536 is 65.5 GB, 61 GiB); likewise the CPU limit is
+#: ``cpu`` and the request 100m less (``RESERVED_MILLICPU``); GPUs are requested and limited alike.
 CPU_PER_GPU, MEM_MB_PER_GPU = 8, 64 * 1024
 CPU_REPLICA_CPU, CPU_REPLICA_MEM_MB = 8, 32 * 1024
 
 
 def replica_resources(params: TorchxParams) -> tuple[int, int]:
-    """``(cpu, mem_mb)`` of each replica: the ones asked for, else sized by the replica's GPUs (8 CPUs and 64 GiB
-    per GPU; 8 CPUs and 32 GiB without GPUs). ``local_cwd`` runs on this machine and enforces neither."""
+    """``(cpu, mem_mb)`` of each replica: the ones asked for, else sized by the replica's GPUs (8 CPUs and 65536 MB
+    per GPU; 8 CPUs and 32768 MB without GPUs). torchx's ``memMB``: on Kubernetes the container's limit, requesting
+    1024 MB less (see :data:`MEM_MB_PER_GPU`). ``local_cwd`` runs on this machine and enforces neither."""
     if params.gpu:
         defaults = (CPU_PER_GPU * params.gpu, MEM_MB_PER_GPU * params.gpu)
     else:
@@ -117,6 +145,8 @@ def build_app(stage_args: Sequence[str], address: str, params: TorchxParams, rdz
     from fourm_kfp.cluster.job_spec import job_name
 
     env = dict(params.env)
+    if params.scheduler == "kubernetes":  # torchx writes env values into the job: credentials go by reference
+        env = {name: value for name, value in env.items() if name not in SECRET_ENV}
     bin_dir = str(Path(sys.executable).parent)
     if params.scheduler == "local_cwd":
         # torchx's local_cwd runs `torchrun` from PATH, the role's PATH first: this environment's torchrun.
@@ -135,6 +165,88 @@ def build_app(stage_args: Sequence[str], address: str, params: TorchxParams, rdz
     cpu, mem_mb = replica_resources(params)
     return ddp(*stage_args, m=ENTRY_MODULE, j=params.j, name=job_name(stage_args[1], address), image=image,
                cpu=cpu, gpu=params.gpu, memMB=mem_mb, env=env, rdzv_port=rdzv_port, max_retries=params.max_retries)
+
+
+def tolerations_from_json(items: Sequence[str]) -> list[dict[str, Any]]:
+    """``--toleration`` arguments (each a JSON toleration object or a JSON list of them, as the pipeline's
+    ``pretrain_tolerations``) as one list; checked as Kubernetes tolerations by :func:`pod_tolerations`."""
+    import json
+
+    tolerations: list[dict[str, Any]] = []
+    for item in items:
+        try:
+            value = json.loads(item)
+        except json.JSONDecodeError:
+            value = None
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, dict) for v in values):
+            raise ConfigError(f"--toleration {item!r}: expected a JSON toleration object or a JSON list of them, e.g. "
+                              '\'{"key": "team", "operator": "Exists", "effect": "NoSchedule"}\'')
+        tolerations += values
+    return tolerations
+
+
+def pod_tolerations(params: TorchxParams) -> list[Any]:
+    """The tolerations of a kubernetes replica's pod (``V1Toleration``): :data:`GPU_TOLERATION` when the replicas
+    request GPUs, then ``params.tolerations`` not already there. A toleration with a field Kubernetes does not have
+    is an error naming it."""
+    from kubernetes.client import V1Toleration
+
+    fields_ = {api: attr for attr, api in V1Toleration.attribute_map.items()}  # tolerationSeconds -> toleration_seconds
+    wanted = [GPU_TOLERATION] if params.gpu else []
+    for toleration in params.tolerations:
+        if not isinstance(toleration, dict):
+            raise ConfigError(f"--toleration {toleration!r}: expected a Kubernetes toleration object")
+        unknown = sorted(set(toleration) - set(fields_))
+        if unknown:
+            raise ConfigError(f"--toleration {toleration!r}: {', '.join(map(repr, unknown))} is not a field of a "
+                              f"Kubernetes toleration; its fields: {', '.join(sorted(fields_))}")
+        if toleration not in wanted:
+            wanted.append(toleration)
+    return [V1Toleration(**{fields_[k]: v for k, v in toleration.items()}) for toleration in wanted]
+
+
+def patch_volcano_job(job: dict[str, Any], params: TorchxParams) -> None:
+    """Complete torchx 0.7's Volcano job ``job`` (a dry run's ``request.resource``: its tasks' ``template`` are
+    ``V1Pod`` objects) in place, on every task's pod, before it is scheduled:
+
+    - every :data:`SECRET_ENV` variable from the same-named key of ``params.credentials_secret``
+      (``valueFrom.secretKeyRef``; the optional ones ``optional: true``), in place of any literal value;
+    - :func:`pod_tolerations` after torchx's (none), ``params.node_selector`` over torchx's (at most the instance
+      type), and ``params.image_pull_secret`` as ``imagePullSecrets``."""
+    from kubernetes.client import V1EnvVar, V1EnvVarSource, V1LocalObjectReference, V1SecretKeySelector
+
+    if not isinstance(params.node_selector, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in params.node_selector.items()):
+        raise ConfigError(f"--node-selector {params.node_selector!r}: expected labels, KEY=VALUE strings")
+    tolerations = pod_tolerations(params)
+
+    def secret_env() -> list[Any]:
+        return [V1EnvVar(name=name, value_from=V1EnvVarSource(secret_key_ref=V1SecretKeySelector(
+                    name=params.credentials_secret, key=name, optional=optional or None)))
+                for name, optional in SECRET_ENV.items()]
+
+    for task in job["spec"]["tasks"]:
+        spec = task["template"].spec
+        for container in spec.containers:
+            container.env = [e for e in container.env or [] if e.name not in SECRET_ENV] + secret_env()
+        if tolerations:
+            spec.tolerations = [*(spec.tolerations or []), *tolerations]
+        if params.node_selector:
+            spec.node_selector = {**(spec.node_selector or {}), **params.node_selector}
+        if params.image_pull_secret:
+            spec.image_pull_secrets = [V1LocalObjectReference(name=params.image_pull_secret)]
+
+
+def credentials_line(params: TorchxParams, namespace: str) -> str:
+    """Where the kubernetes pods' credentials come from, naming (never showing) those given with ``env`` or set in
+    this environment, which are not copied into the job."""
+    found = [name for name in SECRET_ENV if name in params.env or name in os.environ]
+    required = [name for name, optional in SECRET_ENV.items() if not optional]
+    optional = [name for name, optional in SECRET_ENV.items() if optional]
+    not_copied = f"{', '.join(found)} (given with --env or set here) not copied into the job; " if found else ""
+    return (f"credentials: {not_copied}the pods read {', '.join(required)} from Secret {params.credentials_secret} "
+            f"of namespace {namespace} (and {', '.join(optional)} where it holds them)")
 
 
 #: The signals whose handlers torchx's local schedulers replace, for the process and for good, when they are created
@@ -246,6 +358,9 @@ class TorchxApp(RemoteBackend):
                 defaults = {"log_dir": str(self.local_root / "torchx")} if params.scheduler == "local_cwd" else {}
                 cfg = scheduler_config(runner, params.scheduler, params.scheduler_args, defaults)
                 info = runner.dryrun(app, params.scheduler, cfg=cfg)  # a bad config fails before anything is cleared
+                if params.scheduler == "kubernetes":
+                    patch_volcano_job(info.request.resource, params)
+                    self.out(f"{self.prefix} {credentials_line(params, cfg.get('namespace') or 'default')}")
                 self.out(f"{self.prefix} {plan.stage} {plan.address}: {params.scheduler} dist.ddp -j {params.j}, "
                          f"rendezvous port {port}, output {plan.output.uri}")
                 clear_output()
