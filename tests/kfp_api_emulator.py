@@ -15,7 +15,16 @@ Not emulated: execution. A created run moves through the ``frames`` the test giv
 and its stages' states), answered as real-shaped task details (:func:`argo_task_details`: the Argo workflow's
 nodes, named by DAG task key, with driver and executor nodes); ``on_run_created`` lets the test do what the
 pipeline would have done (e.g. record the evaluate stage's MLflow run); ``run_faults`` injects errors on run reads.
-No auth beyond recording the ``Authorization`` header.
+No auth beyond recording the ``Authorization`` header, except ``reject_tokens``: a bearer token the server no longer
+accepts (an expired static token) is answered 401 on every request after the run was created.
+
+``tls=True`` serves HTTPS with a certificate for 127.0.0.1 signed by a throwaway CA (``ca_path``, for the client's
+``ssl_ca_cert``); :meth:`KfpApiEmulator.rotate_certificate` makes later connections present a certificate no client
+trusts (a certificate renewed by another CA, an intercepting proxy), so every later request fails its TLS handshake.
+
+``/healthz`` answers as the server's ``newHealthzResponse`` (backend/src/apiserver/main.go, KFP 2.17): ``commit_sha``
+and ``tag_name`` (the ``COMMIT_SHA``/``TAG_NAME`` build args of the API server image, ``unknown`` when built without
+them; a release image carries its version, e.g. ``2.17.0``), ``multi_user`` and ``pipeline_store``.
 
 Lists are paged as the server pages them (``page_size`` default 20, capped at ``max_page_size``, which a test can
 make small; an opaque ``next_page_token``). A pipeline name is unique per namespace and a version name per
@@ -31,14 +40,18 @@ import base64
 import datetime as dt
 import email.policy
 import io
+import ipaddress
 import json
 import re
 import socket
+import ssl
 import struct
+import tempfile
 import threading
 import uuid
 from email.parser import BytesParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
@@ -167,8 +180,11 @@ class KfpApiEmulator:
     def __init__(self, frames: list[tuple[str, dict[str, str]]] | None = None,
                  on_run_created: Callable[[dict[str, Any]], None] | None = None,
                  run_faults: list[int | str] | None = None, multi_user: bool = False,
-                 require_namespace: bool = False, max_page_size: int = 200, branches: dict[str, str] | None = None):
+                 require_namespace: bool = False, max_page_size: int = 200, branches: dict[str, str] | None = None,
+                 tag_name: str = "2.17.0", commit_sha: str = "0f6b1e7d", tls: bool = False):
         self.frames = frames or [("SUCCEEDED", {})]
+        self.tag_name, self.commit_sha = tag_name, commit_sha  # the API server image's TAG_NAME and COMMIT_SHA
+        self.reject_tokens: set[str] = set()  # bearer tokens answered 401 once a run exists (expired)
         self.multi_user = multi_user
         # REQUIRE_NAMESPACE_FOR_PIPELINES (KFP >= 2.15, multi-user only): a namespace-less pipeline call is a 400.
         self.require_namespace = require_namespace and multi_user
@@ -203,21 +219,46 @@ class KfpApiEmulator:
             def handle_error(self, request, client_address):  # a "reset" fault's closed socket: expected
                 pass
 
+            def get_request(self):  # with tls, each connection's handshake (in its own thread) is with the current cert
+                sock, address = super().get_request()
+                if emulator._tls is None:
+                    return sock, address
+                return emulator._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="kfp-emulator-") if tls else None
+        self._tls: ssl.SSLContext | None = None
+        self.ca_path = ""
+        if self._tmp:
+            self.ca_path, self._tls = _tls_context(self._tmp.name, "trusted")
         self.server = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        if self._tmp:
+            self._tmp.cleanup()
+
+    def rotate_certificate(self) -> None:
+        """From now on present a certificate signed by a CA no client trusts (``tls=True`` only)."""
+        assert self._tmp, "rotate_certificate needs KfpApiEmulator(tls=True)"
+        self._tls = _tls_context(self._tmp.name, "untrusted")[1]
 
     # ------------------------------------------------------------------------------------------ plumbing
 
     def _dispatch(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         url = urlparse(handler.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
-        self.requests.append((method, url.path, handler.headers.get("Authorization")))
+        authorization = handler.headers.get("Authorization")
+        self.requests.append((method, url.path, authorization))
+        if self.runs and authorization and authorization.removeprefix("Bearer ") in self.reject_tokens:
+            # auth/authenticator_token_review.go: a token TokenReview no longer authenticates (codes.Unauthenticated)
+            message = ("Authentication failure: Review.Status.Authenticated is false. Error token has expired: Failed "
+                       "to authenticate token review")
+            self._send(handler, 401, {"error": message, "code": 16, "message": message})
+            return
         if method == "GET" and re.fullmatch(rf"{API}/runs/[^/:]+", url.path) and self.run_faults:
             fault = self.run_faults.pop(0)
             if fault == "reset":
@@ -302,7 +343,8 @@ class KfpApiEmulator:
             return 404, {"error": "not found"}
         path = path[len(API):]
         if (method, path) == ("GET", "/healthz"):
-            return 200, {"multi_user": self.multi_user}
+            return 200, {"commit_sha": self.commit_sha, "tag_name": self.tag_name, "multi_user": self.multi_user,
+                         "pipeline_store": "database"}
         namespace = query.get("namespace", "") if self.multi_user else ""  # single-user: everything is shared
         if (method, path) == ("GET", "/pipelines"):
             self._check_namespace(namespace)
@@ -445,6 +487,43 @@ class KfpApiEmulator:
         if state in ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"):
             run.setdefault("finished_at", _now())
         return run
+
+
+def _tls_context(folder: str, name: str) -> tuple[str, ssl.SSLContext]:
+    """A server context for 127.0.0.1 whose certificate a fresh CA signed; returns the CA's PEM path and it."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def certificate(subject: str, key, issuer: str, issuer_key, ca: bool) -> x509.Certificate:
+        builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if ca:
+            builder = builder.add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+                                            critical=True)
+        else:
+            builder = builder.add_extension(x509.SubjectAlternativeName([x509.IPAddress(
+                ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = certificate(f"emulator CA {name}", ca_key, f"emulator CA {name}", ca_key, True)
+    leaf = certificate("127.0.0.1", key, f"emulator CA {name}", ca_key, False)
+    pem = serialization.Encoding.PEM
+    paths = {part: f"{folder}/{name}-{part}.pem" for part in ("ca", "cert", "key")}
+    Path(paths["ca"]).write_bytes(ca.public_bytes(pem))
+    Path(paths["cert"]).write_bytes(leaf.public_bytes(pem) + ca.public_bytes(pem))
+    Path(paths["key"]).write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                     serialization.NoEncryption()))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(paths["cert"], paths["key"])
+    return paths["ca"], context
 
 
 _ZERO_TIME = "0001-01-01T00:00:00Z"  # a node that has not finished: Argo's zero FinishedAt, as the server sends it

@@ -10,7 +10,9 @@
 - test.yml runs ``.ci/run`` on every push and pull request, and ``.ci/run`` is the README's test command.
 - retrain.yml: its triggers, the stale-pipeline check and the ``fourm-kfp submit --wait`` step are run with a stub
   ``fourm-kfp`` (the arguments it gets must parse with the real CLI; each exit status maps to its outcome), every
-  credential comes from ``secrets.``/``vars.``, and no untrusted expression is inlined in a script.
+  credential comes from ``secrets.``/``vars.``, and no untrusted expression is inlined in a script. Its images come
+  from its own call of images.yml (``workflow_call``, the only job that may write packages), whose "already in the
+  registry?" script is run with a stub ``docker``.
 """
 
 from __future__ import annotations
@@ -322,6 +324,8 @@ def test_images_workflow_builds_both_images_for_every_commit_on_main_and_every_v
     on = triggers(workflow)
     assert on["push"] == {"branches": ["main"], "tags": ["v*"]}
     assert workflow["permissions"] == {"contents": "read", "packages": "write"}
+    # a retrain's call for a commit and the push build of the same commit take turns; different commits do not
+    assert workflow["concurrency"] == {"group": "images-${{ github.sha }}", "cancel-in-progress": False}
     assert workflow["env"]["REGISTRY"] == REGISTRY
     (job,) = workflow["jobs"].values()
     built = {(m["image"], m["dockerfile"]) for m in job["strategy"]["matrix"]["include"]}
@@ -372,7 +376,9 @@ def test_retrain_job_limits():
     workflow = load_workflow(RETRAIN_WORKFLOW)
     assert workflow["permissions"] == {"contents": "read", "packages": "read"}
     assert workflow["concurrency"] == {"group": "retrain", "cancel-in-progress": False}
-    (job,) = workflow["jobs"].values()
+    assert set(workflow["jobs"]) == {"images", "retrain"}
+    job = workflow["jobs"]["retrain"]
+    assert job["needs"] == "images" and "permissions" not in job  # reads packages only
     assert job["runs-on"] == "ubuntu-latest" and job["timeout-minutes"] == 360  # the hosted runners' maximum
     uses = [step.get("uses", "").split("@")[0] for step in job["steps"]]
     assert uses[:2] == ["actions/checkout", "actions/setup-python"]
@@ -382,7 +388,7 @@ def test_retrain_job_limits():
 
 
 def test_no_untrusted_expression_in_scripts():
-    for path in (TEST_WORKFLOW, RETRAIN_WORKFLOW):
+    for path in (TEST_WORKFLOW, RETRAIN_WORKFLOW, IMAGES_WORKFLOW, REPORT_WORKFLOW):
         assert not untrusted_in_scripts(load_workflow(path)), path.name
 
 
@@ -542,6 +548,10 @@ def test_submit_step_maps_each_exit_status(tmp_path, status):
     else:
         assert len(errors) == 1, proc.stdout
         assert expected.get(status, "unexpected status") in errors[0]
+    if status == 5:  # the run goes on: which one, and how to follow it again
+        assert "run 4f2c-91ab goes on" in errors[0] and "fourm-kfp submit --attach 4f2c-91ab" in errors[0]
+    if status == 2:
+        assert "no run was created" in errors[0]
 
 
 def test_submit_step_fails_clearly_without_configuration(tmp_path):
@@ -599,9 +609,73 @@ def test_report_workflow_runs_daily_and_reports_the_runs_that_ended(tmp_path):
     window = float(step["env"]["REPORT_HOURS"])
     assert 24 < window < 48, "a day and some overlap: a delayed schedule loses no run"
     for status, expected in ((0, "## Retrain report: ok"), (3, "## Retrain report: refused"),
-                             (1, "## Retrain report: failed"), (4, "## Retrain report: unchecked")):
+                             (1, "## Retrain report: failed"), (4, "## Retrain report: unchecked"),
+                             (5, "## Retrain report: not followed")):
         proc, summary = _run_step(step, tmp_path, _submit_step_env(step, STUB_EXIT=str(status)))
         assert proc.returncode == status and expected in summary, proc.stdout + summary
         args = build_parser().parse_args((tmp_path / "args").read_text().split("\0")[:-1])
         assert args.command == "submit" and args.report == window and args.experiment == "fourm-retrain"
         assert not args.wait and not args.attach
+
+
+# ------------------------------------------------------------------------------ images for the dispatched commit
+
+
+def test_retrain_builds_the_images_of_its_own_commit_whatever_the_branch():
+    """A retrain dispatched on a branch images.yml does not build on push gets its images from its own call of
+    images.yml (existing ones skipped), not a 100-minute wait for images that never come; only that job may push."""
+    retrain, images = load_workflow(RETRAIN_WORKFLOW), load_workflow(IMAGES_WORKFLOW)
+    call = retrain["jobs"]["images"]
+    assert call["uses"] == "./.github/workflows/images.yml" and (REPO / call["uses"]).is_file()
+    assert call["permissions"] == {"contents": "read", "packages": "write"}
+    assert call["with"] == {"skip_existing": True} and "if" not in call  # every trigger, every branch
+    assert retrain["jobs"]["retrain"]["needs"] == "images"
+    on = triggers(images)
+    for trigger in ("workflow_call", "workflow_dispatch"):
+        declared = on[trigger]["inputs"]["skip_existing"]
+        assert declared["type"] == "boolean" and declared["default"] is False, trigger
+    # the retrain job only checks what its images job pushed: a short wait, not the build's 90 minutes
+    check = step_by_id(retrain, "images")
+    assert int(check["env"]["IMAGE_WAIT_S"]) <= 600
+    (build,) = images["jobs"].values()
+    for step in build["steps"]:
+        if step.get("uses", "").startswith(("docker/setup-buildx-action", "docker/build-push-action")):
+            assert step["if"] == "steps.existing.outputs.skip != 'true'", step["uses"]
+
+
+REGISTRY_STUB = r"""#!/usr/bin/env bash
+echo "$*" >> "$DOCKER_CALLS"
+case " $PRESENT " in *" $3 "*) exit 0 ;; esac
+exit 1
+"""
+
+
+@pytest.mark.parametrize("skip_existing, present, skipped", [
+    ("true", "r/img:abc123 r/img:1.0.0", True),   # every tag there: nothing to build
+    ("true", "r/img:abc123", False),             # the version tag is missing (a tag push of a built commit)
+    ("false", "r/img:abc123 r/img:1.0.0", False),  # a push or a plain dispatch always builds
+    ("", "r/img:abc123 r/img:1.0.0", False),     # no input at all (a push)
+])
+def test_the_images_workflow_skips_an_image_whose_tags_are_all_in_the_registry(tmp_path, skip_existing, present,
+                                                                              skipped):
+    step = step_by_id(load_workflow(IMAGES_WORKFLOW), "existing")
+    assert step["env"]["SKIP_EXISTING"] == "${{ inputs.skip_existing || false }}"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(REGISTRY_STUB)
+    (bin_dir / "docker").chmod(0o755)
+    out = tmp_path / "out"
+    out.write_text("")
+    calls = tmp_path / "calls"
+    proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "GITHUB_OUTPUT": str(out),
+                               "SKIP_EXISTING": skip_existing, "TAGS": "r/img:abc123,r/img:1.0.0",
+                               "PRESENT": present, "DOCKER_CALLS": str(calls)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert out.read_text() == f"skip={'true' if skipped else 'false'}\n"
+    inspected = calls.read_text().splitlines() if calls.exists() else []
+    if skip_existing == "true":
+        assert inspected == ["manifest inspect r/img:abc123", "manifest inspect r/img:1.0.0"]
+    else:
+        assert not inspected

@@ -298,13 +298,17 @@ def test_following_gives_up_after_too_many_errors_in_a_row(tracking):
     assert f"exit status {EXIT_NOT_FOLLOWED}: " in lines[-1]
 
 
-def test_a_non_transient_error_while_following_is_not_retried():
-    emulator = KfpApiEmulator(_frames("SUCCEEDED"), run_faults=[404])
+def test_a_non_transient_error_while_following_is_not_retried(tracking):
+    """A 404 on the run's read is not retried; the run exists, so following stops with exit 5 (not exit 2)."""
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"), on_run_created=_pipeline_writes_gate(tracking, True),
+                              run_faults=[404])
     try:
-        with pytest.raises(UserError, match="answered 404"):
-            submit(_request(emulator, wait=True), out=lambda line: None)
+        lines: list[str] = []
+        result = submit(_request(emulator, tracking, wait=True), out=lines.append)
     finally:
         emulator.close()
+    _stopped_with_the_lineage_open(tracking, result, lines, emulator)
+    assert "answered 404" in result.stopped and not any(line.startswith("  (KFP API: ") for line in lines)
 
 
 def test_help_says_what_each_exit_code_means():
@@ -447,18 +451,72 @@ def test_the_service_account_token_file_is_used_with_an_explicit_host(tmp_path, 
     assert set(headers) == {"Bearer sa-token-1", "Bearer sa-token-2"}
 
 
-def test_kfp_token_wins_and_its_401_is_not_retried(tmp_path, monkeypatch):
+def test_kfp_token_wins_and_its_401_is_not_retried(tmp_path, monkeypatch, capsys):
+    """A static KFP_TOKEN is not re-read, so its 401 is not retried; the run was created, so it is exit 5 (the run goes
+    on), with the command that reattaches to it, not exit 2 ("nothing was started")."""
     token = tmp_path / "token"
     token.write_text("sa-token")
     monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(token))
     monkeypatch.setenv("KFP_TOKEN", "ci-token")
     emulator = KfpApiEmulator(_frames("SUCCEEDED"), run_faults=[401])
     try:
-        with pytest.raises(UserError, match="answered 401.*KFP_TOKEN"):
-            submit(_request(emulator, wait=True), out=lambda line: None)
+        code = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--wait", "--poll", "0.01",
+                         "--mlflow-tracking-uri", "none"])
     finally:
         emulator.close()
+    out = capsys.readouterr().out
+    [run_id] = emulator.runs
+    assert code == EXIT_NOT_FOLLOWED, out
+    assert f"fourm-kfp submit --attach {run_id} --host {emulator.url}" in out and "answered 401" in out
     assert {auth for _, _, auth in emulator.requests} == {"Bearer ci-token"}
+    assert [path for _, path, _ in emulator.requests].count(f"/apis/v2beta1/runs/{run_id}") == 1  # not retried
+
+
+def _stopped_with_the_lineage_open(tracking: str, result, lines: list[str], emulator) -> None:
+    """Following stopped after the run was created: exit 5, the parent run open and tagged with how to reattach."""
+    assert result.exit_code == EXIT_NOT_FOLLOWED and result.stopped, lines
+    parent = lineage._client(tracking).get_run(result.mlflow_parent_run_id)
+    hint = f"fourm-kfp submit --attach {result.run_id} --host {emulator.url}"
+    assert parent.info.status == "RUNNING" and hint in parent.data.tags[TAG_FOLLOWING]
+    assert any(hint in line for line in lines)
+    assert lines[-1].splitlines()[-1] == f"exit status 5: {EXIT_CODES[EXIT_NOT_FOLLOWED]}"
+
+
+def test_an_expired_static_token_while_following_stops_following_not_the_run(tracking, monkeypatch):
+    """The CI secret's token expires while the run goes on (the server's TokenReview answers 401 from then on)."""
+    monkeypatch.setenv("KFP_TOKEN", "static-token")
+    emulator = KfpApiEmulator(_long_frames(), on_run_created=_pipeline_writes_gate(tracking, True))
+    emulator.reject_tokens.add("static-token")
+    try:
+        lines: list[str] = []
+        result = submit(_request(emulator, tracking, wait=True), out=lines.append)
+    finally:
+        emulator.close()
+    _stopped_with_the_lineage_open(tracking, result, lines, emulator)
+    assert "answered 401" in result.stopped and "token has expired" in result.stopped
+
+
+@pytest.mark.filterwarnings("ignore:This client only works with Kubeflow Pipeline v2:FutureWarning")
+def test_a_tls_failure_while_following_stops_following_not_the_run(tracking, monkeypatch):
+    """The server's certificate changes to one this machine does not trust while the run goes on."""
+    import kfp
+
+    monkeypatch.delenv("KFP_TOKEN", raising=False)
+    emulator = KfpApiEmulator(_long_frames(), tls=True)
+    gate = _pipeline_writes_gate(tracking, True)
+
+    def created(run: dict) -> None:
+        gate(run)
+        emulator.rotate_certificate()
+    emulator.on_run_created = created
+    try:
+        client = kfp.Client(host=emulator.url, ssl_ca_cert=emulator.ca_path)
+        lines: list[str] = []
+        result = submit(_request(emulator, tracking, wait=True, max_poll_errors=1), client=client, out=lines.append)
+    finally:
+        emulator.close()
+    _stopped_with_the_lineage_open(tracking, result, lines, emulator)
+    assert "CERTIFICATE_VERIFY_FAILED" in result.stopped
 
 
 def test_without_a_token_no_authorization_is_sent(tmp_path, monkeypatch):
@@ -486,8 +544,8 @@ def test_the_stage_table_maps_tasks_to_stages_by_component():
     assert {"pretrain-2", "pretrain-2-driver", "executor", "train-tokenizers-3", "label-2"} <= names
     assert any(name.startswith("condition-") for name in names)
     assert [row["name"] for row in result.stages] == list(STAGES)
-    assert [row["task"] for row in result.stages] == ["prepare-data", "label-2", "train-tokenizers-3", "pretokenize",
-                                                      "pretrain-2", "evaluate-2"]
+    assert [row["task"] for row in result.stages] == ["prepare-data", "label-2", "train-tokenizers-3",
+                                                      "pretokenize-2", "pretrain-2", "evaluate-2"]
     assert all(row["state"] == "SUCCEEDED" and row["seconds"] == 42.0 for row in result.stages)
     printed = [line.strip().split(":")[0] for line in lines if line.startswith("  ") and ": " in line]
     assert set(printed) <= set(STAGES) and "pretrain" in printed
@@ -666,3 +724,142 @@ def test_report_reads_the_gate_of_every_run_that_ended_in_the_window_and_exits_b
         emulator.close()
     assert not emulator.rejected, emulator.rejected
     assert "2 run(s) of experiment fourm-retrain ended in the last 24 h" in lines
+
+
+def test_an_empty_verdict_is_unreadable_not_a_pass(tracking):
+    """gate.json `{}`: neither a decision (`promoted`) nor why the gate did not run (`skipped`): exit 4, not 0."""
+    def writes_empty_gate(run: dict) -> None:
+        with lineage.stage_run(tracking, run["runtime_config"]["parameters"]["mlflow_parent_run_id"], "evaluate") \
+                as tracker:
+            tracker.set_tags({lineage.TAG_STATUS: "ran", lineage.TAG_REUSED: "false"})
+            tracker.log_artifact("gate.json", b"{}")
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"), on_run_created=writes_empty_gate)
+    try:
+        lines: list[str] = []
+        result = submit(_request(emulator, tracking, wait=True), out=lines.append)
+    finally:
+        emulator.close()
+    assert result.state == "SUCCEEDED" and result.exit_code == EXIT_GATE_UNREAD, lines
+    assert "gate.json of evaluate run" in result.gate_error and "promoted" in result.gate_error
+    assert lines[-1].endswith(f"exit status 4: {EXIT_CODES[EXIT_GATE_UNREAD]}")
+
+
+def test_the_emulator_answers_healthz_as_the_server_does():
+    """newHealthzResponse (apiserver main.go, KFP 2.17): the image's TAG_NAME and COMMIT_SHA, multi_user and the
+    pipeline store; kfp-server-api's model keeps only the last two, so the version is read from the raw answer."""
+    import urllib.request
+
+    emulator = KfpApiEmulator(tag_name="2.16.1", multi_user=True)
+    try:
+        with urllib.request.urlopen(f"{emulator.url}/apis/v2beta1/healthz") as answer:
+            body = json.loads(answer.read())
+        model = make_client(emulator.url, "team-a").get_kfp_healthz().to_dict()
+    finally:
+        emulator.close()
+    assert body == {"commit_sha": emulator.commit_sha, "tag_name": "2.16.1", "multi_user": True,
+                    "pipeline_store": "database"}
+    assert model == {"multi_user": True, "pipeline_store": "database"}
+
+
+@pytest.mark.parametrize("tag_name", ["2.14.0", "2.14.4", "v2.5.0", "1.8.5"])
+def test_a_server_below_the_version_floor_is_refused_before_anything_is_uploaded(capsys, tag_name):
+    """`optional: true` on Secret/ConfigMap env is passed to the pod from KFP 2.15 (an older driver fails every step
+    with CreateContainerConfigError when the Secret or a key is missing), so submit refuses an older server."""
+    emulator = KfpApiEmulator(tag_name=tag_name)
+    try:
+        code = cli_main(["submit", "--host", emulator.url, "--preset", "smoke"])
+        schedule = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--schedule", "@daily"])
+    finally:
+        emulator.close()
+    err = capsys.readouterr().err
+    assert code == schedule == EXIT_USER_ERROR, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"Error: --host {emulator.url}: the KFP server is {tag_name.removeprefix('v')}; "
+                           "fourm-kfp needs KFP >= 2.15.0"), line
+    assert "optional" in line and "CreateContainerConfigError" in line
+    assert not emulator.pipelines and not emulator.runs and not emulator.recurring_runs
+
+
+@pytest.mark.parametrize("tag_name, warned", [("2.15.0", False), ("2.17.0", False), ("2.15.0-rc.1", False),
+                                              ("unknown", True), ("master", True), ("1.0-dev", True)])
+def test_a_server_at_the_floor_or_of_unknown_version_is_accepted(tag_name, warned):
+    """A release image names its version; one built without TAG_NAME answers `unknown`, a master build `master`,
+    a dev build e.g. `1.0-dev`: accepted with a warning line."""
+    emulator = KfpApiEmulator(tag_name=tag_name)
+    try:
+        lines: list[str] = []
+        result = submit(_request(emulator), out=lines.append)
+    finally:
+        emulator.close()
+    assert result.exit_code == EXIT_SUCCEEDED and len(emulator.runs) == 1
+    warnings = [line for line in lines if line.startswith("warning: ")]
+    assert bool(warnings) is warned, lines
+    if warned:
+        assert f"tag_name {tag_name!r}" in warnings[0] and "2.15.0" in warnings[0]
+
+
+def test_the_tracking_uri_travels_with_a_run_not_waited_for_and_the_report_reads_the_gate_there(tmp_path,
+                                                                                                monkeypatch):
+    """Without --wait (the 4m-b preset) the run still gets the submitter's tracking URI as its mlflow_tracking_uri,
+    so its pipeline writes its lineage there; --report reads the gate where the run wrote it, not at its own
+    --mlflow-tracking-uri (another address, e.g. the CI secret's, where nothing of this run is)."""
+    from fourm_kfp.pipeline_runs.run_report import report
+
+    written, elsewhere = (f"sqlite:///{tmp_path / name}.db" for name in ("written", "elsewhere"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", written)
+
+    def pipeline_opens_its_parent(run: dict) -> None:
+        tracking = run["runtime_config"]["parameters"]["mlflow_tracking_uri"]
+        parent = lineage.start_pipeline_run(tracking, "fourm-pretrain x", {}, {"fourm.kfp_run_id": run["run_id"]})
+        with lineage.stage_run(tracking, parent, "evaluate") as tracker:
+            tracker.set_tags({lineage.TAG_STATUS: "ran", lineage.TAG_REUSED: "false"})
+            tracker.log_artifact("gate.json", json.dumps({"promoted": False, "reason": "worse"}).encode())
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"), on_run_created=pipeline_opens_its_parent)
+    try:
+        submitted = submit(_request(emulator, experiment="fourm-retrain"), out=lambda line: None)
+        params = emulator.runs[submitted.run_id]["runtime_config"]["parameters"]
+        assert params["mlflow_tracking_uri"] == written and "mlflow_parent_run_id" not in params
+        for _ in range(5):
+            emulator._advance(submitted.run_id)
+        lines: list[str] = []
+        done = report(_request(emulator, elsewhere, experiment="fourm-retrain"), 24, out=lines.append)
+    finally:
+        emulator.close()
+    [result] = done.results
+    assert result.exit_code == EXIT_GATE_REFUSED and result.gate["reason"] == "worse", lines
+    assert f"reading the gate at {written} (the run's mlflow_tracking_uri parameter)" in lines
+
+
+def test_attach_reads_the_gate_at_the_option_when_the_run_names_no_tracking_uri(tracking, monkeypatch, capsys):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+    def pipeline_opens_its_parent(run: dict) -> None:
+        assert "mlflow_tracking_uri" not in run["runtime_config"]["parameters"]
+        parent = lineage.start_pipeline_run(tracking, "fourm-pretrain x", {}, {"fourm.kfp_run_id": run["run_id"]})
+        with lineage.stage_run(tracking, parent, "evaluate") as tracker:
+            tracker.set_tags({lineage.TAG_STATUS: "ran", lineage.TAG_REUSED: "false"})
+            tracker.log_artifact("gate.json", json.dumps({"promoted": True, "reason": "better"}).encode())
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"), on_run_created=pipeline_opens_its_parent)
+    try:
+        submitted = submit(_request(emulator), out=lambda line: None)
+        code = cli_main(["submit", "--attach", submitted.run_id, "--host", emulator.url, "--poll", "0.01",
+                         "--mlflow-tracking-uri", tracking])
+    finally:
+        emulator.close()
+    out = capsys.readouterr().out
+    assert code == EXIT_SUCCEEDED, out
+    assert f"reading the gate at {tracking} (--mlflow-tracking-uri or $MLFLOW_TRACKING_URI: the run names none)" in out
+
+
+def test_a_tls_failure_kfp_server_api_answers_as_status_0_is_one_line():
+    """kfp-server-api turns a urllib3 SSLError it is not retrying into ApiException(status=0, reason="SSLError\\n...")
+    (rest.py): that is no answer from the server, so it is said as such, in one line."""
+    import kfp_server_api
+
+    from fourm_kfp.pipeline_runs.kfp_api import kfp_api_errors
+
+    with pytest.raises(UserError) as caught:
+        with kfp_api_errors("https://kfp.example.com"):
+            raise kfp_server_api.ApiException(status=0, reason="SSLError\n[SSL: CERTIFICATE_VERIFY_FAILED] expired")
+    assert str(caught.value) == ("--host https://kfp.example.com: cannot reach the KFP API: SSLError "
+                                 "[SSL: CERTIFICATE_VERIFY_FAILED] expired")

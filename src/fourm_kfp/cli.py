@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--part", type=int, help="fan-out stages: run only this worker (0..parts-1), no collect")
 
     from fourm_kfp.cluster.job_spec import JOB_STAGES
-    from fourm_kfp.launchers.torchx_job import SCHEDULERS
+    from fourm_kfp.launchers.torchx_job import CREDENTIALS_SECRET, SCHEDULERS
 
     launch = sub.add_parser(
         "launch", help="run pretrain or train-tokenizers as a torchx dist.ddp job (local_cwd, slurm, kubernetes), "
@@ -92,11 +92,24 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--cpu", type=int, default=0, help="CPUs per replica (default: 8 per GPU, 8 without GPUs)")
     launch.add_argument("--gpu", type=int, default=0, help="GPUs per replica (default 0)")
     launch.add_argument("--mem-mb", type=int, default=0,
-                        help="memory per replica in MB, the container's limit on kubernetes (default: 65536 per GPU, "
-                             "32768 without GPUs)")
+                        help="memory per replica in MB (default: 65536 per GPU, 32768 without GPUs); on kubernetes "
+                             "the container's limit, requesting 1024 MB less (torchx's reserve for the node)")
     launch.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                        help="environment of the replicas (repeatable), e.g. S3 credentials for kubernetes pods "
-                             "(local_cwd and slurm replicas also inherit this process's)")
+                        help="environment of the replicas (repeatable; local_cwd and slurm replicas also inherit "
+                             "this process's); kubernetes pods get no credentials from here (--credentials-secret)")
+    launch.add_argument("--credentials-secret", default=CREDENTIALS_SECRET, metavar="SECRET",
+                        help="kubernetes: the Secret the pods read AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and "
+                             "MLFLOW_TRACKING_TOKEN where it holds one) from, by reference; credentials given with "
+                             f"--env or set here are never copied into the job (default {CREDENTIALS_SECRET}, the one "
+                             "manifests/base creates)")
+    launch.add_argument("--toleration", action="append", default=[], metavar="JSON",
+                        help="kubernetes: a toleration of the pods (repeatable), a JSON toleration object or a JSON "
+                             "list of them as the pipeline's pretrain_tolerations; pods requesting GPUs tolerate "
+                             "nvidia.com/gpu:NoSchedule anyway")
+    launch.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE",
+                        help="kubernetes: a node label the pods require (repeatable)")
+    launch.add_argument("--image-pull-secret", default="", metavar="SECRET",
+                        help="kubernetes: the kubernetes.io/dockerconfigjson Secret the pods pull the image with")
     launch.add_argument("--rdzv-port", type=int, default=0,
                         help="rendezvous port (default: a free one for local_cwd, else derived from the address)")
     launch.add_argument("--force", action="store_true", help="recompute even if the output is committed")
@@ -184,8 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--max-poll-errors", type=int, default=8, metavar="N",
                         help="--wait: give up following after N transient API errors in a row (5xx, resets; "
                              "retried with backoff from --poll up to 5 minutes; default 8)")
-    submit.add_argument("--mlflow-tracking-uri", default=None, help="with --wait: open the MLflow parent run here "
-                        "(tagged with the CI job), and read the gate's verdict (default: $MLFLOW_TRACKING_URI)")
+    submit.add_argument("--mlflow-tracking-uri", default=None,
+                        help="the MLflow server the run records its lineage and gate on, passed to it as its "
+                             "mlflow_tracking_uri (waited for or not); with --wait, submit opens the parent run there "
+                             "(tagged with the CI job) and reads the gate. --attach/--report read the gate where the "
+                             "run wrote it (its mlflow_tracking_uri), this only when it names none (default: "
+                             "$MLFLOW_TRACKING_URI)")
 
     ui = sub.add_parser("ui", help="serve the MLflow UI on a run folder's store (needs the `ui` extra: make ui)")
     ui.add_argument("--root", default="runs/demo", help="run folder whose mlflow.db to show (default runs/demo)")
@@ -290,12 +307,16 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     from fourm_kfp.launchers.stage import local_root
-    from fourm_kfp.launchers.torchx_job import TorchxParams, launch_torchx
+    from fourm_kfp.launchers.torchx_job import TorchxParams, launch_torchx, tolerations_from_json
 
     env = _pairs(args.env, "--env", empty_ok=True)
     root = local_root(args.root)
     params = TorchxParams(scheduler=args.scheduler, j=args.j, scheduler_args=args.scheduler_arg, image=args.image,
-                          cpu=args.cpu, gpu=args.gpu, mem_mb=args.mem_mb, env=env, rdzv_port=args.rdzv_port)
+                          cpu=args.cpu, gpu=args.gpu, mem_mb=args.mem_mb, env=env, rdzv_port=args.rdzv_port,
+                          credentials_secret=args.credentials_secret,
+                          tolerations=tolerations_from_json(args.toleration),
+                          node_selector=_pairs(args.node_selector, "--node-selector"),
+                          image_pull_secret=args.image_pull_secret)
     outcome = launch_torchx(args.name, _run_context(args, root), root=root, force=args.force,
                               input_uris=_input_uris(args.input), params=params)
     text = json.dumps(outcome.to_dict(), indent=2)
@@ -393,10 +414,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
         raise UserError("--host (or $KFP_HOST): the KFP API endpoint to submit to")
     request = SubmitRequest(host=host, preset=args.preset, overrides=args.overrides,
-                            parameters=_pairs(args.param, "--param", "NAME=VALUE", empty_ok=True), namespace=args.namespace,
-                            experiment=args.experiment, package=args.package, image_tag=args.image_tag,
-                            run_name=args.run_name,
-                            schedule=args.schedule, wait=args.wait, timeout_s=args.timeout, poll_s=args.poll,
+                            parameters=_pairs(args.param, "--param", "NAME=VALUE", empty_ok=True),
+                            namespace=args.namespace, experiment=args.experiment, package=args.package,
+                            image_tag=args.image_tag, run_name=args.run_name, schedule=args.schedule,
+                            wait=args.wait, timeout_s=args.timeout, poll_s=args.poll,
                             max_poll_errors=args.max_poll_errors, tracking_uri=args.mlflow_tracking_uri or "")
 
     def stop(signum, frame):  # a cancelled CI job: stop following as Ctrl-C does, the run goes on

@@ -8,22 +8,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fourm_kfp.pipeline_runs.run_outcome import SubmitResult
+from fourm_kfp.pipeline_runs.run_outcome import SubmitResult, error_line, verdict_problem
 
 
 class GateUnreadable(Exception):
     """The gate's verdict of a succeeded run could not be read; the message says why."""
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 def gate_verdict(tracking_uri: str, parent_run_id: str) -> dict[str, Any]:
     """The evaluate stage's ``gate.json`` (from the run that produced a reused evaluation, if it was reused);
-    :class:`GateUnreadable` with the reason when there is none or it cannot be read (e.g. an ``s3://`` artifact
-    root this machine has no credentials or client for)."""
+    :class:`GateUnreadable` with the reason when there is none, it cannot be read (e.g. an ``s3://`` artifact root
+    this machine has no credentials or client for) or it is not a verdict (:func:`.run_outcome.verdict_problem`)."""
     import tempfile
 
     from fourm_kfp.contract import lineage
@@ -32,7 +27,7 @@ def gate_verdict(tracking_uri: str, parent_run_id: str) -> dict[str, Any]:
         runs = lineage.child_runs(tracking_uri, parent_run_id)
     except Exception as exc:
         raise GateUnreadable(f"cannot search the stage runs under MLflow run {parent_run_id} at "
-                             f"{tracking_uri}: {_first_line(exc)}") from None
+                             f"{tracking_uri}: {error_line(exc)}") from None
     evaluate = [run for run in runs if run.data.tags.get(lineage.TAG_STAGE) == "evaluate"]
     if not evaluate:
         raise GateUnreadable(f"no evaluate stage run under MLflow run {parent_run_id}: the run did not record it")
@@ -49,9 +44,10 @@ def gate_verdict(tracking_uri: str, parent_run_id: str) -> dict[str, Any]:
         except Exception as exc:
             where = run.info.artifact_uri if source == run.info.run_id else f"run {source}"
             raise GateUnreadable(f"cannot read gate.json of evaluate run {source} ({where}): "
-                                 f"{_first_line(exc)}") from None
-    if not isinstance(gate, dict):
-        raise GateUnreadable(f"gate.json of evaluate run {source} is not a JSON object")
+                                 f"{error_line(exc)}") from None
+    problem = verdict_problem(gate)
+    if problem:
+        raise GateUnreadable(f"gate.json of evaluate run {source} is not a verdict: {problem}")
     return gate
 
 

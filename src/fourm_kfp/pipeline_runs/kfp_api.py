@@ -2,7 +2,8 @@
 (one line each, and which are worth another try), and the rules the server applies to what it is sent, checked
 here first with a clear error: run parameters typed as the compiled pipeline declares them
 (``validatePipelineJobInputs``), cron read as robfig/cron v1.2 reads it (seconds first), pipelines and versions
-found across every page of a list and uploaded into a profile's namespace.
+found across every page of a list and uploaded into a profile's namespace; and the server's version, which must be
+at least :data:`KFP_VERSION_FLOOR` (:func:`check_server_version`).
 
 Authentication is what ``kfp.Client`` users expect: a bearer token from ``KFP_TOKEN`` (e.g. a CI secret), else
 the service-account token file KFP mounts in a pod (``KF_PIPELINES_SA_TOKEN_PATH``, else kfp's default path), passed
@@ -23,6 +24,16 @@ from fourm_kfp.errors import UserError
 
 #: While following, API answers worth another try (the server or a proxy in front of it hiccuped).
 TRANSIENT_STATUS = {429, 500, 502, 503, 504}
+
+#: The oldest KFP backend that runs the pipeline as compiled, and why.
+KFP_VERSION_FLOOR = (2, 15, 0)
+KFP_FLOOR_REASON = ("its steps' Secret and ConfigMap environment variables are `optional: true`, which the KFP driver "
+                    "passes to the pod from 2.15 on (an older one makes them required: every step fails with "
+                    "CreateContainerConfigError when the Secret or a key is missing), and the namespace rule of "
+                    "multi-user uploads that --namespace follows (REQUIRE_NAMESPACE_FOR_PIPELINES) is 2.15's")
+#: A release's ``tag_name`` (the API server image's TAG_NAME build arg: ``2.17.0``, a release candidate
+#: ``2.15.0-rc.1``); builds from source answer ``unknown`` (no TAG_NAME), ``master``, ``1.0-dev`` ...
+RELEASE_TAG = re.compile(r"v?([0-9]+)\.([0-9]+)\.([0-9]+)(?:-rc\.?[0-9]+)?")
 
 
 def service_account_token_path() -> str:
@@ -85,6 +96,8 @@ def kfp_api_errors(host: str):
     except urllib3.exceptions.HTTPError as exc:
         raise UserError(f"--host {host}: cannot reach the KFP API: {_connection_reason(exc)}") from None
     except kfp_server_api.ApiException as exc:
+        if exc.status == 0:  # kfp-server-api's wrapping of a urllib3 SSLError (a TLS failure): no answer at all
+            raise UserError(f"--host {host}: cannot reach the KFP API: {_connection_reason(exc)}") from None
         hint = " (set KFP_TOKEN, or run where the KFP service-account token is mounted)" \
             if exc.status in (401, 403) else ""
         if "Namespace is required" in _api_message(exc):
@@ -93,6 +106,34 @@ def kfp_api_errors(host: str):
                         f"{hint}") from None
     except TimeoutError as exc:  # kfp.Client's healthz check gives up after 5 tries
         raise UserError(f"--host {host}: the KFP API did not answer: {exc}") from None
+
+
+def server_version(client) -> str:
+    """The KFP API server's ``tag_name``, from ``/apis/v2beta1/healthz`` (``commit_sha``, ``tag_name``,
+    ``multi_user``, ``pipeline_store``; kfp-server-api's response model drops the first two, so the JSON is read)."""
+    answer = client.healthzs.healthz_service_get_healthz(_preload_content=False)
+    try:
+        body = json.loads(answer.data or b"{}")
+    except ValueError:
+        body = {}
+    return str(body.get("tag_name") or "") if isinstance(body, dict) else ""
+
+
+def check_server_version(client, host: str, out: Callable[[str], None]) -> str:
+    """The server's version (:func:`server_version`); a :class:`UserError` naming the floor and why when it is a
+    release below :data:`KFP_VERSION_FLOOR`. A server that names no release (built from source) is accepted with a
+    warning line, since its version cannot be told."""
+    tag = server_version(client)
+    floor = ".".join(map(str, KFP_VERSION_FLOOR))
+    match = RELEASE_TAG.fullmatch(tag)
+    if match is None:
+        out(f"warning: the KFP server names no release version (healthz tag_name {tag!r}: built from source?), so "
+            f"fourm-kfp cannot check that it is KFP >= {floor}, which it needs: {KFP_FLOOR_REASON}")
+        return tag
+    if tuple(int(part) for part in match.groups()) < KFP_VERSION_FLOOR:
+        raise UserError(f"--host {host}: the KFP server is {tag.removeprefix('v')}; fourm-kfp needs KFP >= {floor}: "
+                        f"{KFP_FLOOR_REASON}. Upgrade Kubeflow Pipelines (manifests/README.md, Prerequisites)")
+    return tag
 
 
 def transient_error(exc: BaseException, client) -> str | None:

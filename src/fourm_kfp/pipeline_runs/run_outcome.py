@@ -6,7 +6,8 @@ Exit codes: 0 the run succeeded (the model was promoted or the gate kept the cha
 failed or was cancelled, 2 a user error (bad arguments, or the KFP API unreachable or refusing the request: one
 line, no traceback), 3 the run succeeded but the gate refused the model, 4 the run succeeded but the gate's verdict
 could not be read (no tracking URI, no evaluate run, an artifact store this machine cannot read: the reason is
-printed), 5 following stopped before the run ended (the run goes on).
+printed, or it is neither a decision nor a reason the gate was skipped, e.g. ``{}``), 5 following stopped after the
+run was created and before it ended, for whatever reason (the run goes on: ``--attach RUN_ID`` follows it again).
 """
 
 from __future__ import annotations
@@ -23,8 +24,26 @@ EXIT_CODES = {EXIT_SUCCEEDED: "the run was created (with --wait: it succeeded an
               EXIT_GATE_REFUSED: "the run succeeded but the model gate refused the model (--wait)",
               EXIT_GATE_UNREAD: "the run succeeded but the model gate's verdict could not be read (--wait; the "
                                 "reason is printed): the model was not checked",
-              EXIT_NOT_FOLLOWED: "following stopped before the run ended (--timeout, interrupted, or the KFP API "
-                                 "failed too many times in a row); the run goes on: --attach RUN_ID follows it"}
+              EXIT_NOT_FOLLOWED: "following stopped before the run ended (--timeout, interrupted, the KFP API "
+                                 "failed too many times in a row, or an error that is not retried, e.g. an expired "
+                                 "token or a TLS failure); the run goes on: --attach RUN_ID follows it"}
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def verdict_problem(gate: Any) -> str | None:
+    """Why ``gate`` (a parsed ``gate.json``) is not a verdict, else None. A verdict is the gate's decision
+    (``promoted``: true or false) or the reason it did not run (``skipped``: a non-empty text)."""
+    if not isinstance(gate, dict):
+        return "it is not a JSON object"
+    if isinstance(gate.get("promoted"), bool) or (isinstance(gate.get("skipped"), str) and gate["skipped"].strip()):
+        return None
+    return ("it has neither a decision (promoted: true or false) nor the reason the gate was skipped (skipped), "
+            f"found {sorted(gate) or 'no fields'}")
 
 
 @dataclass
@@ -69,7 +88,7 @@ class SubmitResult:
             return EXIT_SUCCEEDED
         if self.state != "SUCCEEDED":
             return EXIT_FAILED
-        if self.gate_error:
+        if self.gate_error or verdict_problem(self.gate):
             return EXIT_GATE_UNREAD
         if self.gate and not self.gate.get("skipped") and not self.gate.get("promoted"):
             return EXIT_GATE_REFUSED

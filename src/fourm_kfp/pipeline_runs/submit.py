@@ -2,22 +2,28 @@
 
 :func:`submit`:
 
-1. takes the compiled pipeline (the committed ``fourm_pretrain.yaml``, or a fresh compile) and uploads it: a new
-   pipeline the first time, else a new **version** named after the YAML's content hash (the same YAML reuses its
-   version, found across every page of the list); with ``namespace``, into that profile's namespace;
-2. opens the MLflow parent run itself when it will wait and a tracking URI is given, tagged with the CI job that
-   asked (``GITHUB_*``/``CI_*`` variables), so the lineage says which commit and job retrained; without waiting the
-   pipeline opens and closes its own;
+1. takes the compiled pipeline (the committed ``fourm_pretrain.yaml``, or a fresh compile), refuses a KFP server
+   older than the pipeline needs (:func:`.kfp_api.check_server_version`), and uploads it: a new pipeline the first
+   time, else a new **version** named after the YAML's content hash (the same YAML reuses its version, found across
+   every page of the list); with ``namespace``, into that profile's namespace;
+2. gives the run the resolved MLflow tracking URI (``tracking_uri``, else ``$MLFLOW_TRACKING_URI``) as its
+   ``mlflow_tracking_uri`` parameter, waited for or not, so its lineage goes where the submitter (and a later
+   ``--attach``/``--report``) reads it; opens the MLflow parent run itself when it will wait, tagged with the CI job
+   that asked (``GITHUB_*``/``CI_*`` variables), so the lineage says which commit and job retrained; without waiting
+   the pipeline opens and closes its own;
 3. creates a run in the experiment (or, with ``schedule``, a recurring run with that cron expression, checked as
    the server's 6-field seconds-first cron and created with ``no_catchup``) with the preset, overrides and stage
    parameters, and prints the run's UI link;
 4. with ``wait``, follows the run: each task's state as it changes, then the stage table and the model gate's
-   verdict, read from the evaluate stage's MLflow run (``gate.json``).
+   verdict, read from the evaluate stage's MLflow run (``gate.json``). Once the run exists, nothing stops it: an
+   error while following (one that is not retried, e.g. an expired ``KFP_TOKEN`` or a TLS failure) stops following
+   only, with exit 5 and the command that reattaches, as ``--timeout`` does.
 
 The request, the result and what its exit status means are :mod:`.run_outcome`; following a run is :mod:`.follow`
 (transient API errors — 5xx, 429, a connection reset, a 401 when the token is re-read from a file — retried with
 backoff, up to ``max_poll_errors`` in a row); the gate's verdict is :mod:`.gate_verdict`; ``--report`` is
-:mod:`.run_report`. ``--attach RUN_ID`` (:func:`attach`) follows an existing run as step 4 does.
+:mod:`.run_report`. ``--attach RUN_ID`` (:func:`attach`) follows an existing run as step 4 does and reads its gate
+where the run wrote it (its ``mlflow_tracking_uri``).
 
 The client, its credentials and errors, and the server's rules checked before anything is sent (parameter types,
 cron, namespaces, paged lists) are :mod:`.kfp_api`; ``--namespace`` is the Kubeflow profile namespace of a
@@ -27,6 +33,7 @@ multi-user install.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -34,9 +41,9 @@ from typing import Any, Callable
 from fourm_kfp.errors import UserError
 from fourm_kfp.pipeline_runs.follow import follow_run, stage_tasks
 from fourm_kfp.pipeline_runs.gate_verdict import read_gate
-from fourm_kfp.pipeline_runs.kfp_api import (check_cron, coerce_parameters, kfp_api_errors, make_client, package_spec,
-                                             pipeline_parameter_types, upload)
-from fourm_kfp.pipeline_runs.run_outcome import SubmitRequest, SubmitResult, describe
+from fourm_kfp.pipeline_runs.kfp_api import (check_cron, check_server_version, coerce_parameters, kfp_api_errors,
+                                             make_client, package_spec, pipeline_parameter_types, upload)
+from fourm_kfp.pipeline_runs.run_outcome import SubmitRequest, SubmitResult, describe, error_line
 
 #: Tags on the MLflow parent run submit opens: that submit opened it (so --attach may close it), and how following
 #: it went (stopped, with the command to reattach, or followed to its end).
@@ -73,6 +80,11 @@ def run_url(host: str, run_id: str) -> str:
     return f"{host.rstrip('/')}/#/runs/details/{run_id}"
 
 
+def shown_uri(uri: str) -> str:
+    """A tracking URI as printed: any ``user:password@`` in it replaced by ``***@``."""
+    return re.sub(r"//[^/@]*@", "//***@", uri)
+
+
 def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = print) -> SubmitResult:
     """Upload, create the run (or recurring run), and with ``wait`` follow it; see the module docstring."""
     from fourm_kfp.config.loader import load_config, pinned_overrides
@@ -85,12 +97,18 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     parameters = coerce_parameters(request.parameters, pipeline_parameter_types(package))
     with kfp_api_errors(request.host):
         client = client if client is not None else make_client(request.host, request.namespace)
+        check_server_version(client, request.host, out)
         pipeline_id, version_id = upload(client, package, request.pipeline_name, request.namespace)
         experiment = client.create_experiment(request.experiment, namespace=request.namespace or None)
     label = request.run_name or f"{request.pipeline_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     # The resolved config travels with the run, every value pinned: the pods load exactly it, whatever their image's
     # preset files say, and the lineage records the same (issue: presets changed on main, images did not).
     params: dict[str, Any] = {"preset": request.preset, "config_overrides": pinned_overrides(config), **parameters}
+    # The lineage's address travels with the run, waited for or not: the pipeline writes there (not where its
+    # cluster's default points), and --attach/--report read the gate there.
+    tracking = lineage.resolve_tracking_uri(request.tracking_uri or None, None)
+    if tracking:
+        params["mlflow_tracking_uri"] = tracking
     if request.schedule:
         with kfp_api_errors(request.host):
             # no_catchup: a schedule paused (or a server down) for a week does not start every missed run at once
@@ -101,13 +119,12 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
             f"{request.host.rstrip('/')}/#/recurringrun/details/{recurring.recurring_run_id}")
         return SubmitResult("", "", recurring_run_id=recurring.recurring_run_id, pipeline_id=pipeline_id,
                             version_id=version_id)
-    tracking = lineage.resolve_tracking_uri(request.tracking_uri or None, None) if request.wait else None
     parent = ""
-    if tracking:
+    if tracking and request.wait:
         parent = open_pipeline_run(label, request.preset, list(request.overrides),
                                    str(params.get("store_uri", "s3://fourm-kfp")), tracking,
                                    {"fourm.kfp_host": request.host, TAG_OPENED_BY: OPENED_BY_SUBMIT, **ci_tags()})
-        params.update(mlflow_tracking_uri=tracking, mlflow_parent_run_id=parent, run_label=label)
+        params.update(mlflow_parent_run_id=parent, run_label=label)
     try:
         with kfp_api_errors(request.host):
             run = client.run_pipeline(experiment.experiment_id, label, params=params, pipeline_id=pipeline_id,
@@ -128,34 +145,43 @@ def watch(client, result: SubmitResult, request: SubmitRequest, out: Callable[[s
           tracking: str | None, close_parent: bool) -> SubmitResult:
     """Follow the run to its end, then close the parent run (when ``close_parent``: submit opened it) by the run's
     final state and read the gate. When following stops first (``--timeout``, Ctrl-C/SIGTERM, the API failing too
-    often) the KFP run goes on: its parent run stays open, tagged with why, and the way to reattach is printed."""
-    from fourm_kfp.contract import lineage
-
+    often, or any error, e.g. an expired token or a TLS failure) the KFP run goes on: its parent run stays open,
+    tagged with why, and the way to reattach is printed (exit 5)."""
     try:
         follow_run(client, result, request, out, keys)
     except KeyboardInterrupt:
         result.stopped = "interrupted"
+    except Exception as exc:  # the run exists and goes on, whatever stopped following it
+        result.stopped = str(exc) if isinstance(exc, UserError) else error_line(exc)
+        out(f"  stopped following run {result.run_id}: {result.stopped}")
     parent = result.mlflow_parent_run_id
     if result.stopped:
         again = f"fourm-kfp submit --attach {result.run_id} --host {request.host}" + \
             (f" --namespace {request.namespace}" if request.namespace else "")
         if close_parent and tracking and parent:
-            _tag_run(tracking, parent, {TAG_FOLLOWING: f"stopped ({result.stopped}); reattach: {again}"})
+            _update_parent(out, tracking, parent, f"stopped ({result.stopped}); reattach: {again}")
         out(f"  run {result.run_id} goes on; follow it to its end and read its gate with: {again}")
     else:
         if close_parent and tracking and parent:
-            _tag_run(tracking, parent, {TAG_FOLLOWING: f"followed to its end: {result.state.lower()}"})
-            lineage.finish_run(tracking, parent, "FINISHED" if result.state == "SUCCEEDED" else "FAILED")
+            _update_parent(out, tracking, parent, f"followed to its end: {result.state.lower()}",
+                           "FINISHED" if result.state == "SUCCEEDED" else "FAILED")
         if result.state == "SUCCEEDED":
             read_gate(result, tracking)
     out(describe(result))
     return result
 
 
-def _tag_run(tracking: str, run_id: str, tags: dict[str, str]) -> None:
+def _update_parent(out: Callable[[str], None], tracking: str, run_id: str, following: str, status: str = "") -> None:
+    """Tag the MLflow parent run with how following went (:data:`TAG_FOLLOWING`) and, with ``status``, close it; an
+    MLflow server that fails here is reported in a line and does not change the exit status (the run's outcome)."""
     from fourm_kfp.contract import lineage
 
-    lineage.MLflowTracker(lineage._client(tracking), run_id).set_tags(tags)
+    try:
+        lineage.MLflowTracker(lineage._client(tracking), run_id).set_tags({TAG_FOLLOWING: following})
+        if status:
+            lineage.finish_run(tracking, run_id, status)
+    except Exception as exc:
+        out(f"  MLflow parent run {run_id} at {shown_uri(tracking)} not updated ({following}): {error_line(exc)}")
 
 
 def version_spec(client, run) -> dict | None:
@@ -170,7 +196,9 @@ def version_spec(client, run) -> dict | None:
 def attach(request: SubmitRequest, run_id: str, client=None, out: Callable[[str], None] = print) -> SubmitResult:
     """``fourm-kfp submit --attach RUN_ID``: follow an existing run to its end with the same exit codes; close the
     MLflow parent run named in its parameters when ``submit`` opened it (the pipeline closes its own), and read
-    the gate under it. The tracking URI is ``request.tracking_uri``, else the run's ``mlflow_tracking_uri``."""
+    the gate under it. The tracking URI is where the run wrote its lineage, its ``mlflow_tracking_uri`` parameter;
+    ``request.tracking_uri`` (else ``$MLFLOW_TRACKING_URI``) only when the run names none. The address read is
+    printed."""
     from fourm_kfp.contract import lineage
     from fourm_kfp.launchers.kfp_runtime import TAG_KFP_RUN_ID
 
@@ -179,8 +207,8 @@ def attach(request: SubmitRequest, run_id: str, client=None, out: Callable[[str]
         run = client.get_run(run_id)
         spec = version_spec(client, run) or package_spec(pipeline_package(request.package))
     params = (run.runtime_config.parameters if run.runtime_config else None) or {}
-    tracking = lineage.resolve_tracking_uri(request.tracking_uri or str(params.get("mlflow_tracking_uri") or ""),
-                                            None)
+    run_tracking = str(params.get("mlflow_tracking_uri") or "")
+    tracking = lineage.resolve_tracking_uri(run_tracking or request.tracking_uri or None, None)
     parent, opened_by_submit = str(params.get("mlflow_parent_run_id") or ""), False
     if tracking:  # the parent the run's first step claimed or opened (a cloned run's own), tagged with the run id
         found = lineage.find_run_by_tag(tracking, TAG_KFP_RUN_ID, run_id)
@@ -192,5 +220,9 @@ def attach(request: SubmitRequest, run_id: str, client=None, out: Callable[[str]
                           pipeline_id=getattr(reference, "pipeline_id", "") or "",
                           version_id=getattr(reference, "pipeline_version_id", "") or "")
     out(f"attached to run {run_id} ({run.display_name}): {result.url}")
+    if tracking:
+        source = "the run's mlflow_tracking_uri parameter" if run_tracking else \
+            "--mlflow-tracking-uri or $MLFLOW_TRACKING_URI: the run names none"
+        out(f"reading the gate at {shown_uri(tracking)} ({source})")
     return watch(client, result, request, out, stage_tasks(spec), tracking, close_parent=opened_by_submit)
 
