@@ -62,14 +62,13 @@ class _Cluster:
         """The image pull secret ("" = none: the kubelet skips an empty name), on every step."""
         return kubernetes.set_image_pull_secrets(task, [self.image_pull_secret])
 
-    def gpu(self, task: dsl.PipelineTask, accelerator=GPU, node_selector=None) -> dsl.PipelineTask:
-        """One accelerator (``accelerator``: a resource name, or a channel that resolves to one or to "" for none)
-        on the run's GPU nodes: the taint's toleration, ``gpu_tolerations`` and the node selector (default
-        ``gpu_node_selector``)."""
-        task.set_accelerator_type(accelerator).set_accelerator_limit(1)
-        kubernetes.add_toleration(task, **{k: v for k, v in GPU_TOLERATION.items()})
+    def gpu(self, task: dsl.PipelineTask) -> dsl.PipelineTask:
+        """One accelerator on the run's GPU nodes: the taint's toleration, ``gpu_tolerations`` and
+        ``gpu_node_selector``."""
+        task.set_accelerator_type(GPU).set_accelerator_limit(1)
+        kubernetes.add_toleration(task, **GPU_TOLERATION)
         kubernetes.add_toleration_json(task, self.gpu_tolerations)
-        kubernetes.add_node_selector_json(task, self.gpu_node_selector if node_selector is None else node_selector)
+        kubernetes.add_node_selector_json(task, self.gpu_node_selector)
         return task
 
 
