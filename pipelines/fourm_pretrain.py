@@ -13,7 +13,8 @@ from dataclasses import fields
 
 from kfp import dsl, kubernetes
 
-from fourm_kfp.cluster.job_spec import IN_POD, PYTORCHJOB, ClusterParams, JobParams, param_prefix
+from fourm_kfp.cluster.job_spec import (GPU_RESOURCE, GPU_TOLERATION, IN_POD, PYTORCHJOB, ClusterParams, JobParams,
+                                        param_prefix)
 from fourm_kfp.components.evaluate import evaluate
 from fourm_kfp.images import IMAGE_TAG, IMAGE_TAG_ENV
 from fourm_kfp.components.fan_out import fan_out, worker_pods
@@ -34,9 +35,6 @@ SETTINGS_ENV = {"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL"
 #: A job stage's launcher pod, through the downward API: its name (to find the run's Workflow, the job's owner) and
 #: namespace (where the job is created); fourm_kfp.launchers.kubernetes_job and cluster.kube read these.
 LAUNCHER_POD_FIELDS = {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_NAMESPACE": "metadata.namespace"}
-#: The accelerator every GPU step requests, and the taint GPU nodes carry (tolerated by every GPU step and job).
-GPU = "nvidia.com/gpu"
-GPU_TOLERATION = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
 #: Retries of a job stage's launcher step: a drained or preempted launcher pod comes back and adopts its job (the
 #: job's own restart budget is separate: a retried launcher does not start a failed job again).
 LAUNCHER_RETRIES, LAUNCHER_RETRY_BACKOFF = 3, "60s"
@@ -65,7 +63,7 @@ class _Cluster:
     def gpu(self, task: dsl.PipelineTask) -> dsl.PipelineTask:
         """One accelerator on the run's GPU nodes: the taint's toleration, ``gpu_tolerations`` and
         ``gpu_node_selector``."""
-        task.set_accelerator_type(GPU).set_accelerator_limit(1)
+        task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(1)
         kubernetes.add_toleration(task, **GPU_TOLERATION)
         kubernetes.add_toleration_json(task, self.gpu_tolerations)
         kubernetes.add_node_selector_json(task, self.gpu_node_selector)

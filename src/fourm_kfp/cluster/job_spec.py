@@ -58,6 +58,10 @@ KEEP_LABEL = "fourm-kfp.org/keep"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: Volcano's queue annotation, read by Trainer v2's Volcano plugin from the TrainJob's runtime patch (JobSet metadata).
 VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
+#: The accelerator a GPU pod requests, and the toleration of the taint GPU nodes carry (the job templates' own, the
+#: pipeline's GPU steps', torchx's GPU replicas').
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 #: The pod's local folder: ``--root`` of the stage (ranks share no file system; outputs go to the store).
 POD_ROOT = "/scratch/run"
 #: Crashes a PyTorchJob survives, each followed by a resume from the newest complete checkpoint; the next one fails it.

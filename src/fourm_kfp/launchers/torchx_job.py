@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from fourm_kfp.cluster.job_spec import GPU_TOLERATION
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.distributed import free_port
 from fourm_kfp.errors import UserError
@@ -75,9 +76,6 @@ CREDENTIALS_SECRET = "fourm-s3-credentials"
 #: copied). ``True``: optional, a Secret without that key still starts the pods.
 SECRET_ENV = {"AWS_ACCESS_KEY_ID": False, "AWS_SECRET_ACCESS_KEY": False, "AWS_SESSION_TOKEN": True,
               "MLFLOW_TRACKING_TOKEN": True, "MLFLOW_TRACKING_PASSWORD": True}
-#: The job templates' accelerator toleration: on the pods of kubernetes replicas that request GPUs (torchx requests
-#: ``nvidia.com/gpu``).
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 class LaunchFailed(UserError):
