@@ -30,11 +30,23 @@ import torch
 IGNORE_INDEX = -100
 #: An image the model reads as pixel patches enters as ``(x - PIXEL_MEAN) / PIXEL_STD``: uint8 to [-1, 1].
 PIXEL_MEAN, PIXEL_STD = 127.5, 127.5
+#: ml-4m's normalisation (``ModalitySpec.pixel_normalisation == "imagenet"``): ImageNet's per-channel mean and
+#: standard deviation of [0, 1] values, as uint8 values.
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
-def normalised_pixels(images: np.ndarray) -> np.ndarray:
-    """``[..., H, W, 3]`` pixel values (uint8) as the model's float32 ``[..., 3, H, W]`` input (a view)."""
-    return np.moveaxis((np.asarray(images).astype(np.float32) - PIXEL_MEAN) / PIXEL_STD, -1, -3)
+def normalised_pixels(images: np.ndarray, normalisation: str = "symmetric") -> np.ndarray:
+    """``[..., H, W, 3]`` pixel values (uint8) as the model's float32 ``[..., 3, H, W]`` input (a view):
+    ``symmetric`` maps 0..255 to [-1, 1], ``imagenet`` subtracts ImageNet's channel means and divides by its
+    standard deviations."""
+    if normalisation == "imagenet":
+        mean, std = np.asarray(IMAGENET_MEAN, np.float32), np.asarray(IMAGENET_STD, np.float32)
+    elif normalisation == "symmetric":
+        mean, std = np.float32(PIXEL_MEAN), np.float32(PIXEL_STD)
+    else:
+        raise ValueError(f"pixel normalisation {normalisation!r}: expected 'symmetric' or 'imagenet'")
+    return np.moveaxis((np.asarray(images).astype(np.float32) - mean) / std, -1, -3)
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,8 @@ class ModalitySpec:
     max_length: int = 0  # sequence only: longest token sequence (input or target), positions 0..max_length-1
     pixel_input: bool = False  # image only: the encoder embeds pixel patches instead of tokens
     patch_size: int = 0  # pixel_input only: pixels per patch side (image side = grid * patch_size)
+    #: pixel_input only: how pixel values are normalised (:func:`normalised_pixels`; ml-4m: "imagenet")
+    pixel_normalisation: Literal["symmetric", "imagenet"] = "symmetric"
 
     @property
     def num_positions(self) -> int:
@@ -65,6 +79,9 @@ class ModalitySpec:
             raise ValueError(f"modality {self.name!r}: a sequence modality needs max_length > 0")
         if self.pixel_input and (self.kind != "image" or self.patch_size <= 0):
             raise ValueError(f"modality {self.name!r}: pixel_input needs an image modality and a patch_size")
+        if self.pixel_normalisation not in ("symmetric", "imagenet"):
+            raise ValueError(f"modality {self.name!r}: pixel_normalisation {self.pixel_normalisation!r} is not "
+                             f"'symmetric' or 'imagenet'")
 
 
 @dataclass

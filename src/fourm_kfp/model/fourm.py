@@ -55,6 +55,11 @@ class FourMArgs:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     position_temperature: float = 10000.0  # the sin-cos tables' longest wavelength (ml-4m: 10000)
+    #: ml-4m's layout, off by default (model/ml4m.py): a bias on the decoder's context projection (ml-4m's
+    #: ``decoder_proj_context`` has one even in its bias-free models), and a modality embedding of its own for the
+    #: pixel patches of a ``pixel_input`` modality (ml-4m's ``rgb@224``, apart from the tokens' ``tok_rgb@224``)
+    context_bias: bool = False
+    pixel_modality_embed: bool = False
 
     def __post_init__(self) -> None:
         if self.dim % self.heads or (self.dim // self.heads) % 2:
@@ -114,18 +119,24 @@ class FourM(nn.Module):
         self.encoder = nn.ModuleList(EncoderBlock(dim, args.heads, args.norm_eps) for _ in range(args.encoder_layers))
         self.decoder = nn.ModuleList(DecoderBlock(dim, args.heads, args.norm_eps) for _ in range(args.decoder_layers))
         self.encoder_norm = layer_norm(dim, args.norm_eps)
-        self.context_proj = nn.Linear(dim, dim, bias=False)
+        self.context_proj = nn.Linear(dim, dim, bias=args.context_bias)
         self.decoder_norm = layer_norm(dim, args.norm_eps)
         self.head = None if args.tie_embeddings else nn.Linear(dim, sum(vocab), bias=False)
         #: token tables and head write their gradients in place (model/table_gradients.py); set by parallelize()
         self.table_grads_in_place = False
+        self.pixel_modality_embed = nn.Parameter(torch.zeros(dim)) if pixel and args.pixel_modality_embed else None
         self.apply(lambda module: init_weights(module, args.init_std))
         nn.init.normal_(self.mask_token, std=args.init_std)
+        if self.pixel_modality_embed is not None:
+            nn.init.normal_(self.pixel_modality_embed, std=args.init_std)
 
     # -- embeddings ----------------------------------------------------------------------------------------------
 
-    def _context(self, modality: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        return self.positions[self.position_offset[modality] + position] + self.modality_embed(modality)
+    def _context(self, modality: torch.Tensor, position: torch.Tensor, encoder: bool = False) -> torch.Tensor:
+        embedded = self.modality_embed(modality)
+        if encoder and self.pixel_modality_embed is not None:  # pixel slots have a modality embedding of their own
+            embedded = torch.where((modality == self.pixel_index).unsqueeze(-1), self.pixel_modality_embed, embedded)
+        return self.positions[self.position_offset[modality] + position] + embedded
 
     def _in_place_grads(self) -> bool:
         return self.table_grads_in_place and torch.is_grad_enabled()
@@ -148,7 +159,7 @@ class FourM(nn.Module):
             index = batch.enc_position.clamp(max=patches.shape[1] - 1)
             gathered = patches.gather(1, index.unsqueeze(-1).expand(-1, -1, patches.shape[-1]))
             tokens = torch.where((batch.enc_modality == self.pixel_index).unsqueeze(-1), gathered, tokens)
-        return tokens, self._context(batch.enc_modality, batch.enc_position)
+        return tokens, self._context(batch.enc_modality, batch.enc_position, encoder=True)
 
     def embed_decoder(self, batch: MaskedBatch) -> torch.Tensor:
         return self.decoder_queries(batch.dec_tokens, batch.dec_modality, batch.dec_position)

@@ -245,6 +245,8 @@ def init_weights(module: nn.Module, std: float) -> None:
         parts = out_features // in_features if out_features % in_features == 0 and out_features > in_features else 1
         bound = math.sqrt(6.0 / (in_features + out_features // parts))
         nn.init.uniform_(module.weight, -bound, bound)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
     elif isinstance(module, nn.Embedding):
         nn.init.normal_(module.weight, std=std)
     elif isinstance(module, nn.LayerNorm):
