@@ -57,15 +57,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -73,7 +70,7 @@ import numpy as np
 import torch
 from torch.utils import flop_counter
 
-from fourm_kfp.batch import ModalitySpec, normalised_pixels
+from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.config.fourm_config import OptimizerConfig
 from fourm_kfp.hardware import cpu_has_native_bf16, cpu_matmul_rate, resolve_precision, reuse_freed_memory
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
@@ -84,6 +81,7 @@ from fourm_kfp.train.optimizer import build_optimizer
 from fourm_kfp.train.step import StepSettings, autocast, train_step
 
 from bench_output import emit
+from ml4m_reference import load_reference, ml4m_batch
 
 #: ml-4m model config name, (encoder layers, decoder layers, width, heads)
 CONFIGS = {"tiny": ("fm_tiny_6e_6d_swiglu_nobias", (6, 6, 384, 6)),
@@ -131,28 +129,6 @@ def build_ours(layers) -> FourM:
 
 # -- the reference ----------------------------------------------------------------------------------------------------
 
-def load_reference(path: Path) -> SimpleNamespace:
-    """``fourm.models.fm`` and its model submodules from an ml-4m checkout, without its package ``__init__`` files."""
-    for name in ("fourm", "fourm.models", "fourm.utils", "fourm.utils.timm", "fourm.data"):
-        package = types.ModuleType(name)
-        package.__path__ = [str(path / name.replace(".", "/"))]
-        sys.modules[name] = package
-    info = types.ModuleType("fourm.data.modality_info")
-    info.MODALITY_INFO = {}  # imported at fm.py's top, never read by the FourM class
-    sys.modules["fourm.data.modality_info"] = info
-    fm = importlib.import_module("fourm.models.fm")
-    # fm.py calls random.sample(dict.items(), n), which Python >= 3.11 refuses (deprecated since 3.9, when it was
-    # converted to a tuple): give its module the 3.9/3.10 behaviour, the same shuffle of the modality order
-    compat = types.ModuleType("random_sample_of_views")
-    compat.__dict__.update(random.__dict__)
-    compat.sample = lambda population, k, **kw: random.sample(tuple(population), k, **kw)
-    fm.random = compat
-    return SimpleNamespace(fm=fm,
-                           enc=importlib.import_module("fourm.models.encoder_embeddings"),
-                           dec=importlib.import_module("fourm.models.decoder_embeddings"),
-                           optim=importlib.import_module("fourm.utils.optim_factory"))
-
-
 def reference_modality_info() -> dict:
     """The fields of ml-4m's ``MODALITY_INFO`` that ``FourM`` reads (``id``, ``type``), for our four domains; the ids
     are distinct small ints (ml-4m uses a 15-bit hash of the name; only distinctness matters)."""
@@ -188,49 +164,7 @@ def reference_optimizer(ref: SimpleNamespace, model: torch.nn.Module) -> torch.o
 
 def reference_batch(samples, raw, specs) -> dict[str, dict[str, torch.Tensor]]:
     """Our masked samples in ``UnifiedMasking``'s output format (``True`` in a mask = not used), collated."""
-    n = GRID * GRID
-    seq_len = (TEXT_MAX + 1) * 2
-    out = {name: {"tensor": [], "input_mask": [], "target_mask": [], "decoder_attention_mask": []}
-           for name in ("rgb@224", "tok_rgb@224", "tok_depth@224", "caption")}
-    index = {s.name: i for i, s in enumerate(specs)}
-    for sample, tokens in zip(samples, raw):
-        enc = {name: [(t, p) for t, m, p in sample.enc.tolist() if m == i] for name, i in index.items()}
-        dec = {name: [(x, y, p) for x, y, m, p in sample.dec.tolist() if m == i] for name, i in index.items()}
-
-        def image(grid, inputs, targets):
-            input_mask, target_mask = torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)
-            input_mask[[p for p in inputs]] = False
-            target_mask[[p for p in targets]] = False
-            attention = torch.zeros(n, dtype=torch.int)
-            if targets:
-                attention[int(torch.nonzero(~target_mask)[0])] = len(targets)
-            return grid, input_mask, target_mask, attention
-
-        pixels = torch.from_numpy(np.ascontiguousarray(normalised_pixels(sample.pixels)))
-        rgb_grid = torch.from_numpy(np.asarray(tokens["rgb"]).reshape(-1))
-        depth_grid = torch.from_numpy(np.asarray(tokens["depth"]).reshape(-1))
-        parts = {"rgb@224": image(pixels, [p for _, p in enc["rgb"]], []),
-                 "tok_rgb@224": image(rgb_grid, [], [p for _, _, p in dec["rgb"]]),
-                 "tok_depth@224": image(depth_grid, [p for _, p in enc["depth"]], [p for _, _, p in dec["depth"]])}
-        # caption: input ids first, then (at the input budget) the target sequence: n decoder slots = n + 1 ids
-        tensor = torch.zeros(seq_len, dtype=torch.int)
-        input_mask, target_mask = torch.ones(seq_len, dtype=torch.bool), torch.ones(seq_len, dtype=torch.bool)
-        attention = torch.zeros(seq_len, dtype=torch.int)
-        ids = [t for t, _ in sorted(enc["caption"], key=lambda e: e[1])]
-        tensor[:len(ids)] = torch.tensor(ids, dtype=torch.int)
-        input_mask[:len(ids)] = False
-        slots = sorted(dec["caption"], key=lambda d: d[2])
-        if slots:
-            target = [slots[0][0]] + [y for _, y, _ in slots]
-            start = len(ids)
-            tensor[start:start + len(target)] = torch.tensor(target, dtype=torch.int)
-            target_mask[start:start + len(target)] = False
-            attention[start:start + len(target)] = 1
-        parts["caption"] = (tensor, input_mask, target_mask, attention)
-        for name, values in parts.items():
-            for key, value in zip(("tensor", "input_mask", "target_mask", "decoder_attention_mask"), values):
-                out[name][key].append(value)
-    return {name: {key: torch.stack(v) for key, v in d.items()} for name, d in out.items()}
+    return ml4m_batch(samples, raw, specs, {name: REF_NAMES[name] for name in REF_NAMES}, (TEXT_MAX + 1) * 2)
 
 
 def reference_valid_tokens(batch) -> tuple[int, int]:

@@ -4,8 +4,8 @@ Embeddings are single tables with per-modality offsets, so one gather embeds eve
 the token id of slot ``s`` of modality ``m`` is looked up at ``offset[m] + id``, its position at
 ``position_offset[m] + position`` in a fixed sin-cos table (2-D for grids, 1-D for sequences), and a learned
 modality embedding (shared by encoder and decoder) is added. ``rgb`` may instead enter as a linear projection of
-its pixel patches; the encoder table then has one placeholder row for it instead of its vocabulary (rows that no
-step would read, that the optimizer and the gradient norm would still pass over every step). Decoder queries of
+its pixel patches; the encoder table then has one placeholder row for it (zeros) instead of its vocabulary (rows
+that no step would read, that the optimizer and the gradient norm would still pass over every step). Decoder queries of
 image modalities are a learned mask token; sequence modalities are decoded with teacher forcing from
 ``dec_tokens``. The decoder's context is the normalised encoder output, projected, with
 each input's position and modality embedding added again (the reference's ``decoder_proj_context``): a target
@@ -129,6 +129,10 @@ class FourM(nn.Module):
         nn.init.normal_(self.mask_token, std=args.init_std)
         if self.pixel_modality_embed is not None:
             nn.init.normal_(self.pixel_modality_embed, std=args.init_std)
+        with torch.no_grad():  # the placeholder rows of pixel modalities are zeros: never read, never trained
+            for index, spec in enumerate(args.modalities):
+                if spec.pixel_input:
+                    self.enc_token_embed.weight[self.enc_token_offset[index]].zero_()
 
     # -- embeddings ----------------------------------------------------------------------------------------------
 
