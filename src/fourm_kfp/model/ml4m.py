@@ -376,7 +376,7 @@ def import_ml4m(source: str | Path, modalities: Sequence[str] | None = None,
         raise Ml4mError(f"{source}: none of its domains {domains_in + domains_out} is a fourm-kfp modality "
                         f"{'among ' + str(list(modalities)) if modalities is not None else ''}")
     specs = []
-    for name in sorted(names, key=list(DOMAINS).index):
+    for name in names:  # in the config's order (an exported model comes back in its own)
         domain = DOMAINS[name]
         if domain.kind == "image":
             pixel = name == "rgb" and pixels

@@ -64,8 +64,7 @@ def run(ctx: StageContext) -> StageResult:
 
     torch.manual_seed(train.seed)
     model = FourM(args).to(device)
-    if train.init_from:
-        load_initial_weights(model, train.init_from)
+    init = load_initial_weights(model, train.init_from) if train.init_from else None
     trunk = parallelize(model, mode=train.parallelism if world > 1 else "none",
                         activation_checkpointing=train.activation_checkpointing, compile=train.compile,
                         param_dtype=dtype)
@@ -117,7 +116,9 @@ def run(ctx: StageContext) -> StageResult:
     marginal = marginal_losses(train_sample, val, args.names, [s.vocab_size for s in specs])
     report = pretrain_report(trainer, marginal, card, state, steps)
     ctx.write_report("pretrain_report.json", json.dumps(report, indent=2, sort_keys=True).encode())
-    ctx.write_report("pretrain_report.md", report_markdown(report).encode())
+    if init is not None:
+        ctx.write_report("init_report.json", json.dumps(init.to_dict(), indent=2, sort_keys=True).encode())
+    ctx.write_report("pretrain_report.md", report_markdown(report, init).encode())
     ctx.write_report("training_curves.png", training_curves_png(writer.history, trainer.val_history, marginal))
     ctx.tracker.log_artifact("model/model.json", json.dumps(card, indent=2).encode())
     if card["parameters"] * 4 <= MAX_MLFLOW_MODEL_BYTES:  # larger models stay in the store; the card has the URI
@@ -127,6 +128,9 @@ def run(ctx: StageContext) -> StageResult:
                **{k.replace("/", "."): v for k, v in trainer.val_history[-1].items() if k != "step"}}
     counts = {"steps": state.step, "parameters": card["parameters"], "modalities": list(args.names),
               "precision": precision}  # not part of the address: a machine's own choice
+    if init is not None:  # train.init_from: what it took, in the manifest and the MLflow run
+        counts.update(init.counts())
+        metrics.update({key: float(value) for key, value in init.counts().items()})
     return StageResult(counts=counts, metrics=metrics, nondeterminism=training_nondeterminism(device))
 
 

@@ -1,18 +1,25 @@
 """What the pretrain stage reports: ``pretrain_report.json`` and ``.md`` (per modality the validation loss at the
-first and last validation against the marginal baseline, :mod:`.marginal_baseline`), ``training_curves.png``, and
+first and last validation against the marginal baseline, :mod:`.marginal_baseline`; in the ``.md``, for a run
+started with ``train.init_from``, what it took from where: :mod:`.initial_weights`), ``training_curves.png``, and
 the run's mean throughput (a wall-clock measure: manifest and MLflow metrics only, never the report files).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fourm_kfp.train import curves
 from fourm_kfp.train.metrics import MetricWriter
 from fourm_kfp.train.trainer import Trainer
+
+if TYPE_CHECKING:
+    from fourm_kfp.train.initial_weights import InitReport
+
+#: Entries of each ``train.init_from`` list shown in the markdown (all of them: ``init_report.json``).
+INIT_LINES = 5
 
 
 def pretrain_report(trainer: Trainer, marginal: dict[str, float], card: dict, state: Any,
@@ -42,8 +49,8 @@ def throughput(writer: MetricWriter) -> dict[str, float]:
     return {key: value for key, value in means.items() if math.isfinite(value)}
 
 
-def report_markdown(report: dict[str, Any]) -> str:
-    """``pretrain_report.md`` from :func:`pretrain_report`'s document."""
+def report_markdown(report: dict[str, Any], init: InitReport | None = None) -> str:
+    """``pretrain_report.md`` from :func:`pretrain_report`'s document (and ``train.init_from``'s report)."""
     first, last = report["first_val_step"], report["last_val_step"]
     lines = ["# pretrain", "",
              f"{report['steps']} steps, {report['tokens']:,} tokens, {report['parameters']:,} parameters, "
@@ -57,6 +64,15 @@ def report_markdown(report: dict[str, Any]) -> str:
         below = "yes" if m["marginal_loss"] is not None and m["val_loss_end"] < m["marginal_loss"] else "no"
         lines.append(f"| {name} | {m['val_loss_start']:.3f} | {m['val_loss_end']:.3f} | "
                      f"{(m['marginal_loss'] or math.nan):.3f} | {below} | {m['val_accuracy_end']:.1%} |")
+    if init is not None:
+        lines += ["", "## Initialised from", "",
+                  f"`{init.source}` ({init.kind}): {init.imported_parameters:,} parameters imported, "
+                  f"{init.new_parameters:,} freshly initialised, {init.dropped_parameters:,} of the source dropped "
+                  "(every entry: `reports/init_report.json`).", ""]
+        for title, entries in (("imported", init.imported), ("new", init.new), ("dropped", init.dropped)):
+            more = f" and {len(entries) - INIT_LINES} more" if len(entries) > INIT_LINES else ""
+            shown = "; ".join(f"`{entry}`" for entry in entries[:INIT_LINES]) or "none"
+            lines.append(f"- {title} ({len(entries)}): {shown}{more}")
     return "\n".join(lines) + "\n"
 
 

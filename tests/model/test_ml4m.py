@@ -1,0 +1,221 @@
+"""The ml-4m converter (``fourm_kfp.model.ml4m``): round trips, the key and shape layout ml-4m's ``FM`` has (a list
+generated once from ml-4m: ``ml4m_tiny_keys.json`` names its command and commit), what import refuses and drops,
+and, when an ml-4m checkout is given (``FOURM_REFERENCE``), both directions against ml-4m's own ``FM``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from fourm_kfp.batch import ModalitySpec
+from fourm_kfp.model.fourm import FourM, FourMArgs
+from fourm_kfp.model.ml4m import Ml4mError, export_ml4m, import_ml4m, ml4m_unexpressible
+
+KEYS = json.loads((Path(__file__).parent / "ml4m_tiny_keys.json").read_text())
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+GRID = (14, 14)
+
+
+def specs(normalisation: str = "imagenet") -> tuple[ModalitySpec, ...]:
+    """The modalities of the committed key list (ml-4m's vocabularies and grids)."""
+    return (ModalitySpec("rgb", "image", 16384, grid=GRID, pixel_input=True, patch_size=16,
+                         pixel_normalisation=normalisation),
+            ModalitySpec("depth", "image", 8192, grid=GRID), ModalitySpec("semseg", "image", 4096, grid=GRID),
+            ModalitySpec("det", "sequence", 30000, max_length=256),
+            ModalitySpec("caption", "sequence", 30000, max_length=256))
+
+
+def random_model(layers=(2, 2), **switches) -> FourM:
+    """Every parameter random (the pixel placeholder row stays zero, as in every model we build)."""
+    args = FourMArgs(specs(), *layers, dim=32, heads=2, **{"tie_embeddings": False, "context_bias": True,
+                                                           "pixel_modality_embed": True, **switches})
+    model = FourM(args)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.05 + (1.0 if "norm" in name else 0.0))
+        model.enc_token_embed.weight[0].zero_()
+    return model.eval()
+
+
+def batch(model: FourM):
+    """A small masked batch over the model's modalities (our masking, pixels included)."""
+    import numpy as np
+
+    from fourm_kfp.masking.dirichlet_masking import MixtureComponent
+    from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
+
+    model_specs = model.args.modalities
+    ones = tuple(1.0 for _ in model_specs)
+    masking = MaskingArgs(model_specs, 32, 32, (MixtureComponent(1.0, ones, ones),), tuple(range(4, 104)))
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(3):
+        tokens = {s.name: rng.integers(0, s.vocab_size, s.grid) if s.kind == "image"
+                  else rng.integers(104, s.vocab_size, 12).tolist() for s in model_specs}
+        samples.append(mask_sample(rng, masking, tokens, rng.integers(0, 256, (224, 224, 3), dtype=np.uint8)))
+    return collate(samples, masking)
+
+
+def logits(model: FourM, b) -> torch.Tensor:
+    with torch.no_grad():
+        return model.decode(model.encode(b), b)
+
+
+def test_export_then_import_gives_the_same_state_and_logits(tmp_path):
+    model = random_model()
+    export_ml4m(model, tmp_path)
+    back, report = import_ml4m(tmp_path)
+    assert back.args == model.args
+    mine, theirs = model.state_dict(), back.state_dict()
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    b = batch(model)
+    assert torch.equal(logits(model, b), logits(back, b))
+    assert report.dropped == [] and report.missing == [] and report.dropped_domains == []
+
+
+def test_a_model_with_our_defaults_comes_back_computing_the_same(tmp_path):
+    """Tied heads, no context bias, one rgb embedding: ml-4m's layout holds them (untied, a zero bias, equal
+    embeddings), so the imported model has the switches on and computes the same logits."""
+    model = random_model(layers=(1, 1), tie_embeddings=True, context_bias=False, pixel_modality_embed=False)
+    export_ml4m(model, tmp_path)
+    back, _ = import_ml4m(tmp_path)
+    assert back.args.context_bias and not back.args.tie_embeddings and not back.args.pixel_modality_embed
+    b = batch(model)
+    assert torch.equal(logits(model, b), logits(back, b))
+
+
+def test_export_has_ml4m_keys_and_shapes_and_config(tmp_path):
+    """Against the list generated from ml-4m's ``FM(config).state_dict()`` for this config."""
+    config = export_ml4m(random_model(), tmp_path)
+    assert config == KEYS["config"]
+    assert json.loads((tmp_path / "config.json").read_text()) == KEYS["config"]
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+        metadata = f.metadata()
+    assert shapes == KEYS["keys"]
+    assert {k: json.loads(v) for k, v in metadata.items()} == KEYS["config"]
+
+
+def test_a_file_with_one_alias_of_a_shared_embedding_still_imports(tmp_path):
+    """ml-4m's ``save_pretrained`` keeps one name of a shared tensor: either one is enough."""
+    model = random_model(layers=(1, 1))
+    export_ml4m(model, tmp_path)
+    path = tmp_path / "model.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        tensors, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    del tensors["encoder_embeddings.tok_depth@224.mod_emb"], tensors["decoder_embeddings.caption.mod_emb"]
+    save_file(tensors, str(path), metadata=metadata)
+    back, report = import_ml4m(tmp_path)
+    assert torch.equal(back.modality_embed.weight, model.modality_embed.weight)
+    assert report.missing == []
+
+
+def test_a_single_safetensors_file_carries_its_config(tmp_path):
+    model = random_model(layers=(1, 1))
+    export_ml4m(model, tmp_path / "folder")
+    back, _ = import_ml4m(str(tmp_path / "folder" / "model.safetensors"))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
+
+
+def _rewrite(folder: Path, config_change=None, tensor_change=None) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    if config_change:
+        config.update(config_change)
+        (folder / "config.json").write_text(json.dumps(config))
+    if tensor_change:
+        path = folder / "model.safetensors"
+        with safe_open(str(path), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensor_change(tensors)
+        save_file(tensors, str(path))
+
+
+@pytest.mark.parametrize("change, named", [({"gated_mlp": False}, "gated_mlp"), ({"qkv_bias": True}, "qkv_bias"),
+                                           ({"act_layer": "GELU"}, "act_layer"), ({"qk_norm": True}, "qk_norm"),
+                                           ({"num_register_tokens": 4}, "num_register_tokens")])
+def test_import_refuses_what_is_not_a_swiglu_nobias_trunk(tmp_path, change, named):
+    export_ml4m(random_model(layers=(1, 1)), tmp_path)
+    _rewrite(tmp_path, config_change=change)
+    with pytest.raises(Ml4mError, match=named):
+        import_ml4m(tmp_path)
+
+
+def test_import_names_a_tensor_whose_shape_disagrees_and_a_norm_with_a_bias(tmp_path):
+    export_ml4m(random_model(layers=(1, 1)), tmp_path)
+    _rewrite(tmp_path, tensor_change=lambda t: t.update({"encoder.0.attn.qkv.weight": torch.zeros(96, 16)}))
+    with pytest.raises(Ml4mError, match=r"encoder\.0\.attn\.qkv\.weight has shape \[96, 16\]"):
+        import_ml4m(tmp_path)
+    export_ml4m(random_model(layers=(1, 1)), tmp_path)
+    _rewrite(tmp_path, tensor_change=lambda t: t.update({"encoder.0.norm1.bias": torch.ones(32)}))
+    with pytest.raises(Ml4mError, match=r"encoder\.0\.norm1\.bias is not zero"):
+        import_ml4m(tmp_path)
+
+
+def test_domains_we_lack_are_dropped_by_name_and_a_subset_can_be_asked_for(tmp_path):
+    export_ml4m(random_model(layers=(1, 1)), tmp_path)
+
+    def add_clip(tensors):
+        tensors["encoder_embeddings.tok_clip@224.token_emb.weight"] = torch.zeros(64, 32)
+        tensors["encoder_embeddings.tok_clip@224.mod_emb"] = torch.zeros(1, 1, 32)
+
+    _rewrite(tmp_path, tensor_change=add_clip)
+    config = json.loads((tmp_path / "config.json").read_text())
+    _rewrite(tmp_path, config_change={"domains_in": config["domains_in"] + ["tok_clip@224"]})
+    model, report = import_ml4m(tmp_path, modalities=["rgb", "caption"], rgb_input="tokens")
+    rgb = model.args.modalities[model.args.names.index("rgb")]
+    assert set(model.args.names) == {"rgb", "caption"} and not rgb.pixel_input
+    assert "tok_clip@224: no such modality in fourm-kfp" in report.dropped_domains
+    assert any(d.startswith("rgb@224") for d in report.dropped_domains)
+    assert any(d.startswith("encoder_embeddings.tok_clip@224.token_emb.weight") for d in report.dropped)
+    assert any(d.startswith("decoder_embeddings.tok_depth@224") for d in report.dropped)
+    assert "enc_token_embed[rgb]" in report.missing  # the source had rgb only as pixels
+
+
+def test_export_refuses_what_ml4m_cannot_express_with_every_reason():
+    small = FourMArgs((ModalitySpec("rgb", "image", 512, grid=(4, 4), pixel_input=True, patch_size=16),
+                       ModalitySpec("caption", "sequence", 30000, max_length=300),
+                       ModalitySpec("canny_edge", "image", 8192, grid=GRID)), 1, 1, 32, 2)
+    reasons = ml4m_unexpressible(small)
+    assert any("vocabulary 512" in r for r in reasons)
+    assert any("token grid (4, 4)" in r for r in reasons)
+    assert any("300 text positions" in r for r in reasons)
+    assert any("normalised 'symmetric'" in r for r in reasons)
+    assert not any("canny_edge" in r for r in reasons)
+    with pytest.raises(Ml4mError, match="cannot be written in ml-4m's format"):
+        export_ml4m(FourM(small), "/nonexistent/never-written")
+
+
+def _reference():
+    from_env = __import__("os").environ.get("FOURM_REFERENCE")
+    if not from_env:
+        pytest.skip("FOURM_REFERENCE (an apple/ml-4m checkout) is not set")
+    for module in ("einops", "huggingface_hub"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"ml-4m's model code needs {module}")
+    sys.path.insert(0, str(BENCH))
+    import ml4m_compare
+
+    return ml4m_compare
+
+
+def test_both_directions_against_ml4m_fm():
+    """Ours -> ``FM.from_pretrained`` and the safetensors-metadata route, and ``FM.save_pretrained`` -> ours, on
+    batches with and without padding (bench/ml4m_compare.py)."""
+    compare = _reference()
+    result = compare.main(["--output", "/dev/null"])
+    assert result["summary"]["ours_to_ml4m_within"], result["summary"]
+    assert result["summary"]["ml4m_to_ours_within"], result["summary"]
+    for variant in result["ours_to_ml4m"].values():
+        for route in variant.values():
+            assert route["padded"]["padding"] and not route["full"]["padding"]
+            assert all(b["loss_max_abs_diff"] <= 1e-4 for b in route.values())
+    assert "tok_clip@224: no such modality in fourm-kfp" in result["ml4m_to_ours"]["import"]["dropped_domains"]
