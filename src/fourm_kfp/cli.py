@@ -153,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
     generate.add_argument("--s3-endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
 
+    export = sub.add_parser("export", help="write a trained model in another format (apple/ml-4m's FM folder)")
+    export.add_argument("model", metavar="MODEL_DIR", help="a pretrain output URI (local path or s3://...)")
+    export.add_argument("out", metavar="OUT", help="the folder to write (local path or s3://...)")
+    export.add_argument("--format", choices=("ml4m",), default="ml4m",
+                        help="ml4m: config.json + model.safetensors that ml-4m's FM.from_pretrained loads")
+    export.add_argument("--s3-endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
+
     from fourm_kfp.pipeline_runs.run_outcome import EXIT_CODES
 
     submit = sub.add_parser(
@@ -397,6 +404,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from fourm_kfp.errors import UserError
+    from fourm_kfp.launchers.stage import apply_s3_endpoint
+    from fourm_kfp.model.ml4m import Ml4mError, export_ml4m
+    from fourm_kfp.model.saved_model import load_model
+
+    apply_s3_endpoint(args.s3_endpoint)
+    model, card = load_model(args.model)
+    try:
+        config = export_ml4m(model, args.out, card=card)
+    except Ml4mError as exc:
+        raise UserError(f"{args.model}: {exc}") from exc
+    print(f"{args.out}: ml-4m model, domains in {', '.join(config['domains_in'])}; out "
+          f"{', '.join(config['domains_out'])} (FM.from_pretrained({args.out!r}))")
+    return 0
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     import os
 
@@ -500,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     handler = {"run": cmd_run, "stage": cmd_stage, "launch": cmd_launch, "status": cmd_status, "compile": cmd_compile,
-               "config": cmd_config, "generate": cmd_generate, "verify": cmd_verify,
+               "config": cmd_config, "generate": cmd_generate, "export": cmd_export, "verify": cmd_verify,
                "submit": cmd_submit, "ui": cmd_ui}[args.command]
     try:
         return handler(args)

@@ -219,3 +219,40 @@ def test_both_directions_against_ml4m_fm():
             assert route["padded"]["padding"] and not route["full"]["padding"]
             assert all(b["loss_max_abs_diff"] <= 1e-4 for b in route.values())
     assert "tok_clip@224: no such modality in fourm-kfp" in result["ml4m_to_ours"]["import"]["dropped_domains"]
+
+
+def _committed_model(uri: str, model: FourM) -> None:
+    """``model`` as a committed pretrain output at ``uri``."""
+    from fourm_kfp.contract.manifest import commit_manifest
+    from fourm_kfp.model.saved_model import export_model
+    from fourm_kfp.storage import open_store
+
+    store = open_store(uri, create=True)
+    export_model(model.state_dict(), model.args, store, tokenizers_uri=uri + "-tok", pretokenized_uri=uri + "-pre",
+                 text_special_ids={}, step=7)
+    commit_manifest(store, {"stage": "pretrain"})
+
+
+def test_cli_export_writes_a_folder_import_reads_back(any_store_uri, capsys):
+    """``fourm-kfp export --format ml4m MODEL_DIR OUT``, on local disk and on the S3 server."""
+    from fourm_kfp.cli import main
+
+    model = random_model(layers=(1, 1))
+    _committed_model(any_store_uri + "/pretrain/abc", model)
+    out = any_store_uri + "/ml4m-out"
+    assert main(["export", "--format", "ml4m", any_store_uri + "/pretrain/abc", out]) == 0
+    assert "FM.from_pretrained" in capsys.readouterr().out
+    back, report = import_ml4m(out)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
+    assert report.missing == []
+
+
+def test_cli_export_of_a_model_ml4m_cannot_hold_names_the_reasons(tmp_path, capsys):
+    from fourm_kfp.cli import main
+
+    model = FourM(FourMArgs((ModalitySpec("depth", "image", 64, grid=(4, 4)),), 1, 1, 32, 2))
+    _committed_model(str(tmp_path / "pretrain"), model)
+    assert main(["export", "--format", "ml4m", str(tmp_path / "pretrain"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "vocabulary 64" in err and "token grid (4, 4)" in err
+    assert not (tmp_path / "out" / "model.safetensors").exists()

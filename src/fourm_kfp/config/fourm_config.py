@@ -53,6 +53,17 @@ class ModelConfig:
     position_temperature: float = option(10000.0, "longest wavelength of the fixed sin-cos positions (ml-4m: "
                                                   "10000); at a small width most of 10000's frequencies do not vary "
                                                   "over a 16-cell grid", min=2.0)
+    # ml-4m's layout (a model imported from or exported to apple/ml-4m's format): off, the model is as it always was
+    context_bias: bool = option(False, "a bias on the decoder's context projection, as ml-4m's models have",
+                                omit_at_default=True)
+    pixel_modality_embed: bool = option(False, "rgb pixel patches get a modality embedding of their own, apart from "
+                                               "rgb tokens', as ml-4m's rgb@224 and tok_rgb@224", omit_at_default=True)
+    pixel_normalisation: Literal["symmetric", "imagenet"] = option(
+        "symmetric", "rgb_input pixels: uint8 to [-1, 1] (symmetric), or ImageNet's channel mean and std as ml-4m",
+        omit_at_default=True)
+    text_conventions: Literal["fourm-kfp", "ml4m"] = option(
+        "fourm-kfp", "how texts are span-masked: bare ids and sentinels from [S_0], or ml-4m's: [EOS] appended to "
+                     "each text and sentinels from [S_1]", omit_at_default=True)
 
     def __post_init__(self) -> None:
         if self.dim % self.heads:
@@ -123,7 +134,8 @@ class TrainConfig:
                                  "less one, at most 14; on the CPU 1)", versioned=False, min=-1)
     profile_steps: int = option(0, "profile this many early steps on rank 0 (0: off)", versioned=False, min=0)
     resume_from: str = option("", "start from this checkpoint URI (model, optimizer, schedule, loader): a cool-down")
-    init_from: str = option("", "load only model weights from this checkpoint or model URI (fine-tuning)")
+    init_from: str = option("", "load only model weights from a pretrain output, a checkpoint or an ml-4m folder or "
+                                ".safetensors URI, mapped modality by modality (fine-tuning)")
 
     def __post_init__(self) -> None:
         given = [name for name in ("steps", "epochs", "tokens") if getattr(self, name)]
@@ -312,6 +324,10 @@ class TrainTokenizersConfig:
                                               "are skipped)")
     text_vocab_size: int = option(2000, "WordPiece vocabulary size (coordinate tokens come on top)", min=16)
     num_sentinels: int = option(100, "span-masking sentinel tokens [S_0]..[S_n-1]", min=1)
+    text_tokenizer_from: str = option("", "a WordPiece tokenizer.json (local path or s3:// URI, e.g. ml-4m's "
+                                          "text_tokenizer_4m_wordpiece_30k.json) used as it is instead of training "
+                                          "one; text_vocab_size and num_sentinels then do not apply",
+                                      omit_at_default=True)
     seed: int = option(0, "training seed")
     recon_samples: int = option(6, "samples in the reconstruction grid", versioned=False, min=1, max=32)
 

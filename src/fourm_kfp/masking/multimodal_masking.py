@@ -37,9 +37,10 @@ class MaskingArgs:
     input_budget: int
     target_budget: int
     mixture: tuple[MixtureComponent, ...]
-    sentinels: tuple[int, ...]  # ids of [S_0], [S_1], ...
+    sentinels: tuple[int, ...]  # sentinel ids in the order spans take them: [S_0], [S_1], ... (ml-4m's: from [S_1])
     span_mean_length: float = 3.0
     fill_budgets: bool = True  # text's unused share to image modalities (False: left empty, as ml-4m)
+    text_eos: int | None = None  # an id the loader appends to every text before masking (ml-4m's [EOS]); None: none
 
 
 @dataclass
@@ -157,7 +158,9 @@ def collate(samples: Sequence[MaskedSample], args: MaskingArgs) -> MaskedBatch:
     if any(s.pixels is not None for s in samples):
         shape = next(s.pixels.shape for s in samples if s.pixels is not None)
         stored = np.stack([s.pixels if s.pixels is not None else np.zeros(shape, np.uint8) for s in samples])
-        normalised = normalised_pixels(stored)  # channels-first view of channels-last memory, as the model has had
+        normalisation = next(s.pixel_normalisation for s in args.modalities if s.pixel_input)
+        # a channels-first view of channels-last memory, as the model has had
+        normalised = normalised_pixels(stored, normalisation)
         normalised[[s.pixels is None for s in samples]] = 0.0  # a sample without pixels reads zeros
         pixels = torch.from_numpy(normalised)
     t = torch.from_numpy

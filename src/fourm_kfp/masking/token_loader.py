@@ -92,7 +92,13 @@ class _SampleEncoder:
         self._encode = functools.lru_cache(maxsize=TEXT_CACHE_SIZE)(self._encode_text)
 
     def _encode_text(self, modality: str, text: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.encode(text).ids[: self.max_len[modality]])
+        """The text's ids, with ``masking.text_eos`` appended (to a text that has any) before the cut to the
+        modality's length: a cut text ends without it, as in ml-4m."""
+        ids = self.tokenizer.encode(text).ids
+        eos = self.args.masking.text_eos
+        if eos is not None and ids:
+            ids.append(eos)
+        return tuple(ids[: self.max_len[modality]])
 
     def tokens(self, sample: dict[str, Any], crop: int) -> tuple[dict[str, Any], np.ndarray | None]:
         tokens: dict[str, Any] = {}

@@ -32,7 +32,7 @@ from typing import Callable, Literal, Mapping, Sequence
 import numpy as np
 import torch
 
-from fourm_kfp.batch import IGNORE_INDEX, PIXEL_MEAN, MaskedBatch, normalised_pixels
+from fourm_kfp.batch import IGNORE_INDEX, MaskedBatch, normalised_pixels
 from fourm_kfp.hardware import resolve_precision
 
 Sample = dict[str, np.ndarray]
@@ -98,7 +98,8 @@ def sample_logits(logits: torch.Tensor, args: SamplingArgs,
 
 
 class Generator:
-    """Generation with one model. ``sentinels``: the text tokenizer's ``[S_0]`` and ``[S_1]`` ids;
+    """Generation with one model. ``sentinels``: the ids of the first two sentinels the model's text conventions use
+    (:func:`fourm_kfp.tokenizers.text_tokenizer.text_sentinels`: ``[S_0]``, ``[S_1]``; ml-4m's ``[S_1]``, ``[S_2]``);
     ``pixel_decoders``: for a modality the model reads as pixels, its tokenizer's decoder (token grids ``[B, h, w]``
     to ``uint8 [B, H, W, 3]`` images), so that a generated image's kept tokens can be read back between steps;
     ``precision``: ``auto`` (bf16 autocast where training's ``auto`` picks it), ``bf16`` or ``fp32``."""
@@ -110,6 +111,9 @@ class Generator:
         self.specs = {s.name: s for s in model.args.modalities}
         self.index = {name: i for i, name in enumerate(model.args.names)}
         self.sentinels = tuple(sentinels)
+        #: how the model's pixel input is normalised (its pixel_input modality's spec)
+        self.pixel_normalisation = next((s.pixel_normalisation for s in self.specs.values() if s.pixel_input),
+                                        "symmetric")
         self.device = next(model.parameters()).device
         self.autocast = resolve_precision(precision, self.device) is not None
 
@@ -171,15 +175,19 @@ class Generator:
         pixels = None
         if any(s.pixel_input for s in self.specs.values()) and any("pixels" in s for s in samples):
             size = next(s["pixels"].shape for s in samples if "pixels" in s)
-            pixels = self._normalised(np.stack([s["pixels"] if "pixels" in s else np.full(size, PIXEL_MEAN)
-                                                for s in samples]))
+            stored = np.stack([s["pixels"] if "pixels" in s else np.zeros(size, np.uint8) for s in samples])
+            pixels = self._normalised(stored, absent=["pixels" not in s for s in samples])
         t = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
         return {"tokens": t(out[0]), "modality": t(out[1]), "position": t(out[2]), "valid": t(valid),
                 "pixels": pixels}
 
-    def _normalised(self, images: np.ndarray) -> torch.Tensor:
-        """``[B, H, W, 3]`` pixel values as the model's normalised ``[B, 3, H, W]`` input."""
-        return torch.from_numpy(np.ascontiguousarray(normalised_pixels(images))).to(self.device)
+    def _normalised(self, images: np.ndarray, absent: Sequence[bool] = ()) -> torch.Tensor:
+        """``[B, H, W, 3]`` pixel values as the model's normalised ``[B, 3, H, W]`` input; the ``absent`` samples
+        read zeros (as a batch's samples without pixels do in training)."""
+        normalised = np.ascontiguousarray(normalised_pixels(images, self.pixel_normalisation))
+        if any(absent):
+            normalised[np.asarray(absent, bool)] = 0.0
+        return torch.from_numpy(normalised).to(self.device)
 
     def _batch(self, enc: dict[str, torch.Tensor | None], dec_tokens: torch.Tensor, dec_modality: int,
                dec_position: torch.Tensor) -> MaskedBatch:
@@ -264,7 +272,7 @@ class Generator:
     def _generate_text(self, conditioning, target: str, args: SamplingArgs,
                        generator: torch.Generator) -> list[Generated]:
         if len(self.sentinels) < 2:
-            raise ValueError("text generation needs the text tokenizer's sentinel ids [S_0] and [S_1]")
+            raise ValueError("text generation needs the ids of the text tokenizer's first two sentinels")
         spec, m = self.specs[target], self.index[target]
         start, end = self.sentinels[0], self.sentinels[1]
         cond = self._conditioning(conditioning)

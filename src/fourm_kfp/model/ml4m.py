@@ -51,7 +51,7 @@ from safetensors.torch import save_file
 from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.layers import sincos_1d, sincos_2d
-from fourm_kfp.storage import Store, open_store
+from fourm_kfp.storage import open_store
 
 CONFIG, WEIGHTS, CARD = "config.json", "model.safetensors", "fourm-kfp.json"
 IMAGE_SIZE, PATCH_SIZE = 224, 16
@@ -263,22 +263,23 @@ def ml4m_state(model: FourM) -> dict[str, torch.Tensor]:
     return {k: v.contiguous() for k, v in state.items()}
 
 
-def export_ml4m(model: FourM, output: Store | str | Path, card: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write ``model`` as an ml-4m folder under ``output`` (a store, URI or path): ``config.json``,
-    ``model.safetensors`` (the config also in its metadata, for ``fourm.utils.load_safetensors``) and
-    ``fourm-kfp.json`` (``card``: what the model is in our terms). Returns the config. Raises :class:`Ml4mError`
-    naming every reason when the model cannot be written."""
-    store = output if isinstance(output, Store) else open_store(str(output), create=True)
+def export_ml4m(model: FourM, output: Any, card: dict[str, Any] | None = None, prefix: str = "") -> dict[str, Any]:
+    """Write ``model`` as an ml-4m folder under ``output`` (a store or anything with its ``put_file`` and
+    ``put_bytes``, a URI or a path), its keys under ``prefix``: ``config.json``, ``model.safetensors`` (the config
+    also in its metadata, for ``fourm.utils.load_safetensors``) and ``fourm-kfp.json`` (``card``: what the model
+    is in our terms). Returns the config. Raises :class:`Ml4mError` naming every reason when the model cannot be
+    written."""
+    store = open_store(str(output), create=True) if isinstance(output, (str, Path)) else output
     state = ml4m_state(model)
     config = ml4m_config(model.args)
     metadata = {key: json.dumps(value) for key, value in config.items()}  # YAML reads JSON values back
     with tempfile.TemporaryDirectory(prefix="fourm-ml4m-") as tmp:
         path = Path(tmp) / WEIGHTS
         save_file(dict(sorted(state.items())), str(path), metadata=metadata)
-        store.put_file(WEIGHTS, path)
-    store.put_bytes(CONFIG, json.dumps(config, indent=2).encode())
+        store.put_file(prefix + WEIGHTS, path)
+    store.put_bytes(prefix + CONFIG, json.dumps(config, indent=2).encode())
     if card is not None:
-        store.put_bytes(CARD, json.dumps(card, indent=2, sort_keys=True).encode())
+        store.put_bytes(prefix + CARD, json.dumps(card, indent=2, sort_keys=True).encode())
     return config
 
 

@@ -23,7 +23,8 @@ from fourm_kfp.hardware import peak_flops, resolve_precision, training_device, t
 from fourm_kfp.masking.token_loader import TokenLoader, validation_batches
 from fourm_kfp.model.fourm import FourM, flops_per_token
 from fourm_kfp.model.parallelize import full_state_dict, parallelize, unwrap
-from fourm_kfp.model.saved_model import export_model, put_weights, snapshot_key, snapshot_steps
+from fourm_kfp.model.ml4m import export_ml4m, ml4m_unexpressible
+from fourm_kfp.model.saved_model import WEIGHTS, export_model, put_weights, snapshot_key, snapshot_steps
 from fourm_kfp.stages import PRETOKENIZE, TRAIN_TOKENIZERS
 from fourm_kfp.storage import Store
 from fourm_kfp.train.batch_plan import batch_layout, total_steps
@@ -41,6 +42,8 @@ from fourm_kfp.train.validation import masked_modeling_validator
 
 log = logging.getLogger("fourm_kfp.train")
 PRETOKENIZED, TOKENIZERS = PRETOKENIZE.name, TRAIN_TOKENIZERS.name
+#: Where a model ml-4m can express is also written in its format (``config.json``, ``model.safetensors``).
+ML4M_FOLDER = "ml4m/"
 #: The exported weights are also an MLflow artifact up to this size.
 MAX_MLFLOW_MODEL_BYTES = 512 << 20
 
@@ -103,6 +106,7 @@ def run(ctx: StageContext) -> StageResult:
     specials = inputs.special_tokens
     card = export_model(model_state, args, ctx.output, tokenizers_uri=inputs.tokenizers_uri,
                         pretokenized_uri=inputs.pretokenized_uri, text_special_ids=specials, step=state.step)
+    ml4m = _export_ml4m(model_state, args, ctx.output, card)
     for ckpt in complete_checkpoints(store.child("checkpoints")):
         for key in ckpt.store.list():
             ctx.output.record_existing(f"checkpoints/{ckpt.store.uri.rsplit('/', 1)[1]}/{key}")
@@ -127,11 +131,26 @@ def run(ctx: StageContext) -> StageResult:
                "replica_divergence": divergence, "resumed": float(resumed), **throughput(writer),
                **{k.replace("/", "."): v for k, v in trainer.val_history[-1].items() if k != "step"}}
     counts = {"steps": state.step, "parameters": card["parameters"], "modalities": list(args.names),
-              "precision": precision}  # not part of the address: a machine's own choice
+              "precision": precision,  # not part of the address: a machine's own choice
+              "ml4m_export": ml4m}
     if init is not None:  # train.init_from: what it took, in the manifest and the MLflow run
         counts.update(init.counts())
         metrics.update({key: float(value) for key, value in init.counts().items()})
     return StageResult(counts=counts, metrics=metrics, nondeterminism=training_nondeterminism(device))
+
+
+def _export_ml4m(state: dict[str, torch.Tensor], args, output, card: dict) -> str | list[str]:
+    """The model also in apple/ml-4m's format under ``ml4m/`` when its shapes can be written there
+    (:func:`~fourm_kfp.model.ml4m.ml4m_unexpressible`): ``"ml4m/"``, or why not."""
+    reasons = ml4m_unexpressible(args)
+    if reasons:
+        log.info("pretrain: no ml-4m export (%s)", "; ".join(reasons))
+        return reasons
+    model = FourM(args)
+    model.load_state_dict(state)
+    export_ml4m(model, output, card={**card, "ml4m_of": WEIGHTS}, prefix=ML4M_FOLDER)
+    log.info("pretrain: the model in ml-4m's format at %s", output.uri_of(ML4M_FOLDER))
+    return ML4M_FOLDER
 
 
 def _snapshot(model: torch.nn.Module, store: Store, step: int) -> None:

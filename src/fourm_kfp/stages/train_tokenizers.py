@@ -4,7 +4,8 @@ prepared dataset and committed as the bundle that :func:`fourm_kfp.tokenizers.bu
 Reads the dataset's shards (prepare-data's, with the label stage's modalities when it ran; local or S3), trains
 each image tokenizer on the train split (single process, or DDP when the stage runs under torchrun), evaluates it
 on the val split against a trivial baseline (the per-pixel mean image / majority class), trains the text tokenizer
-on the sequence modalities (captions, det strings, ...), and writes the bundle that
+on the sequence modalities (captions, det strings, ...) or takes an existing one as it is
+(``train_tokenizers.text_tokenizer_from``: ml-4m's, say), and writes the bundle that
 :func:`fourm_kfp.tokenizers.bundle.load_tokenizers` reads back, plus a report and a reconstruction grid.
 
 In one process on a CPU with several cores, the image tokenizers train side by side in forked worker processes, the
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 from fourm_kfp import distributed
-from fourm_kfp.contract import StageContext, StageResult
+from fourm_kfp.contract import ExternalSource, StageContext, StageResult
 from fourm_kfp.data.dataset_report import render_preview_grid
 from fourm_kfp.hardware import training_nondeterminism
 from fourm_kfp.data.shard_stream import (MissingModalityError, available_modalities, iter_split, iter_texts,
@@ -42,8 +43,8 @@ from fourm_kfp.tokenizers.bundle import INDEX_FILE, TEXT_FILE, VOCABULARIES, ima
 from fourm_kfp.tokenizers.modality_codecs import MAX_FIT_IMAGES, fit_normalisation, get_codec
 from fourm_kfp.tokenizers.parallel_training import train_image_tokenizers
 from fourm_kfp.tokenizers.saved_tokenizer import save_image_tokenizer
-from fourm_kfp.tokenizers.text_tokenizer import (mean_tokens_per_text, save_text_tokenizer, special_token_ids,
-                                                 train_text_tokenizer, unknown_token_rate)
+from fourm_kfp.tokenizers.text_tokenizer import (mean_tokens_per_text, read_text_tokenizer, save_text_tokenizer,
+                                                 special_token_ids, train_text_tokenizer, unknown_token_rate)
 from fourm_kfp.tokenizers.tokenizer_report import report_markdown
 from fourm_kfp.tokenizers.training import evaluate_tokenizer, train_vqvae
 from fourm_kfp.tokenizers.vqvae import VQVAEConfig
@@ -175,10 +176,14 @@ def run(ctx: StageContext) -> StageResult:
                     ctx.output.put_file(image_key(modality, path.name), path)
 
     text_modalities = [m for m in cfg.text_modalities if m in present]
-    text_metrics, index_text = {}, None
+    text_metrics, index_text, sources = {}, None, []
     if text_modalities and ctx.is_primary:
-        tok = train_text_tokenizer(iter_texts(data, "train", text_modalities), cfg.text_vocab_size,
-                                   cfg.num_sentinels, class_names=meta.text_class_names)
+        if cfg.text_tokenizer_from:  # used as it is
+            tok, digest = read_text_tokenizer(cfg.text_tokenizer_from)
+            sources.append(ExternalSource("text_tokenizer", cfg.text_tokenizer_from, digest))
+        else:
+            tok = train_text_tokenizer(iter_texts(data, "train", text_modalities), cfg.text_vocab_size,
+                                       cfg.num_sentinels, class_names=meta.text_class_names)
         val_captions = list(iter_texts(data, "val", text_modalities[:1], limit=cfg.max_val_images or None))
         text_metrics = {"unknown_token_rate": unknown_token_rate(tok, val_captions),
                         "mean_tokens_per_text": mean_tokens_per_text(tok, val_captions),
@@ -187,7 +192,7 @@ def run(ctx: StageContext) -> StageResult:
             save_text_tokenizer(tok, Path(tmp) / "tokenizer.json")
             ctx.output.put_file(TEXT_FILE, Path(tmp) / "tokenizer.json")
         index_text = {"modalities": text_modalities, "vocab_size": tok.get_vocab_size(),
-                      "special_tokens": special_token_ids(tok)}
+                      "special_tokens": special_token_ids(tok, cfg.text_tokenizer_from or "the text tokenizer")}
 
     report = {"image": metrics, "text": text_metrics, "skipped_modalities": missing}
     if ctx.is_primary:
@@ -203,5 +208,12 @@ def run(ctx: StageContext) -> StageResult:
     flat = {f"{m}.{k}": v for m, values in metrics.items() for k, v in values.items()}
     flat.update({f"text.{k}": v for k, v in text_metrics.items()}, **timings)
     counts = {"image_tokenizers": sorted(models), "text_tokenizer": index_text is not None}
-    return StageResult(counts=counts, metrics=flat, nondeterminism=training_nondeterminism(device))
+    return StageResult(counts=counts, metrics=flat, sources=sources, nondeterminism=training_nondeterminism(device))
+
+
+def source_fingerprint(config: Any) -> str | None:
+    """What the address covers of ``train_tokenizers.text_tokenizer_from`` beyond its URI: the file's digest (a
+    missing or unusable file fails here, naming it, before anything runs); None when the text tokenizer is trained."""
+    uri = config.train_tokenizers.text_tokenizer_from
+    return read_text_tokenizer(uri)[1] if uri else None
 

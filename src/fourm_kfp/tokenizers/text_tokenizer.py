@@ -22,11 +22,19 @@ normaliser and pre-tokenizer), hand the trainer every continuation symbol the wo
 reserved tokens (so none is numbered by the hash map), and feed it the words in sorted order. No post-processor is
 set: :func:`encode` returns the bare ids and the caller adds ``[SOS]``/``[EOS]``. The tokenizer is saved as its
 own JSON (:func:`save_text_tokenizer`).
+
+A tokenizer JSON made elsewhere (ml-4m's WordPiece tokenizer) serves as well when it has the four base tokens and
+the sentinels ``[S_0]``, ``[S_1]``, ... (:func:`read_text_tokenizer`, :func:`special_token_ids`). *Text
+conventions* say how a model's texts are masked (:data:`TEXT_CONVENTIONS`): ``fourm-kfp`` masks a text's bare ids
+with the sentinels from ``[S_0]`` on; ``ml4m`` appends ``[EOS]`` to the ids first and takes the sentinels from
+``[S_1]`` on, as ml-4m trained its models (:func:`text_sentinels`, :func:`text_eos`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import os
 import re
 from collections import Counter
@@ -36,11 +44,20 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre
 
 from fourm_kfp.data.modalities import COORD_BINS
 from fourm_kfp.data.vocabularies import DatasetMeta
+from fourm_kfp.errors import UserError
+from fourm_kfp.storage import open_store
 
 PAD, UNK, SOS, EOS = "[PAD]", "[UNK]", "[SOS]", "[EOS]"
 CONTINUATION = "##"  # WordPiece's prefix of a word's non-initial pieces
 BASE_SPECIAL_TOKENS = (PAD, UNK, SOS, EOS)
 _COORDINATE = re.compile(r"(?<!\S)v\d+=\d+(?!\S)")
+_SPECIAL = re.compile(r"\[(PAD|UNK|SOS|EOS|S_\d+)\]")  # the tokens decode() drops
+#: How a model's texts are masked (``train.model.text_conventions``; see the module docstring).
+TEXT_CONVENTIONS = ("fourm-kfp", "ml4m")
+
+
+class TextTokenizerError(UserError, ValueError):
+    """A tokenizer JSON is missing, unreadable, or lacks a token our code needs; the message names the file."""
 
 
 def sentinel_tokens(num_sentinels: int) -> list[str]:
@@ -123,6 +140,28 @@ def load_text_tokenizer(path: str | os.PathLike) -> Tokenizer:
     return Tokenizer.from_file(str(path))
 
 
+def read_text_tokenizer(uri: str) -> tuple[Tokenizer, str]:
+    """The tokenizer JSON at ``uri`` (a local path or ``s3://`` URI), checked to hold the special tokens our code
+    needs (:func:`special_token_ids`), and the file's ``sha256:`` digest.
+
+    Its ids are the file's. Only the base tokens and the sentinels stay marked special: ml-4m's file marks its
+    coordinate tokens and class names special too, which decoding would drop (a det text would lose its boxes)."""
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    store = open_store(parent or ("/" if uri.startswith("/") else "."))
+    if not name or not store.exists(name):
+        raise TextTokenizerError(f"text tokenizer {uri}: no such file")
+    data = store.get_bytes(name)
+    try:
+        spec = json.loads(data)
+        for added in spec.get("added_tokens") or ():
+            added["special"] = bool(_SPECIAL.fullmatch(added["content"]))
+        tok = Tokenizer.from_str(json.dumps(spec))
+    except Exception as exc:  # tokenizers raises a bare Exception on a malformed JSON
+        raise TextTokenizerError(f"text tokenizer {uri}: not a tokenizers JSON ({exc})") from None
+    special_token_ids(tok, uri)
+    return tok, "sha256:" + hashlib.sha256(data).hexdigest()
+
+
 def encode(tok: Tokenizer, text: str) -> list[int]:
     """Token ids of ``text`` (no ``[SOS]``/``[EOS]`` added)."""
     return tok.encode(text).ids
@@ -133,15 +172,36 @@ def decode(tok: Tokenizer, ids: Sequence[int], skip_special_tokens: bool = True)
     return tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
 
-def special_token_ids(tok: Tokenizer) -> dict[str, int]:
-    """``{token: id}`` for ``[PAD]`` (0), ``[UNK]``, ``[SOS]``, ``[EOS]`` and the sentinels ``[S_i]``, in id order."""
+def special_token_ids(tok: Tokenizer, source: str = "the text tokenizer") -> dict[str, int]:
+    """``{token: id}`` for ``[PAD]``, ``[UNK]``, ``[SOS]``, ``[EOS]`` and the sentinels ``[S_0]``, ``[S_1]``, ... (up
+    to the first one missing). A base token or one of the first two sentinels missing is an error naming
+    ``source`` (the file)."""
     ids = {t: tok.token_to_id(t) for t in BASE_SPECIAL_TOKENS}
     for i in itertools.count():
         token_id = tok.token_to_id(f"[S_{i}]")
         if token_id is None:
             break
         ids[f"[S_{i}]"] = token_id
+    missing = [t for t in (*BASE_SPECIAL_TOKENS, *sentinel_tokens(2)) if ids.get(t) is None]
+    if missing:
+        raise TextTokenizerError(f"{source}: the tokenizer has no {', '.join(missing)} (a text tokenizer needs "
+                                 f"{', '.join(BASE_SPECIAL_TOKENS)} and the sentinels [S_0], [S_1], ...)")
     return ids
+
+
+def text_sentinels(special_ids: dict[str, int], conventions: str = "fourm-kfp") -> tuple[int, ...]:
+    """The sentinel ids in the order span masking uses them: from ``[S_0]`` on, or from ``[S_1]`` on (``ml4m``)."""
+    if conventions not in TEXT_CONVENTIONS:
+        raise ValueError(f"text conventions {conventions!r}: expected one of {list(TEXT_CONVENTIONS)}")
+    sentinels = tuple(special_ids[f"[S_{i}]"] for i in range(len(special_ids)) if f"[S_{i}]" in special_ids)
+    return sentinels[1:] if conventions == "ml4m" else sentinels
+
+
+def text_eos(special_ids: dict[str, int], conventions: str = "fourm-kfp") -> int | None:
+    """The id appended to every text before masking: ``[EOS]`` under ``ml4m``, none otherwise."""
+    if conventions not in TEXT_CONVENTIONS:
+        raise ValueError(f"text conventions {conventions!r}: expected one of {list(TEXT_CONVENTIONS)}")
+    return special_ids[EOS] if conventions == "ml4m" else None
 
 
 def unknown_token_rate(tok: Tokenizer, texts: Iterable[str]) -> float:

@@ -2,7 +2,9 @@
 
 The model's modalities are the data config's input and target modalities that the pretokenized dataset holds,
 in the data config's order: an image modality with its codebook and token grid (``rgb`` optionally as pixel
-patches), a text modality with the shared WordPiece vocabulary and ``train.model.max_text_length`` positions.
+patches, normalised as ``train.model.pixel_normalisation`` says), a text modality with the shared WordPiece vocabulary
+and ``train.model.max_text_length`` positions, masked under ``train.model.text_conventions`` (the sentinels masking
+uses, and the ``[EOS]`` the loader appends under ml-4m's).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fourm_kfp.masking.multimodal_masking import MaskingArgs
 from fourm_kfp.masking.token_loader import DatasetRef, LoaderArgs
 from fourm_kfp.model.fourm import FourMArgs
 from fourm_kfp.storage import open_store
+from fourm_kfp.tokenizers.text_tokenizer import text_eos, text_sentinels
 
 TEXT_TOKENIZER = "text/tokenizer.json"
 
@@ -48,11 +51,6 @@ class TrainingInputs:
     def special_tokens(self) -> dict[str, int]:
         return (self.tokenizers.get("text") or {}).get("special_tokens", {})
 
-    @property
-    def sentinels(self) -> tuple[int, ...]:
-        specials = self.special_tokens
-        return tuple(specials[f"[S_{i}]"] for i in range(len(specials)) if f"[S_{i}]" in specials)
-
 
 def modality_specs(config: Any, inputs: TrainingInputs) -> tuple[ModalitySpec, ...]:
     """The model's modalities (see the module docstring)."""
@@ -67,7 +65,8 @@ def modality_specs(config: Any, inputs: TrainingInputs) -> tuple[ModalitySpec, .
             grid = tuple(info["grid"])
             pixels = name == "rgb" and model.rgb_input == "pixels" and inputs.pretokenized.get("rgb_pixels")
             specs.append(ModalitySpec(name, "image", info["vocab_size"], grid=grid, pixel_input=bool(pixels),
-                                      patch_size=data.image_size // grid[1] if pixels else 0))
+                                      patch_size=data.image_size // grid[1] if pixels else 0,
+                                      pixel_normalisation=model.pixel_normalisation if pixels else "symmetric"))
         elif name in text.get("modalities", []):
             specs.append(ModalitySpec(name, "sequence", text["vocab_size"], max_length=model.max_text_length))
     if not specs:
@@ -81,12 +80,13 @@ def model_args(config: Any, specs: tuple[ModalitySpec, ...]) -> FourMArgs:
     return FourMArgs(specs, encoder_layers=train.model.encoder_layers, decoder_layers=train.model.decoder_layers,
                      dim=train.model.dim, heads=train.model.heads, tie_embeddings=train.model.tie_embeddings,
                      label_smoothing=train.label_smoothing, loss_weighting=train.loss_weighting,
-                     position_temperature=train.model.position_temperature)
+                     position_temperature=train.model.position_temperature, context_bias=train.model.context_bias,
+                     pixel_modality_embed=train.model.pixel_modality_embed)
 
 
 def masking_args(config: Any, specs: tuple[ModalitySpec, ...], inputs: TrainingInputs) -> MaskingArgs:
-    """Budgets, the alphas mixture over ``specs`` (a modality a component does not name gets alpha 0) and the
-    sentinel ids of the text tokenizer."""
+    """Budgets, the alphas mixture over ``specs`` (a modality a component does not name gets alpha 0), and the
+    sentinel ids of the text tokenizer and the id appended to each text, as ``train.model.text_conventions`` says."""
     names = [s.name for s in specs]
     mixture = tuple(MixtureComponent(c.weight, tuple(c.input_alphas.get(n, 0.0) for n in names),
                                      tuple(c.target_alphas.get(n, 0.0) for n in names))
@@ -94,9 +94,11 @@ def masking_args(config: Any, specs: tuple[ModalitySpec, ...], inputs: TrainingI
     usable = [c for c in mixture if any(c.input_alphas) and any(c.target_alphas)]
     if not usable:
         raise ValueError(f"no alphas component has both an input and a target among the model's modalities {names}")
+    conventions, specials = config.train.model.text_conventions, inputs.special_tokens
+    sentinels = text_sentinels(specials, conventions)
     return MaskingArgs(specs, config.train.input_budget, config.train.target_budget, tuple(usable),
-                       inputs.sentinels or tuple(range(4, 24)), config.train.span_mean_length,
-                       config.train.fill_budgets)
+                       sentinels or tuple(range(4, 24)), config.train.span_mean_length,
+                       config.train.fill_budgets, text_eos(specials, conventions) if specials else None)
 
 
 def loader_args(config: Any, inputs: TrainingInputs, masking: MaskingArgs, batch_size: int, rank: int,
