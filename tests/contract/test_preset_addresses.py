@@ -22,8 +22,11 @@ PINNED = {
              "pretrain=ab33e95b8183c240 evaluate=173f6be42846f3cb",
     "gpu-demo": "prepare-data=8df64aee0e6e7ab9 train-tokenizers=63198f135b466e1d pretokenize=eb63fb470ffaae8a "
                 "pretrain=a5f6360a93b144a2 evaluate=d75aa8c130ef3158",
-    "4m-b": "prepare-data=7e156ae2738c8051 train-tokenizers=f84d55700cf75f3e pretokenize=39409cbb3d795fb6 "
-            "pretrain=3dd125ac3b364f94 evaluate=412452b9c7f32df5",
+    # 4m-b moved on 2026-11-27: semseg at ml-4m's 4096 codes (train-tokenizers and what reads it)
+    "4m-b": "prepare-data=7e156ae2738c8051 train-tokenizers=6a4fff9bfeb7498a pretokenize=221379faa05287ca "
+            "pretrain=1fcc512622a2857d evaluate=f63f320425331746",
+    "finetune-4m": "prepare-data=884f8e8099963042 train-tokenizers=14ec6bb7bf22b4cc pretokenize=c9bd3d16d73f8a4e "
+                   "pretrain=145586b7905b436a evaluate=7845fc58037186cb",
     "4m-l": "prepare-data=7e156ae2738c8051 train-tokenizers=f84d55700cf75f3e pretokenize=39409cbb3d795fb6 "
             "pretrain=93d16bedc0194dbf evaluate=c5debadfe8259cbc",
     "4m-xl": "prepare-data=7e156ae2738c8051 train-tokenizers=f84d55700cf75f3e pretokenize=39409cbb3d795fb6 "
