@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
+from pathlib import Path
+
 import pytest
 
 from fourm_kfp.config.loader import PRESETS_DIR, available_presets, load_config
@@ -117,14 +119,32 @@ def test_unknown_preset_lists_the_available_ones():
         load_config("huge")
 
 
+def _external_sources(preset: str, folder: Path) -> list[str]:
+    """Overrides pointing a preset's outside files (``finetune-4m``'s ml-4m model and tokenizer) at stand-ins, which
+    the addresses read (their listing and digest)."""
+    from fourm_kfp.tokenizers.text_tokenizer import save_text_tokenizer, train_text_tokenizer
+
+    config = load_config(preset)
+    overrides = []
+    if config.train.init_from:
+        (folder / "ml4m").mkdir()
+        (folder / "ml4m" / "config.json").write_text('{"domains_in": []}')
+        overrides.append(f"train.init_from={folder / 'ml4m'}")
+    if config.train_tokenizers.text_tokenizer_from:
+        save_text_tokenizer(train_text_tokenizer(["a red cube", "a blue ball"], 64, 4), folder / "text.json")
+        overrides.append(f"train_tokenizers.text_tokenizer_from={folder / 'text.json'}")
+    return overrides
+
+
 @pytest.mark.parametrize("preset", available_presets())
-def test_pinned_overrides_rebuild_the_config_and_its_addresses(preset):
+def test_pinned_overrides_rebuild_the_config_and_its_addresses(preset, tmp_path):
     from fourm_kfp.config.loader import pinned_overrides
     from fourm_kfp.contract.addressing import stage_address
     from fourm_kfp.stages import STAGES
 
     # a float PyYAML would read back as text if written as JSON writes it (1e-08), a string YAML would split
-    config = load_config(preset, overrides=["train.optimizer.base_lr=1.0e-8", "evaluate.gate.model_name='m: v2'"])
+    config = load_config(preset, overrides=["train.optimizer.base_lr=1.0e-8", "evaluate.gate.model_name='m: v2'",
+                                            *_external_sources(preset, tmp_path)])
     again = load_config(preset, overrides=pinned_overrides(config))
     assert again == config
     assert [stage_address(s, again) for s in STAGES.values()] == [stage_address(s, config) for s in STAGES.values()]

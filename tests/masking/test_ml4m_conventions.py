@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, models
 
 from fourm_kfp.batch import IMAGENET_MEAN, IMAGENET_STD
 from fourm_kfp.config.loader import load_config
+from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract import run_stage
 from fourm_kfp.contract.addressing import stage_address
 from fourm_kfp.masking.multimodal_masking import collate, mask_sample
@@ -214,11 +215,18 @@ def _addresses(config) -> dict[str, str]:
                                       "train.model.pixel_normalisation=imagenet",
                                       "train.model.text_conventions=ml4m"])
 def test_each_model_setting_moves_pretrain_and_what_follows_only(override):
-    plain, changed = _addresses(load_config("smoke")), _addresses(load_config("smoke", overrides=[override]))
+    pixels = ["train.model.rgb_input=pixels"]  # the pixel settings apply to rgb read as patches only
+    plain = _addresses(load_config("smoke", overrides=pixels))
+    changed = _addresses(load_config("smoke", overrides=pixels + [override]))
     assert {name for name in plain if plain[name] != changed[name]} == {"pretrain", "evaluate"}
     at_default = override.split("=")[0] + "=" + {"true": "false", "imagenet": "symmetric",
                                                  "ml4m": "fourm-kfp"}[override.split("=")[1]]
-    assert _addresses(load_config("smoke", overrides=[at_default])) == plain
+    assert _addresses(load_config("smoke", overrides=pixels + [at_default])) == plain
+
+
+def test_pixel_settings_need_rgb_as_pixels():
+    with pytest.raises(ConfigError, match=r"model.pixel_normalisation applies to rgb read as pixel patches"):
+        load_config("smoke", overrides=["train.model.pixel_normalisation=imagenet"])
 
 
 def test_a_given_text_tokenizer_moves_train_tokenizers_and_what_follows(tmp_path, text_tokenizer):

@@ -227,3 +227,23 @@ def test_real_data_gets_the_tasks_that_make_sense(tmp_path, photo_config):
     output = open_store(outcome.output_uri)
     assert "not registered" in json.loads(output.get_bytes("gate.json"))["skipped"]
     assert "not registered" in output.get_text("reports/model_gate.md")
+
+
+def test_generation_follows_the_text_conventions_the_model_was_trained_with(smoke, tmp_path):
+    """A model card saying ``text_conventions: ml4m`` (ml-4m's [EOS] and sentinels from [S_1]): text inputs get the
+    [EOS] the loader appended in training, and text is generated from [S_1] to [S_2]; ours: bare ids, [S_0]/[S_1]."""
+    import shutil
+
+    _, _, _, uris = smoke
+    ours = AnyToAny(uris["pretrain"], "cpu", tokenizers_uri=uris["train-tokenizers"])
+    specials = ours.card["text_special_ids"]
+    assert ours.card["text_conventions"] == "fourm-kfp"
+    assert ours.generator.sentinels == (specials["[S_0]"], specials["[S_1]"])
+    plain = ours.tokenize("caption", ["a red cube"])[0].tolist()
+    copy = tmp_path / "pretrain"
+    shutil.copytree(uris["pretrain"], copy)
+    card = json.loads((copy / "model" / "model.json").read_text())
+    (copy / "model" / "model.json").write_text(json.dumps({**card, "text_conventions": "ml4m"}))
+    ml4m = AnyToAny(str(copy), "cpu", tokenizers_uri=uris["train-tokenizers"])
+    assert ml4m.generator.sentinels == (specials["[S_1]"], specials["[S_2]"])
+    assert ml4m.tokenize("caption", ["a red cube"])[0].tolist() == plain + [specials["[EOS]"]]

@@ -68,6 +68,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dim % self.heads:
             raise ValueError(f"model.dim={self.dim} is not divisible by model.heads={self.heads}")
+        pixel_only = [f for f, on in (("pixel_normalisation", self.pixel_normalisation != "symmetric"),
+                                      ("pixel_modality_embed", self.pixel_modality_embed)) if on]
+        if pixel_only and self.rgb_input != "pixels":
+            raise ValueError(f"model.{pixel_only[0]} applies to rgb read as pixel patches (model.rgb_input: pixels); "
+                             f"rgb_input is {self.rgb_input!r}")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from fourm_kfp.model.generation import Generated, Generator, SamplingArgs
 from fourm_kfp.model.saved_model import load_model, read_weights, snapshot_steps, weights_key
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers
+from fourm_kfp.tokenizers.text_tokenizer import text_eos, text_sentinels
 
 
 class AnyToAny:
@@ -35,7 +36,10 @@ class AnyToAny:
         self.model, self.card = load_model(self.model_store, self.device)
         self.tokenizers = load_tokenizers(tokenizers_uri or self.card["tokenizers_uri"], device=str(self.device))
         specials = self.card.get("text_special_ids") or {}
-        sentinels = tuple(specials[s] for s in ("[S_0]", "[S_1]") if s in specials)
+        conventions = self.card.get("text_conventions", "fourm-kfp")  # cards from before it was recorded: ours
+        sentinels = text_sentinels(specials, conventions)[:2] if specials else ()
+        #: appended to every text input before the cut, as the loader did in training (ml-4m's [EOS])
+        self.text_eos = text_eos(specials, conventions) if specials else None
         pixel_decoders = {s.name: self.tokenizers.image[s.name].decode for s in self.model.args.modalities
                           if s.pixel_input and s.name in self.tokenizers.image}
         self.generator = Generator(self.model, sentinels, pixel_decoders)
@@ -67,7 +71,10 @@ class AnyToAny:
                         .numpy())
         if self.tokenizers.text is None:
             raise ValueError("the tokenizer bundle has no text tokenizer")
-        return [np.asarray(self.tokenizers.text.encode(str(v)).ids[: spec.max_length - 2], np.int64) for v in values]
+        ids = [self.tokenizers.text.encode(str(v)).ids for v in values]
+        if self.text_eos is not None:
+            ids = [t + [self.text_eos] if t else t for t in ids]
+        return [np.asarray(t[: spec.max_length - 2], np.int64) for t in ids]
 
     def detokenize(self, modality: str, tokens: Sequence[np.ndarray]) -> list[Any]:
         """Arrays (image modalities, through the VQ-VAE decoder) or strings (text) from token ids."""

@@ -5,8 +5,8 @@ beside the model: the same architecture and card, so :func:`load_model` reads on
 scores them for its scores-against-steps figure).
 
 ``model.json`` holds the model's arguments (sizes and every modality's spec), the modality table rows it was
-trained on, the URIs of the tokenizers and of the pretokenized data it needs, the text tokenizer's special ids,
-and the training step. :func:`load_model` rebuilds the model from the output URI alone (local or S3), so the
+trained on, the URIs of the tokenizers and of the pretokenized data it needs, the text tokenizer's special ids and
+text conventions, and the training step. :func:`load_model` rebuilds the model from the output URI alone (local or S3), so the
 evaluate stage and users need nothing else. No pickles: safetensors and JSON only.
 """
 
@@ -60,7 +60,8 @@ def args_from_dict(data: dict[str, Any]):
 
 
 def export_model(state: dict[str, torch.Tensor], args: Any, output: Store, *, tokenizers_uri: str,
-                 pretokenized_uri: str, text_special_ids: dict[str, int], step: int) -> dict[str, Any]:
+                 pretokenized_uri: str, text_special_ids: dict[str, int], step: int,
+                 text_conventions: str = "fourm-kfp") -> dict[str, Any]:
     """Write the model's weights and card under ``output``; returns the card. The card names the tokenizers and
     the pretokenized data by their place beside ``output`` (:func:`~fourm_kfp.storage.output_ref`), so its bytes do not
     depend on where the store is; :func:`load_model` gives them back as URIs."""
@@ -72,6 +73,7 @@ def export_model(state: dict[str, torch.Tensor], args: Any, output: Store, *, to
         "tokenizers_uri": output_ref(tokenizers_uri),
         "pretokenized_uri": output_ref(pretokenized_uri),
         "text_special_ids": text_special_ids,
+        "text_conventions": text_conventions,  # how its texts were masked (tokenizers.text_tokenizer.text_sentinels)
         "step": step,
         "parameters": int(sum(t.numel() for t in state.values())),
     }

@@ -79,6 +79,7 @@ TRAIN_TOKENIZERS = StageSpec(
     name="train-tokenizers",
     run=_body("train_tokenizers"),
     config_keys=("data.image_size", "train_tokenizers"),
+    source_fingerprint=_body("train_tokenizers", "source_fingerprint"),  # train_tokenizers.text_tokenizer_from
     upstream=DATASET,
     code_version=7,  # 2: reproducible bytes (deterministic WordPiece, no timings or absolute URIs)
     # 3: the conv VQ-VAE's encoder is patch-local (a token is a function of its own patch)
@@ -100,9 +101,10 @@ PRETRAIN = StageSpec(
     name="pretrain",
     run=_body("pretrain"),
     config_keys=("train", "data", "alphas"),
+    source_fingerprint=_body("pretrain", "init_fingerprint"),  # what train.init_from holds
     upstream=(PRETOKENIZE, TRAIN_TOKENIZERS),
     resumable=True,  # a restarted run keeps its checkpoints and continues from the newest complete one
-    code_version=8,  # 2: reproducible bytes (no timings, store-relative URIs, DCP metadata without save ids);
+    # 2: reproducible bytes (no timings, store-relative URIs, DCP metadata without save ids);
     # 3: fused AdamW on the CPU too (the same update up to rounding, so not the same bytes as version 2);
     # 4: in-place token-table gradients in one CPU process (autograd's values summed in another order)
     # 5: gradient clipping inside the fused AdamW (its grad_scale divides; clip_grad_norm_ multiplied)
@@ -111,6 +113,9 @@ PRETRAIN = StageSpec(
     # cross-entropy in one function (the same values up to rounding); no encoder mask when every slot is valid
     # 8: attention in training on the CPU as explicit batched matmuls where faster than the fused kernel (the same
     # values up to rounding; layers.attention)
+    # 9: the placeholder row of a pixel-input modality starts at zero; the model also in ml-4m's format (ml4m/) when
+    # ml-4m can hold it; train.init_from maps modality by modality and reports what it took
+    code_version=9,
 )
 EVALUATE = StageSpec(
     name="evaluate",

@@ -105,7 +105,8 @@ def run(ctx: StageContext) -> StageResult:
         return StageResult()
     specials = inputs.special_tokens
     card = export_model(model_state, args, ctx.output, tokenizers_uri=inputs.tokenizers_uri,
-                        pretokenized_uri=inputs.pretokenized_uri, text_special_ids=specials, step=state.step)
+                        pretokenized_uri=inputs.pretokenized_uri, text_special_ids=specials, step=state.step,
+                        text_conventions=cfg.train.model.text_conventions)
     ml4m = _export_ml4m(model_state, args, ctx.output, card)
     for ckpt in complete_checkpoints(store.child("checkpoints")):
         for key in ckpt.store.list():
@@ -137,6 +138,14 @@ def run(ctx: StageContext) -> StageResult:
         counts.update(init.counts())
         metrics.update({key: float(value) for key, value in init.counts().items()})
     return StageResult(counts=counts, metrics=metrics, nondeterminism=training_nondeterminism(device))
+
+
+def init_fingerprint(config) -> str | None:
+    """The address's share of ``train.init_from`` (:func:`fourm_kfp.train.initial_weights.source_fingerprint`);
+    None without one."""
+    from fourm_kfp.train.initial_weights import source_fingerprint
+
+    return source_fingerprint(config.train.init_from) if config.train.init_from else None
 
 
 def _export_ml4m(state: dict[str, torch.Tensor], args, output, card: dict) -> str | list[str]:

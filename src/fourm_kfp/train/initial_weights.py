@@ -120,6 +120,34 @@ def load_initial_weights(model: FourM, uri: str) -> InitReport:
     return report
 
 
+def source_fingerprint(uri: str) -> str:
+    """What the pretrain address covers of ``train.init_from`` beyond its URI: the listing (keys and sizes) of the
+    source, plus its small descriptive files (a pretrain output's manifest, an ml-4m ``config.json``), so a folder
+    whose contents changed under the same URI gets a new address without reading its weights. A source that is not
+    there fails here, naming the field."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    if uri.endswith(".safetensors"):
+        parent, _, name = uri.rstrip("/").rpartition("/")
+        store, listing = open_store(parent or "."), None
+        sizes = dict(store.list_sizes()) if store.exists(name) else {}
+        if name not in sizes:
+            raise ConfigError(f"train.init_from: {uri} does not exist")
+        listing = [(name, sizes[name])]
+    else:
+        store = open_store(uri)
+        listing = sorted(store.list_sizes())
+        if not listing:
+            raise ConfigError(f"train.init_from: {uri} does not exist or is empty")
+    for key, size in listing:
+        digest.update(f"{key}\t{size}\n".encode())
+    for key in ("_MANIFEST.json", ml4m.CONFIG):
+        if not uri.endswith(".safetensors") and store.exists(key):
+            digest.update(store.get_bytes(key))
+    return digest.hexdigest()
+
+
 def map_weights(source: FourM | dict[str, torch.Tensor], target: FourM, report: InitReport,
                 untrained: Collection[str] = ()) -> InitReport:
     """Copy into ``target`` what fits of ``source`` (a model: per modality; a bare state dict: by name and shape),
