@@ -165,13 +165,13 @@ def ml4m_config(args: FourMArgs) -> dict[str, Any]:
 # -- our tensors <-> ml-4m's ----------------------------------------------------------------------------------------
 
 def _rows(model: FourM, table: str, index: int) -> slice:
-    """The rows of modality ``index`` in our concatenated ``table``."""
+    """The rows of modality ``index`` in our concatenated ``table`` (``enc``: a pixel modality has one placeholder)."""
+    spec = model.args.modalities[index]
     if table == "enc":
-        sizes = [1 if m.pixel_input else m.vocab_size for m in model.args.modalities]
+        start, size = int(model.enc_token_offset[index]), 1 if spec.pixel_input else spec.vocab_size
     else:
-        sizes = [m.vocab_size for m in model.args.modalities]
-    start = sum(sizes[:index])
-    return slice(start, start + sizes[index])
+        start, size = int(model.token_offset[index]), spec.vocab_size
+    return slice(start, start + size)
 
 
 def _trunk_pairs(args: FourMArgs) -> list[tuple[str, str]]:
