@@ -537,6 +537,12 @@ def open_store(uri: str, s3_endpoint: str | None = None, create: bool = False) -
 PACKAGE_SCHEME = "pkg://"
 
 
+def file_store(uri: str) -> tuple["Store", str]:
+    """``(store of the folder, key)`` of the file at ``uri`` (a local path, relative or absolute, or ``s3://``)."""
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    return open_store(parent or ("/" if uri.startswith("/") else ".")), name
+
+
 def package_folder(uri: str) -> str:
     """The local path of a ``pkg://<package>/<folder>`` URI; a clear error when the package is not installed or has
     no such folder."""

@@ -256,3 +256,21 @@ def test_cli_export_of_a_model_ml4m_cannot_hold_names_the_reasons(tmp_path, caps
     err = capsys.readouterr().err
     assert "vocabulary 64" in err and "token grid (4, 4)" in err
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_the_pretrain_stage_writes_ml4m_beside_the_weights_and_records_it(tmp_path):
+    """``ml4m/`` goes through the stage's recording store, so the manifest lists its files; a model ml-4m cannot
+    hold gets the reasons instead."""
+    from fourm_kfp.contract.manifest import RecordingStore
+    from fourm_kfp.stages.pretrain import _export_ml4m
+    from fourm_kfp.storage import open_store
+
+    model = random_model(layers=(1, 1))
+    output = RecordingStore(open_store(str(tmp_path / "out"), create=True))
+    assert _export_ml4m(model.state_dict(), model.args, output, {"step": 3}) == "ml4m/"
+    assert set(output.records) == {"ml4m/config.json", "ml4m/model.safetensors", "ml4m/fourm-kfp.json"}
+    back, _ = import_ml4m(str(tmp_path / "out" / "ml4m"))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
+    small = FourM(FourMArgs((ModalitySpec("depth", "image", 64, grid=(4, 4)),), 1, 1, 32, 2))
+    reasons = _export_ml4m(small.state_dict(), small.args, output, {})
+    assert any("vocabulary 64" in r for r in reasons) and len(output.records) == 3

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from fourm_kfp.data.image_normalize import DEFAULT_MIN_SIDE, BadSampleError, normalize_image_sized
 from fourm_kfp.errors import UserError
-from fourm_kfp.storage import Store, open_store
+from fourm_kfp.storage import Store, file_store
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -261,8 +261,7 @@ def read_captions_file(store: Store, ref: str) -> dict[str, str]:
     out. Anything malformed raises ``ValueError`` naming the file and line.
     """
     if ref.startswith("/") or "://" in ref:
-        parent, _, name = ref.rpartition("/")
-        store, ref = open_store(parent or "/"), name
+        store, ref = file_store(ref)
     origin = store.uri_of(ref)
     data = store.get_bytes(ref)
     try:

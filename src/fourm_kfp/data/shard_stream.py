@@ -28,7 +28,7 @@ from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.data.shard_writer import KEYS_DIR, SOURCE_DIR, dropped_key, keys_key, shard_key
 from fourm_kfp.data.ustar import read_members
 from fourm_kfp.errors import UserError
-from fourm_kfp.storage import Store, is_s3_uri, open_store
+from fourm_kfp.storage import Store, file_store, is_s3_uri
 
 _KEY_INDEX = re.compile(r"shard-(\d{6})\.txt$")
 Decode = Callable[[str, bytes], Any]
@@ -57,8 +57,7 @@ class _StoreStream:
 
 
 def _open_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -> _StoreStream:
-    parent, _, name = url.rpartition("/")
-    return _StoreStream(open_store(parent), name)
+    return _StoreStream(*file_store(url))
 
 
 def register_s3_opener() -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fourm_kfp.labelers.base import Labeler, LabelerError, LabelerSetup
-from fourm_kfp.storage import is_s3_uri, open_store
+from fourm_kfp.storage import file_store, is_s3_uri, open_store
 
 ENTRY_POINT_GROUP = "fourm_kfp.labelers"
 
@@ -86,8 +86,7 @@ def fetch_weights(uri: str, where: str) -> tuple[str, str]:
     if not uri:
         raise LabelerError(f"{where}: this labeler needs weights; set its 'weights' to a local path or s3:// URI")
     if is_s3_uri(uri):
-        parent, _, name = uri.rstrip("/").rpartition("/")
-        store = open_store(parent)
+        store, name = file_store(uri)
         if not name or not store.exists(name):
             raise LabelerError(f"{where}: weights file {uri} does not exist")
         target = _cache_dir() / hashlib.sha256(uri.encode()).hexdigest()[:16] / name

@@ -51,7 +51,7 @@ from safetensors.torch import save_file
 from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.layers import sincos_1d, sincos_2d
-from fourm_kfp.storage import open_store
+from fourm_kfp.storage import Store, file_store, open_store
 
 CONFIG, WEIGHTS, CARD = "config.json", "model.safetensors", "fourm-kfp.json"
 IMAGE_SIZE, PATCH_SIZE = 224, 16
@@ -95,6 +95,12 @@ _BY_DOMAIN = {d.name: name for name, d in DOMAINS.items()}
 SWIGLU_NOBIAS = {"act_layer": "SiLU", "gated_mlp": True, "qkv_bias": False, "proj_bias": False, "mlp_bias": False,
                  "norm_bias": False, "qk_norm": False, "decoder_causal_mask": False, "decoder_sep_mask": True,
                  "num_register_tokens": 0, "mlp_ratio": 4.0, "share_modality_embeddings": True}
+
+
+#: ml-4m's ``FourM.__init__`` defaults for the switches above (``act_layer`` and ``norm_bias`` have none in ``FM``)
+FOURM_DEFAULTS = {"gated_mlp": False, "qkv_bias": True, "proj_bias": True, "mlp_bias": True, "qk_norm": False,
+                  "decoder_causal_mask": False, "decoder_sep_mask": True, "num_register_tokens": 0, "mlp_ratio": 4.0,
+                  "share_modality_embeddings": True}
 
 
 class Ml4mError(ValueError):
@@ -263,23 +269,22 @@ def ml4m_state(model: FourM) -> dict[str, torch.Tensor]:
     return {k: v.contiguous() for k, v in state.items()}
 
 
-def export_ml4m(model: FourM, output: Any, card: dict[str, Any] | None = None, prefix: str = "") -> dict[str, Any]:
-    """Write ``model`` as an ml-4m folder under ``output`` (a store or anything with its ``put_file`` and
-    ``put_bytes``, a URI or a path), its keys under ``prefix``: ``config.json``, ``model.safetensors`` (the config
-    also in its metadata, for ``fourm.utils.load_safetensors``) and ``fourm-kfp.json`` (``card``: what the model
-    is in our terms). Returns the config. Raises :class:`Ml4mError` naming every reason when the model cannot be
-    written."""
-    store = open_store(str(output), create=True) if isinstance(output, (str, Path)) else output
+def export_ml4m(model: FourM, output: Store | str | Path, card: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``model`` as an ml-4m folder at ``output`` (a store, a URI or a path): ``config.json``,
+    ``model.safetensors`` (the config also in its metadata, for ``fourm.utils.load_safetensors``) and
+    ``fourm-kfp.json`` (``card``: what the model is in our terms). Returns the config. Raises :class:`Ml4mError`
+    naming every reason when the model cannot be written."""
+    store = output if isinstance(output, Store) else open_store(str(output), create=True)
     state = ml4m_state(model)
     config = ml4m_config(model.args)
     metadata = {key: json.dumps(value) for key, value in config.items()}  # YAML reads JSON values back
     with tempfile.TemporaryDirectory(prefix="fourm-ml4m-") as tmp:
         path = Path(tmp) / WEIGHTS
         save_file(dict(sorted(state.items())), str(path), metadata=metadata)
-        store.put_file(prefix + WEIGHTS, path)
-    store.put_bytes(prefix + CONFIG, json.dumps(config, indent=2).encode())
+        store.put_file(WEIGHTS, path)
+    store.put_bytes(CONFIG, json.dumps(config, indent=2).encode())
     if card is not None:
-        store.put_bytes(prefix + CARD, json.dumps(card, indent=2, sort_keys=True).encode())
+        store.put_bytes(CARD, json.dumps(card, indent=2, sort_keys=True).encode())
     return config
 
 
@@ -292,9 +297,8 @@ def read_ml4m(source: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
     with tempfile.TemporaryDirectory(prefix="fourm-ml4m-") as tmp:
         local = Path(tmp) / WEIGHTS
         if uri.endswith(".safetensors"):
-            parent, _, name = uri.rstrip("/").rpartition("/")
-            store = open_store(parent or ".")
-            if not store.exists(name):
+            store, name = file_store(uri)
+            if not name or not store.exists(name):
                 raise Ml4mError(f"{uri}: no such file")
             store.get_file(name, local)
             config = None
@@ -325,17 +329,12 @@ def _metadata_value(text: str) -> Any:
 
 
 def refusals(config: dict[str, Any]) -> list[str]:
-    """Why a config is not a ``*_swiglu_nobias`` trunk we compute exactly (empty: it is)."""
+    """Why a config is not a ``*_swiglu_nobias`` trunk we compute exactly (empty: it is). A key the config leaves
+    out has ml-4m's ``FourM`` default (:data:`FOURM_DEFAULTS`)."""
     reasons = []
     for key, want in SWIGLU_NOBIAS.items():
-        have = config.get(key, want if key == "share_modality_embeddings" else None)
-        if key == "num_register_tokens" and have is None:
-            have = 0
-        if key in ("decoder_causal_mask", "qk_norm") and have is None:
-            have = False
-        if key == "decoder_sep_mask" and have is None:
-            have = True
-        if have != want and not (isinstance(want, float) and isinstance(have, (int, float)) and have == want):
+        have = config.get(key, FOURM_DEFAULTS.get(key))
+        if have != want:  # 4 == 4.0: an int ratio is the same ratio
             reasons.append(f"{key} is {have!r}, fourm-kfp computes {want!r} (ml-4m's *_swiglu_nobias models)")
     if config.get("image_size", IMAGE_SIZE) != IMAGE_SIZE or config.get("patch_size", PATCH_SIZE) != PATCH_SIZE:
         reasons.append(f"image_size/patch_size {config.get('image_size')}/{config.get('patch_size')}, expected "

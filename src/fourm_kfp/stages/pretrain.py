@@ -157,8 +157,9 @@ def _export_ml4m(state: dict[str, torch.Tensor], args, output, card: dict) -> st
         return reasons
     model = FourM(args)
     model.load_state_dict(state)
-    export_ml4m(model, output, card={**card, "ml4m_of": WEIGHTS}, prefix=ML4M_FOLDER)
-    log.info("pretrain: the model in ml-4m's format at %s", output.uri_of(ML4M_FOLDER))
+    folder = output.child(ML4M_FOLDER)
+    export_ml4m(model, folder, card={**card, "ml4m_of": WEIGHTS})
+    log.info("pretrain: the model in ml-4m's format at %s", folder.uri)
     return ML4M_FOLDER
 
 

@@ -45,7 +45,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre
 from fourm_kfp.data.modalities import COORD_BINS
 from fourm_kfp.data.vocabularies import DatasetMeta
 from fourm_kfp.errors import UserError
-from fourm_kfp.storage import open_store
+from fourm_kfp.storage import file_store
 
 PAD, UNK, SOS, EOS = "[PAD]", "[UNK]", "[SOS]", "[EOS]"
 CONTINUATION = "##"  # WordPiece's prefix of a word's non-initial pieces
@@ -146,8 +146,7 @@ def read_text_tokenizer(uri: str) -> tuple[Tokenizer, str]:
 
     Its ids are the file's. Only the base tokens and the sentinels stay marked special: ml-4m's file marks its
     coordinate tokens and class names special too, which decoding would drop (a det text would lose its boxes)."""
-    parent, _, name = uri.rstrip("/").rpartition("/")
-    store = open_store(parent or ("/" if uri.startswith("/") else "."))
+    store, name = file_store(uri)
     if not name or not store.exists(name):
         raise TextTokenizerError(f"text tokenizer {uri}: no such file")
     data = store.get_bytes(name)

@@ -28,6 +28,7 @@ Whatever is not taken stays as this model was initialised. :class:`InitReport` s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import tempfile
@@ -42,7 +43,7 @@ from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.model import ml4m
 from fourm_kfp.model.fourm import FourM
 from fourm_kfp.model.saved_model import CARD, load_model
-from fourm_kfp.storage import open_store
+from fourm_kfp.storage import file_store, open_store
 from fourm_kfp.train.checkpoint import Checkpoint, find_checkpoint, load_checkpoint
 
 log = logging.getLogger("fourm_kfp.train")
@@ -125,25 +126,21 @@ def source_fingerprint(uri: str) -> str:
     source, plus its small descriptive files (a pretrain output's manifest, an ml-4m ``config.json``), so a folder
     whose contents changed under the same URI gets a new address without reading its weights. A source that is not
     there fails here, naming the field."""
-    import hashlib
-
     digest = hashlib.sha256()
     if uri.endswith(".safetensors"):
-        parent, _, name = uri.rstrip("/").rpartition("/")
-        store, listing = open_store(parent or "."), None
-        sizes = dict(store.list_sizes()) if store.exists(name) else {}
-        if name not in sizes:
+        store, name = file_store(uri)
+        if not name or not store.exists(name):
             raise ConfigError(f"train.init_from: {uri} does not exist")
-        listing = [(name, sizes[name])]
-    else:
-        store = open_store(uri)
-        listing = sorted(store.list_sizes())
-        if not listing:
-            raise ConfigError(f"train.init_from: {uri} does not exist or is empty")
+        digest.update(f"{name}\t{store.size(name)}\n".encode())
+        return digest.hexdigest()
+    store = open_store(uri)
+    listing = sorted(store.list_sizes())
+    if not listing:
+        raise ConfigError(f"train.init_from: {uri} does not exist or is empty")
     for key, size in listing:
         digest.update(f"{key}\t{size}\n".encode())
     for key in ("_MANIFEST.json", ml4m.CONFIG):
-        if not uri.endswith(".safetensors") and store.exists(key):
+        if store.exists(key):
             digest.update(store.get_bytes(key))
     return digest.hexdigest()
 
