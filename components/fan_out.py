@@ -1,10 +1,11 @@
-"""The fan-out steps of every fan-out stage (prepare-data, label, pretokenize): the items its ``dsl.ParallelFor``
-iterates over, and (for a stage whose work may want an accelerator: label) the kind of pod its workers get.
+"""The steps that shape the others: the items a fan-out stage's ``dsl.ParallelFor`` iterates over (prepare-data,
+label, pretokenize), and where a step's pod runs (:func:`pod_placement`: accelerator, node selector, tolerations,
+CPU and memory, resolved by the backend at run time, so one step serves the CPU and the GPU case).
 
-Two components, each with one output: kfp.local's orchestrator does not iterate over a named output of a component
-with several (kfp 2.17: "Parent pipeline input argument 'pipelinechannel--fan-out-items' not found")."""
+``fan_out`` has one output: kfp.local's orchestrator does not iterate over a named output of a component with several
+(kfp 2.17: "Parent pipeline input argument 'pipelinechannel--fan-out-items' not found")."""
 
-from typing import List
+from typing import List, NamedTuple
 
 from kfp import dsl
 
@@ -23,9 +24,15 @@ def fan_out(stage: str, width: int, preset: str, config_overrides: list, parent_
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
-def worker_pods(stage: str, preset: str, config_overrides: list, accelerator: str) -> str:
-    """``gpu`` when ``stage``'s work wants an accelerator under this config (a teacher labeler) and the run's
-    ``accelerator`` is not ``cpu``, else ``cpu``."""
-    from fourm_kfp.launchers.kfp_runtime import worker_pods as kind
+def pod_placement(stage: str, preset: str, config_overrides: list, accelerator: str, gpu_node_selector: dict,
+                  gpu_tolerations: list, launcher: str = "in-pod") -> NamedTuple(
+        "Outputs", [("accelerator", str), ("node_selector", dict), ("tolerations", list), ("cpu_limit", str),
+                    ("memory_limit", str)]):
+    """Where ``stage``'s step (or workers) run: the accelerator to request ("" = none), node selector, tolerations,
+    CPU and memory limits, which the backend resolves into the pod at run time."""
+    from collections import namedtuple
 
-    return kind(stage, preset, config_overrides, accelerator)
+    from fourm_kfp.launchers.kfp_runtime import pod_placement as placement
+
+    values = placement(stage, preset, config_overrides, accelerator, gpu_node_selector, gpu_tolerations, launcher)
+    return namedtuple("Outputs", list(values))(**values)

@@ -1,5 +1,5 @@
-"""The label components: the workers (one per part, under ``dsl.ParallelFor``, in CPU or GPU pods as the fan-out
-step says) and the collect step, which passes the dataset on with the labels as its top layer.
+"""The label components: the workers (one per part, under ``dsl.ParallelFor``, in the GPU image, which runs on CPUs
+too; their pod requests an accelerator only for a teacher network: ``pod_placement``) and the collect step, which passes the dataset on with the labels as its top layer.
 
 With no labelers configured the label stage is off: the workers and the collect step do nothing, and the dataset
 passes on unchanged."""
@@ -11,20 +11,18 @@ from kfp import dsl
 from fourm_kfp.images import CPU_IMAGE, GPU_IMAGE
 
 
-def _label_part(part: int, parts: int, preset: str, config_overrides: list, store_uri: str, s3_endpoint: str,
-                mlflow_tracking_uri: str, parent_run_id: str, dataset: str) -> str:
-    """Label every ``parts``-th input shard (committed shards are skipped); returns the stage's output URI ("" when
-    the stage is off)."""
+@dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
+def label_part(part: int, parts: int, preset: str, config_overrides: list, store_uri: str, s3_endpoint: str,
+               mlflow_tracking_uri: str, parent_run_id: str, dataset: str, accelerator: str = "") -> str:
+    """Label every ``parts``-th input shard (committed shards are skipped) in a pod that requested ``accelerator``
+    ("" = none); returns the stage's output URI ("" when the stage is off)."""
     from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_stage_part_component, stage_is_on
 
     if not stage_is_on("label", preset, config_overrides):
         return ""
     return run_stage_part_component("label", part, parts, preset, config_overrides, store_uri, s3_endpoint,
-                                    mlflow_tracking_uri, parent_run_id, input_uris=dataset_uris(dataset))
-
-
-label_part_cpu = dsl.component(_label_part, base_image=CPU_IMAGE, install_kfp_package=False)
-label_part_gpu = dsl.component(_label_part, base_image=GPU_IMAGE, install_kfp_package=False)
+                                    mlflow_tracking_uri, parent_run_id, input_uris=dataset_uris(dataset),
+                                    accelerator=accelerator)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

@@ -9,13 +9,16 @@ from fourm_kfp.images import CPU_IMAGE, GPU_IMAGE
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
 def pretokenize_part(part: int, parts: int, preset: str, config_overrides: list, store_uri: str, s3_endpoint: str,
-                     mlflow_tracking_uri: str, parent_run_id: str, dataset: str, tokenizers_uri: str) -> str:
-    """Pretokenize every ``parts``-th input shard (committed shards are skipped); returns the stage's output URI."""
+                     mlflow_tracking_uri: str, parent_run_id: str, dataset: str, tokenizers_uri: str,
+                     accelerator: str = "") -> str:
+    """Pretokenize every ``parts``-th input shard (committed shards are skipped) in a pod that requested
+    ``accelerator`` ("" = none); returns the stage's output URI."""
     from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_stage_part_component
 
     return run_stage_part_component("pretokenize", part, parts, preset, config_overrides, store_uri, s3_endpoint,
                                     mlflow_tracking_uri, parent_run_id,
-                                    input_uris={**dataset_uris(dataset), "train-tokenizers": tokenizers_uri})
+                                    input_uris={**dataset_uris(dataset), "train-tokenizers": tokenizers_uri},
+                                    accelerator=accelerator)
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)

@@ -4,21 +4,29 @@ Stages exchange URIs of committed, content-addressed outputs, never the bytes (K
 in full). The dataset travels as one ``dataset`` string (its layers' URIs by stage: prepare-data's, then the label
 stage's when labelers are configured), so the steps that read it take one parameter whatever its layers. Every stage
 opens an MLflow child run under the parent run opened by the first step; an exit handler closes the parent run with
-the pipeline's final state.
+the run's real outcome.
+
+The pipeline has no ``dsl.If`` branches and no ``dsl.OneOf`` joins: before KFP 2.17 a branch that holds a loop never
+completes, so its join fails ("processing OneOf: No successful task found", kubeflow/pipelines#11979). Where a step
+runs (an accelerator or none, a job's light launcher pod or a training pod) is decided at run time by a
+``pod-placement`` step whose outputs the backend resolves into the pod (an accelerator type that resolves to ""
+requests none). A fan-out stage's workers are a sub-pipeline (:func:`fan_out_workers`): its inputs reach the loop's
+pods, which a pipeline parameter or an upstream output used inside a loop does not.
 
 Parameters are flat. The shared ones configure every stage; the ``<stage>_*`` ones touch one stage only.
 """
 
 from dataclasses import fields
+from typing import List
 
 from kfp import dsl, kubernetes
 
-from fourm_kfp.cluster.job_spec import (GPU_RESOURCE, GPU_TOLERATION, IN_POD, PYTORCHJOB, ClusterParams, JobParams,
-                                        param_prefix)
+from fourm_kfp.cluster.job_spec import IN_POD, PYTORCHJOB, ClusterParams, JobParams, param_prefix
 from fourm_kfp.components.evaluate import evaluate
 from fourm_kfp.images import IMAGE_TAG, IMAGE_TAG_ENV
-from fourm_kfp.components.fan_out import fan_out, worker_pods
-from fourm_kfp.components.label import label, label_part_cpu, label_part_gpu
+from fourm_kfp.launchers.kfp_runtime import RETRY_WINDOW_S, STEP_RESOURCES
+from fourm_kfp.components.fan_out import fan_out, pod_placement
+from fourm_kfp.components.label import label, label_part
 from fourm_kfp.components.lineage import close_lineage_run, open_lineage_run
 from fourm_kfp.components.prepare_data import prepare_data, prepare_data_part
 from fourm_kfp.components.pretokenize import pretokenize, pretokenize_part
@@ -35,19 +43,22 @@ SETTINGS_ENV = {"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL"
 #: A job stage's launcher pod, through the downward API: its name (to find the run's Workflow, the job's owner) and
 #: namespace (where the job is created); fourm_kfp.launchers.kubernetes_job and cluster.kube read these.
 LAUNCHER_POD_FIELDS = {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_NAMESPACE": "metadata.namespace"}
-#: Retries of a job stage's launcher step: a drained or preempted launcher pod comes back and adopts its job (the
-#: job's own restart budget is separate: a retried launcher does not start a failed job again).
+#: Retries of a job stage's step: a drained or preempted launcher pod comes back and adopts its job (the job's own
+#: restart budget is separate: a retried launcher does not start a failed job again); in-pod training resumes from its
+#: newest checkpoint. KFP hands Argo the window as the retry strategy's maxDuration, counted from the first attempt's
+#: start (the SDK's default, 3600 s, would end retries, and kill a retried pod, an hour into a multi-day training):
+#: it must hold the job's queue time and deadline, which the step checks (kfp_runtime.RETRY_WINDOW_S).
 LAUNCHER_RETRIES, LAUNCHER_RETRY_BACKOFF = 3, "60s"
+LAUNCHER_RETRY_WINDOW = f"{RETRY_WINDOW_S}s"
 
 
 class _Cluster:
     """The run-wide cluster settings (:class:`ClusterParams`, pipeline parameters of the same names) applied to the
-    steps: the Secret and ConfigMap env and the image pull secret on every step; the accelerator, its taint's
-    toleration, ``gpu_tolerations`` and ``gpu_node_selector`` on every GPU step. All ignored by kfp.local."""
+    steps: the Secret and ConfigMap env and the image pull secret on every step; a ``pod-placement`` step's outputs
+    (accelerator, node selector, tolerations, CPU and memory) on a placed one. All ignored by kfp.local."""
 
-    def __init__(self, image_pull_secret, gpu_node_selector, gpu_tolerations):
-        self.image_pull_secret, self.gpu_node_selector = image_pull_secret, gpu_node_selector
-        self.gpu_tolerations = gpu_tolerations
+    def __init__(self, image_pull_secret):
+        self.image_pull_secret = image_pull_secret
 
     def env(self, task: dsl.PipelineTask) -> dsl.PipelineTask:
         """Credentials from the Secret, defaults from the ConfigMap, and the image pull secret."""
@@ -60,20 +71,28 @@ class _Cluster:
         """The image pull secret ("" = none: the kubelet skips an empty name), on every step."""
         return kubernetes.set_image_pull_secrets(task, [self.image_pull_secret])
 
-    def gpu(self, task: dsl.PipelineTask) -> dsl.PipelineTask:
-        """One accelerator on the run's GPU nodes: the taint's toleration, ``gpu_tolerations`` and
-        ``gpu_node_selector``."""
-        task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(1)
-        kubernetes.add_toleration(task, **GPU_TOLERATION)
-        kubernetes.add_toleration_json(task, self.gpu_tolerations)
-        kubernetes.add_node_selector_json(task, self.gpu_node_selector)
-        return task
+
+def _place(task: dsl.PipelineTask, accelerator, node_selector, tolerations, cpu_limit, memory_limit
+           ) -> dsl.PipelineTask:
+    """One accelerator of type ``accelerator`` (a channel; "" requests none), and the node selector, tolerations, CPU
+    and memory limits that go with it (:func:`fourm_kfp.launchers.kfp_runtime.pod_placement`)."""
+    task.set_accelerator_type(accelerator).set_accelerator_limit(1)
+    task.set_cpu_limit(cpu_limit).set_memory_limit(memory_limit)
+    kubernetes.add_node_selector_json(task, node_selector)
+    kubernetes.add_toleration_json(task, tolerations)
+    return task
+
+
+def _placed(task: dsl.PipelineTask, placement: dsl.PipelineTask) -> dsl.PipelineTask:
+    """``task`` placed by a ``pod-placement`` step's outputs."""
+    return _place(task, *(placement.outputs[key] for key in ("accelerator", "node_selector", "tolerations",
+                                                             "cpu_limit", "memory_limit")))
 
 
 def _with_shared_memory(task: dsl.PipelineTask) -> dsl.PipelineTask:
     """An in-memory ``/dev/shm`` for a step whose worker processes hand tensors back through shared memory (the
-    token loader's workers, pretokenize's decode workers): the container default is 64 MiB. Counted against the
-    step's memory limit."""
+    token loader's workers, pretokenize's decode workers, a teacher's loader): the container default is 64 MiB.
+    Counted against the step's memory limit, and only as far as it is used."""
     kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory")
     return task
 
@@ -88,30 +107,59 @@ def _job_args(stage: str, params: dict) -> dict:
             "kfp_run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}
 
 
-def _job_launcher(task: dsl.PipelineTask, cluster: _Cluster) -> dsl.PipelineTask:
-    """A job stage's step in the job modes: a light CPU pod (the training runs in the job's pods) that knows its
-    own name and namespace through the downward API (the job is created in its namespace and owned by the run's
-    workflow, which owns this pod) and its own image tag (the job runs the same image). Retried: a launcher pod lost
-    to a drained or preempted node comes back and adopts its job, which trains on meanwhile."""
-    cluster.env(task).set_cpu_limit("1").set_memory_limit("2Gi")
-    task.set_retry(LAUNCHER_RETRIES, backoff_duration=LAUNCHER_RETRY_BACKOFF)
+def _job_stage(task: dsl.PipelineTask, placement: dsl.PipelineTask, cluster: _Cluster) -> dsl.PipelineTask:
+    """A job stage's step: it trains in its own pod, or (``<stage>_launcher`` a job kind) is a light CPU pod that
+    launches and follows the job, knowing its own name and namespace through the downward API (the job is created in
+    its namespace and owned by the run's workflow, which owns this pod) and its own image tag (the job runs the same
+    image). Retried within :data:`LAUNCHER_RETRY_WINDOW`: a launcher pod lost to a drained or preempted node comes
+    back and adopts its job, which trains on meanwhile; in-pod training resumes from its newest checkpoint."""
+    _with_shared_memory(_placed(cluster.env(task), placement))
+    task.set_retry(LAUNCHER_RETRIES, backoff_duration=LAUNCHER_RETRY_BACKOFF,
+                   backoff_max_duration=LAUNCHER_RETRY_WINDOW)
     for env_name, field_path in LAUNCHER_POD_FIELDS.items():
         kubernetes.use_field_path_as_env(task, env_name=env_name, field_path=field_path)
-    task.set_env_variable(IMAGE_TAG_ENV, IMAGE_TAG)  # the job's pods run the image this step runs
+    task.set_env_variable(IMAGE_TAG_ENV, IMAGE_TAG)  # a job's pods run the image this step runs
     return task
 
 
-def _pretokenize_worker(item, parts, part_args: dict, cluster: _Cluster) -> dsl.PipelineTask:
-    """A pretokenize worker (one loop item's part), on CPUs; :meth:`_Cluster.gpu` puts it on an accelerator."""
-    task = _with_shared_memory(cluster.env(pretokenize_part(
-        part=item.part, parts=parts, dataset=item.dataset, tokenizers_uri=item.tokenizers_uri,
-        parent_run_id=item.parent_run_id, **part_args)))
-    return task.set_display_name("pretokenize-part").set_cpu_limit("8").set_memory_limit("16Gi")
+#: What a fan-out worker may take from its loop item (kfp.local resolves an upstream output used inside a loop of
+#: width > 1 to the loop item, so they travel in it: :func:`fourm_kfp.launchers.kfp_runtime.fan_out_items`).
+CARRIED = ("parent_run_id", "dataset", "tokenizers_uri")
 
 
-def _evaluate_on(task: dsl.PipelineTask, cluster: _Cluster, accelerator: bool) -> dsl.PipelineTask:
-    cluster.env(task).set_display_name("evaluate").set_cpu_limit("8").set_memory_limit("32Gi")
-    return cluster.gpu(task) if accelerator else task
+def fan_out_workers(stage: str, worker, cpu_limit: str, memory_limit: str):
+    """A fan-out stage's workers as a sub-pipeline: one ``worker`` step per item of its fan-out step, each writing
+    every ``parts``-th piece of the stage's output; it returns their output URIs (``dsl.Collected``) for the stage's
+    collect step. A worker that takes an ``accelerator`` runs in a pod that requests one of that type ("" = none),
+    with the node selector and tolerations that go with it (the sub-pipeline's inputs: only inputs of the loop's own
+    DAG reach its pods' resources, and the worker takes the type as an input so that the compiler passes it in)."""
+    inputs = set(worker.component_spec.inputs or {})
+    placed = "accelerator" in inputs
+
+    @dsl.pipeline(name=f"{stage}-workers", description=f"The {stage} workers, one per part.")
+    def workers(items: list, parts: int, preset: str, config_overrides: list, store_uri: str, s3_endpoint: str,
+                mlflow_tracking_uri: str, image_pull_secret: str, accelerator: str = "", node_selector: dict = {},
+                tolerations: list = []) -> List[str]:
+        cluster = _Cluster(image_pull_secret)
+        with dsl.ParallelFor(items, name=f"{stage}-parts") as item:
+            carried = {name: getattr(item, name) for name in CARRIED if name in inputs}
+            task = worker(part=item.part, parts=parts, preset=preset, config_overrides=config_overrides,
+                          store_uri=store_uri, s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri,
+                          **carried, **({"accelerator": accelerator} if placed else {}))
+            task.set_display_name(f"{stage}-part")
+            cluster.env(task)
+            if placed:
+                _with_shared_memory(_place(task, accelerator, node_selector, tolerations, cpu_limit, memory_limit))
+            else:
+                task.set_cpu_limit(cpu_limit).set_memory_limit(memory_limit)
+        return dsl.Collected(task.output)
+
+    return workers
+
+
+PREPARE_DATA_WORKERS = fan_out_workers("prepare-data", prepare_data_part, *STEP_RESOURCES["prepare-data"])
+LABEL_WORKERS = fan_out_workers("label", label_part, *STEP_RESOURCES["label"])
+PRETOKENIZE_WORKERS = fan_out_workers("pretokenize", pretokenize_part, *STEP_RESOURCES["pretokenize"])
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="Pre-train a 4M-style massively multimodal masked model.")
@@ -160,6 +208,7 @@ def fourm_pretrain(
     gpu_node_selector: dict = {},
     gpu_tolerations: list = [],
     rendezvous_timeout_s: int = 1800,
+    queue_timeout_s: int = 86400,
 ):
     """Pre-train a 4M-style model.
 
@@ -180,8 +229,9 @@ def fourm_pretrain(
             (the same bytes whatever the width); default 1.
         label_force: Recompute the labels even if they are committed (in the collect step, serially); default
             false.
-        label_width: Label workers running in parallel, each on every width-th shard; they run in GPU pods when a
-            configured labeler is a teacher network, else in CPU pods; default 1. With no labelers configured
+        label_width: Label workers running in parallel, each on every width-th shard; their pods request an
+            accelerator when a configured labeler is a teacher network (and pretrain_accelerator is not "cpu"), else
+            none; default 1. With no labelers configured
             (label.labelers) the label steps do nothing.
         train_tokenizers_force: Recompute train-tokenizers even if its output is committed; default false.
         train_tokenizers_accelerator: "nvidia.com/gpu" (default) or "cpu": the kind of node the tokenizers train
@@ -195,7 +245,8 @@ def fourm_pretrain(
         train_tokenizers_memory_per_node: Job modes: memory per node; default empty = the template's.
         train_tokenizers_node_selector: Job modes: node selector of the tokenizer job's pods; default none.
         train_tokenizers_tolerations: Job modes: tolerations added to the tokenizer job's pods; default none.
-        train_tokenizers_deadline_s: Job modes: the tokenizer job's activeDeadlineSeconds; default 3 days.
+        train_tokenizers_deadline_s: Job modes: how long the tokenizer job may train, from when its pods run, as
+            pretrain_deadline_s; default 3 days.
         train_tokenizers_min_nodes: PyTorchJob only: above 0, the tokenizer job is elastic between this many and
             train_tokenizers_nodes nodes; default 0 = fixed size.
         train_tokenizers_delete_job: Job modes: delete the tokenizer job when it is over; default true.
@@ -213,13 +264,15 @@ def fourm_pretrain(
         pretrain_accelerator: "nvidia.com/gpu" (default: pretraining requests GPUs) or "cpu" (no accelerator
             request, so a CPU-only cluster can run it; the image runs on CPUs too, and precision "auto" then trains
             in fp32); the pretokenize workers, the label workers of a teacher network and the evaluate step follow
-            it on the same kind of node.
+            it on the same kind of node. The steps on CPUs get no GPU tolerations or node selector, so they never land
+            on GPU nodes.
         pretrain_launcher: "pytorchjob" (default: the step, a light CPU pod, submits a multi-node Kubeflow
             Training Operator PyTorchJob, streams its master's log, waits for it and deletes it), "trainjob" (the
             same with a Kubeflow Trainer v2 TrainJob on the fourm-torch-distributed runtime of manifests/cluster)
             or "in-pod" (train inside the step's own pod on one accelerator; ``fourm-kfp run`` under kfp.local uses
             it). Either job mode first computes the pretrain address and creates nothing when that output is
-            committed. The step is retried 3 times: a launcher pod lost to a drained node adopts its job.
+            committed. The step is retried 3 times within 30 days of its start: a launcher pod lost to a drained node
+            adopts its job.
         pretrain_nodes: Job modes: pods (nodes) of the job; default 1.
         pretrain_procs_per_node: Job modes: training processes per node = accelerators per node; default 1.
         pretrain_cpu_per_node: Job modes: CPU request per node, e.g. "32"; default empty = the template's.
@@ -228,18 +281,21 @@ def fourm_pretrain(
             ``{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}``; default none.
         pretrain_tolerations: Job modes: tolerations added to the training pods (a list of Kubernetes
             toleration objects); the accelerator's own toleration is always there; default none.
-        pretrain_deadline_s: Job modes: the job's activeDeadlineSeconds, also how long the step waits; default
-            3 days.
+        pretrain_deadline_s: Job modes: how long the job may train, counted from when its pods run (its
+            activeDeadlineSeconds is this plus queue_timeout_s, a backstop); default 3 days.
         pretrain_min_nodes: PyTorchJob only: above 0, the job is elastic between this many and pretrain_nodes
             nodes (elasticPolicy, c10d rendezvous); training resumes from its newest checkpoint on a new world
             size; default 0 = fixed size.
         pretrain_delete_job: Job modes: delete the job when it is over (its pods' logs were streamed into this
-            step's log); default true. A stopped KFP run's exit handler deletes its unfinished jobs.
+            step's log); default true. A stopped KFP run's exit handler deletes its unfinished jobs. False keeps a
+            finished job (no owner, no TTL): it outlives the run until deleted by hand.
         evaluate_force: Re-evaluate even if this model's evaluation is committed (registers a new model version
             and applies the gate again); default false.
         scheduler: Job modes: how the jobs' pods are placed: empty (default) = the cluster's default scheduler,
             pod by pod; "volcano" or "volcano:<queue>" = gang scheduling by Volcano (all of a job's nodes at once or
-            none); "kueue:<local queue>" = admitted by Kueue when the queue has quota for the whole job.
+            none); "kueue:<local queue>" = admitted by Kueue when the queue has quota for the whole job. Kueue >= 0.19
+            leaves its PyTorchJob integration off by default: a PyTorchJob needs
+            "kueue:<local queue>:pytorchjob-integration-on", stating that yours has it on.
         image_pull_secret: A Secret of type kubernetes.io/dockerconfigjson in the run's namespace that every step
             and job pulls the images with (GHCR packages start private); default empty = none.
         gpu_node_selector: Node selector of every pod that requests an accelerator (the GPU steps and the jobs'
@@ -251,12 +307,15 @@ def fourm_pretrain(
         rendezvous_timeout_s: Job modes: how long a job's started nodes wait at the rendezvous for the others
             (longer than scheduling the job's pods may take, so a partly placed job waits instead of crashing and
             spending its restart budget); default 30 minutes.
+        queue_timeout_s: Job modes: how long a job may wait for all its pods to run (queued by Volcano or Kueue, or
+            unschedulable) before the step gives up and deletes it; default 1 day. A job's <stage>_deadline_s counts
+            from when its pods run, not from when it was queued.
     """
     params = dict(locals())  # the parameters by name: the job stages' <stage>_<field> ones (_job_args)
-    cluster = _Cluster(image_pull_secret, gpu_node_selector, gpu_tolerations)
+    cluster = _Cluster(image_pull_secret)
     closer = cluster.env(close_lineage_run(run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                                                 mlflow_tracking_uri=mlflow_tracking_uri,
-                                                 mlflow_parent_run_id=mlflow_parent_run_id))
+                                           mlflow_tracking_uri=mlflow_tracking_uri,
+                                           mlflow_parent_run_id=mlflow_parent_run_id))
     with dsl.ExitHandler(closer, name="stages"):
         opener = cluster.env(open_lineage_run(
             run_label=run_label, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, preset=preset,
@@ -268,89 +327,53 @@ def fourm_pretrain(
                       s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri, parent_run_id=opener.output)
         fan_args = dict(preset=preset, config_overrides=config_overrides, parent_run_id=opener.output)
         part_args = dict(preset=preset, config_overrides=config_overrides, store_uri=store_uri,
-                         s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri)
-        data_parts = cluster.pull(fan_out(stage="prepare-data", width=prepare_data_width, **fan_args))
-        data_parts.set_display_name("prepare-data-fan-out")
-        with dsl.ParallelFor(data_parts.output, name="prepare-data-parts") as item:
-            data_part = cluster.env(prepare_data_part(part=item.part, parts=prepare_data_width,
-                                                            parent_run_id=item.parent_run_id, **part_args))
-            data_part.set_display_name("prepare-data-part")
-            data_part.set_cpu_limit("8").set_memory_limit("16Gi")
+                         s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri,
+                         image_pull_secret=image_pull_secret)
+        gpu = dict(gpu_node_selector=gpu_node_selector, gpu_tolerations=gpu_tolerations)
+
+        def placement(stage: str, accelerator, launcher=IN_POD) -> dsl.PipelineTask:
+            task = cluster.pull(pod_placement(stage=stage, preset=preset, config_overrides=config_overrides,
+                                              accelerator=accelerator, launcher=launcher, **gpu))
+            return task.set_display_name(f"{stage}-placement")
+
+        def fanned_out(stage: str, workers, width, place=None, **carried) -> dsl.PipelineTask:
+            """A fan-out stage's fan-out step and its workers (placed by ``place``, a ``pod-placement`` step);
+            returns the workers, whose output is the list the stage's collect step checks."""
+            items = cluster.pull(fan_out(stage=stage, width=width, **carried, **fan_args))
+            items.set_display_name(f"{stage}-fan-out")
+            where = {} if place is None else {key: place.outputs[key] for key in ("accelerator", "node_selector",
+                                                                                  "tolerations")}
+            return workers(items=items.output, parts=width, **part_args, **where).set_display_name(
+                f"{stage}-workers")
+
+        data_parts = fanned_out("prepare-data", PREPARE_DATA_WORKERS, prepare_data_width)
         data = cluster.env(prepare_data(force=prepare_data_force, parts=prepare_data_width,
-                                              part_uris=dsl.Collected(data_part.output), **shared))
+                                        part_uris=data_parts.output, **shared))
         data.set_display_name("prepare-data")
-        label_parts = cluster.pull(fan_out(stage="label", width=label_width, dataset=data.outputs["dataset"],
-                                           **fan_args))
-        label_parts.set_display_name("label-fan-out")
-        label_pods = cluster.pull(worker_pods(stage="label", preset=preset, config_overrides=config_overrides,
-                                              accelerator=pretrain_accelerator))
-        label_pods.set_display_name("label-worker-pods")
-        label_args = dict(force=label_force, parts=label_width, **shared)
-        with dsl.If(label_pods.output == "gpu", name="label-on-accelerator"):
-            with dsl.ParallelFor(label_parts.output, name="label-parts-gpu") as item:
-                gpu_part = cluster.env(label_part_gpu(part=item.part, parts=label_width, dataset=item.dataset,
-                                                            parent_run_id=item.parent_run_id, **part_args))
-                gpu_part.set_display_name("label-part")
-                cluster.gpu(gpu_part.set_cpu_limit("8").set_memory_limit("32Gi"))
-            labels_gpu = cluster.env(label(part_uris=dsl.Collected(gpu_part.output),
-                                                 dataset=data.outputs["dataset"], **label_args))
-        with dsl.Else(name="label-on-cpu"):
-            with dsl.ParallelFor(label_parts.output, name="label-parts-cpu") as item:
-                cpu_part = cluster.env(label_part_cpu(part=item.part, parts=label_width, dataset=item.dataset,
-                                                            parent_run_id=item.parent_run_id, **part_args))
-                cpu_part.set_display_name("label-part")
-                cpu_part.set_cpu_limit("8").set_memory_limit("16Gi")
-            labels_cpu = cluster.env(label(part_uris=dsl.Collected(cpu_part.output),
-                                                 dataset=data.outputs["dataset"], **label_args))
-        for task in (labels_gpu, labels_cpu):
-            task.set_display_name("label")
-        dataset = dsl.OneOf(labels_gpu.outputs["dataset"], labels_cpu.outputs["dataset"])
-        tokenizer_args = dict(force=train_tokenizers_force, dataset=dataset, **shared)
-        with dsl.If(train_tokenizers_launcher != IN_POD, name="train-tokenizers-as-job"):
-            tokenizers_job = _job_launcher(train_tokenizers(**_job_args("train-tokenizers", params),
-                                                            **tokenizer_args), cluster)
-        with dsl.Elif(train_tokenizers_accelerator == "cpu", name="train-tokenizers-on-cpu"):
-            tokenizers_cpu = cluster.env(train_tokenizers(launcher=IN_POD, **tokenizer_args))
-            tokenizers_cpu.set_cpu_limit("8").set_memory_limit("32Gi")
-        with dsl.Else(name="train-tokenizers-on-accelerator"):
-            tokenizers_gpu = cluster.env(train_tokenizers(launcher=IN_POD, **tokenizer_args))
-            cluster.gpu(tokenizers_gpu.set_cpu_limit("8").set_memory_limit("32Gi"))
-        for task in (tokenizers_job, tokenizers_cpu, tokenizers_gpu):
-            task.set_display_name("train-tokenizers")
-        tokenizers_uri = dsl.OneOf(*(t.outputs["output_uri"] for t in (tokenizers_job, tokenizers_cpu,
-                                                                       tokenizers_gpu)))
-        stage_inputs = dict(dataset=dataset, tokenizers_uri=tokenizers_uri)
-        parts = cluster.pull(fan_out(stage="pretokenize", width=pretokenize_width, **stage_inputs, **fan_args))
-        parts.set_display_name("pretokenize-fan-out")
-        token_args = dict(force=pretokenize_force, parts=pretokenize_width, **stage_inputs, **shared)
-        with dsl.If(pretrain_accelerator == "cpu", name="pretokenize-on-cpu"):  # on the kind of node pretrain uses
-            with dsl.ParallelFor(parts.output, name="pretokenize-parts-cpu") as item:
-                cpu_worker = _pretokenize_worker(item, pretokenize_width, part_args, cluster)
-            tokens_cpu = cluster.env(pretokenize(part_uris=dsl.Collected(cpu_worker.output), **token_args))
-        with dsl.Else(name="pretokenize-on-accelerator"):
-            with dsl.ParallelFor(parts.output, name="pretokenize-parts-gpu") as item:
-                gpu_worker = cluster.gpu(_pretokenize_worker(item, pretokenize_width, part_args, cluster))
-            tokens_gpu = cluster.env(pretokenize(part_uris=dsl.Collected(gpu_worker.output), **token_args))
-        for task in (tokens_cpu, tokens_gpu):
-            task.set_display_name("pretokenize")
-        tokens_uri = dsl.OneOf(tokens_cpu.outputs["output_uri"], tokens_gpu.outputs["output_uri"])
-        train_args = dict(force=pretrain_force, pretokenized_uri=tokens_uri,
-                          tokenizers_uri=tokenizers_uri, stage_overrides=pretrain_config_overrides,
-                          **shared)
-        eval_args = dict(force=evaluate_force, pretokenized_uri=tokens_uri, **stage_inputs,
-                         stage_overrides=pretrain_config_overrides, **shared)
-        with dsl.If(pretrain_launcher != IN_POD, name="pretrain-as-job"):
-            pretrain_job = _job_launcher(pretrain(**_job_args("pretrain", params), **train_args), cluster)
-        with dsl.Elif(pretrain_accelerator == "cpu", name="pretrain-on-cpu"):
-            pretrain_cpu = _with_shared_memory(cluster.env(pretrain(launcher=IN_POD, **train_args)))
-            pretrain_cpu.set_cpu_limit("16").set_memory_limit("64Gi")
-        with dsl.Else(name="pretrain-on-accelerator"):
-            pretrain_gpu = _with_shared_memory(cluster.env(pretrain(launcher=IN_POD, **train_args)))
-            cluster.gpu(pretrain_gpu.set_cpu_limit("16").set_memory_limit("64Gi"))
-        for task in (pretrain_job, pretrain_cpu, pretrain_gpu):
-            task.set_display_name("pretrain")
-        model_uri = dsl.OneOf(*(t.outputs["output_uri"] for t in (pretrain_job, pretrain_cpu, pretrain_gpu)))
-        with dsl.If(pretrain_accelerator == "cpu", name="evaluate-on-cpu"):  # on the kind of node pretrain used
-            _evaluate_on(evaluate(model_uri=model_uri, **eval_args), cluster, accelerator=False)
-        with dsl.Else(name="evaluate-on-accelerator"):
-            _evaluate_on(evaluate(model_uri=model_uri, **eval_args), cluster, accelerator=True)
+        label_parts = fanned_out("label", LABEL_WORKERS, label_width, placement("label", pretrain_accelerator),
+                                 dataset=data.outputs["dataset"])
+        labels = cluster.env(label(force=label_force, parts=label_width, part_uris=label_parts.output,
+                                   dataset=data.outputs["dataset"], **shared))
+        labels.set_display_name("label")
+        dataset = labels.outputs["dataset"]
+        tokenizers = _job_stage(train_tokenizers(**_job_args("train-tokenizers", params), force=train_tokenizers_force,
+                                                 dataset=dataset, **shared),
+                                placement("train-tokenizers", train_tokenizers_accelerator, train_tokenizers_launcher),
+                                cluster)
+        tokenizers.set_display_name("train-tokenizers")
+        stage_inputs = dict(dataset=dataset, tokenizers_uri=tokenizers.outputs["output_uri"])
+        token_parts = fanned_out("pretokenize", PRETOKENIZE_WORKERS, pretokenize_width,
+                                 placement("pretokenize", pretrain_accelerator), **stage_inputs)
+        tokens = cluster.env(pretokenize(force=pretokenize_force, parts=pretokenize_width,
+                                         part_uris=token_parts.output, **stage_inputs, **shared))
+        tokens.set_display_name("pretokenize")
+        model = _job_stage(pretrain(**_job_args("pretrain", params), force=pretrain_force,
+                                    pretokenized_uri=tokens.outputs["output_uri"],
+                                    tokenizers_uri=stage_inputs["tokenizers_uri"],
+                                    stage_overrides=pretrain_config_overrides, **shared),
+                           placement("pretrain", pretrain_accelerator, pretrain_launcher), cluster)
+        model.set_display_name("pretrain")
+        evaluation = cluster.env(evaluate(force=evaluate_force, model_uri=model.outputs["output_uri"],
+                                          pretokenized_uri=tokens.outputs["output_uri"], **stage_inputs,
+                                          stage_overrides=pretrain_config_overrides, **shared))
+        _placed(evaluation, placement("evaluate", pretrain_accelerator)).set_display_name("evaluate")

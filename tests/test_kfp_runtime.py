@@ -22,6 +22,39 @@ def test_pipeline_opens_and_closes_its_own_parent_run(tmp_path, state, expected)
     assert lineage._client(tracking).get_run(run_id).info.status == expected
 
 
+def _stage_runs(tracking: str, parent: str, stages: dict[str, str]) -> None:
+    """Child runs as the stages open them (``lineage.stage_run``), ending with the given statuses."""
+    client = lineage._client(tracking)
+    for stage, status in stages.items():
+        try:
+            with lineage.stage_run(tracking, parent, stage):
+                if status == "FAILED":
+                    raise RuntimeError(stage)
+        except RuntimeError:
+            pass
+    assert [r.info.status for r in lineage.child_runs(tracking, parent)] == list(stages.values())
+    assert client.get_run(parent).info.status == "RUNNING"
+
+
+ALL_STAGES = ("prepare-data", "label", "train-tokenizers", "pretokenize", "pretrain", "evaluate")
+
+
+@pytest.mark.parametrize("state, stages, expected", [
+    ("COMPLETE", {}, "FINISHED"),  # KFP >= 2.17 on success (kubeflow/pipelines#11826)
+    ("RUNNING", {s: "FINISHED" for s in ALL_STAGES}, "FINISHED"),  # before 2.17, a loop inside the ExitHandler
+    ("RUNNING", {**{s: "FINISHED" for s in ALL_STAGES[:4]}, "pretrain": "FAILED"}, "FAILED"),
+    ("RUNNING", {s: "FINISHED" for s in ALL_STAGES[:5]}, "FAILED"),  # stopped before evaluate
+    ("CANCELED", {s: "FINISHED" for s in ALL_STAGES}, "FAILED"),
+])
+def test_the_parent_run_closes_with_the_run_s_real_outcome_whatever_state_the_backend_sends(tmp_path, state, stages,
+                                                                                             expected):
+    tracking = lineage.default_tracking_uri(tmp_path)
+    run_id = open_lineage_step("", "kfp-run-7", "smoke", [], "/x", tracking, "")
+    _stage_runs(tracking, run_id, stages)
+    close_lineage_step("", "kfp-run-7", tracking, "", state)
+    assert lineage._client(tracking).get_run(run_id).info.status == expected
+
+
 def test_launcher_parent_run_is_passed_through_untouched(tmp_path):
     tracking = lineage.default_tracking_uri(tmp_path)
     parent = lineage.start_pipeline_run(tracking, "launcher", {})

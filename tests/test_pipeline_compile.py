@@ -29,17 +29,19 @@ def test_pipeline_parameters_are_flat_and_documented(tmp_path):
     for executor in executors.values():  # thin components: no pip install at run time, the image has the package
         assert "pip install" not in " ".join(executor["container"]["command"])
     secrets = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    light = {name for name in secrets if re.fullmatch(r"exec-(fan-out|worker-pods)(-\d+)?", name)}  # no store
+    light = {name for name in secrets if re.fullmatch(r"exec-(fan-out|pod-placement)(-\d+)?", name)}  # no store
     assert all(secrets[name]["secretAsEnv"][0]["secretName"] == "fourm-s3-credentials"
                for name in set(executors) - light)
 
 
 @pytest.mark.parametrize("stage, default", [("pretrain", "pytorchjob"), ("train-tokenizers", "in-pod")])
 def test_job_stage_launcher_parameters_and_the_light_launcher_pod(tmp_path, stage, default):
-    """A job stage's step in the job modes is a 1-CPU pod without accelerators that knows its own name and
-    namespace (downward API: the job's owner and namespace); the in-pod steps keep their training resources, one
-    of them on an accelerator."""
+    """A job stage is one step, placed at run time by its pod-placement step: in the job modes a 1-CPU pod without
+    accelerators that knows its own name and namespace (downward API: the job's owner and namespace); in-pod, its
+    training resources, on the run's accelerator or none."""
     import re
+
+    from fourm_kfp.launchers.kfp_runtime import pod_placement
 
     spec, platform = yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text())
     prefix = stage.replace("-", "_")
@@ -52,28 +54,61 @@ def test_job_stage_launcher_parameters_and_the_light_launcher_pod(tmp_path, stag
     executors = spec["deploymentSpec"]["executors"]
     steps = {name: e["container"]["resources"] for name, e in executors.items()
              if re.fullmatch(rf"exec-{stage}(-\d+)?", name)}
-    field_envs = {name: {f["name"]: f["fieldPath"] for f in e.get("fieldPathAsEnv", [])}
-                  for name, e in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].items()}
-    launchers = [name for name in steps if field_envs.get(name)]
-    assert len(steps) == 3 and len(launchers) == 1, sorted(steps)
-    [launcher] = launchers
-    assert steps[launcher]["resourceCpuLimit"] == "1" and "accelerator" not in steps[launcher]
-    assert field_envs[launcher] == {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_NAMESPACE": "metadata.namespace"}
-    assert sum("accelerator" in r for r in steps.values()) == 1  # the in-pod GPU branch
+    assert len(steps) == 1, sorted(steps)
+    [(name, resources)] = steps.items()
+    placeholder = re.compile(r"\{\{\$\.inputs\.parameters\['pipelinechannel--pod-placement(-\d+)?-(\w+)'\]\}\}")
+    assert {key: placeholder.fullmatch(value).group(2) for key, value in (
+        ("type", resources["accelerator"]["resourceType"]), ("cpu", resources["resourceCpuLimit"]),
+        ("memory", resources["resourceMemoryLimit"]))} == {"type": "accelerator", "cpu": "cpu_limit",
+                                                          "memory": "memory_limit"}
+    field_envs = {f["name"]: f["fieldPath"]
+                  for f in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][name]["fieldPathAsEnv"]}
+    assert field_envs == {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_NAMESPACE": "metadata.namespace"}
+    gpu = dict(gpu_node_selector={"pool": "h100"}, gpu_tolerations=[])
+    launcher = pod_placement(stage, "smoke", [], "nvidia.com/gpu", launcher="pytorchjob", **gpu)
+    assert launcher == {"accelerator": "", "node_selector": {}, "tolerations": [], "cpu_limit": "1",
+                        "memory_limit": "2Gi"}
+    in_pod = pod_placement(stage, "smoke", [], "nvidia.com/gpu", launcher="in-pod", **gpu)
+    assert in_pod["accelerator"] == "nvidia.com/gpu" and in_pod["node_selector"] == {"pool": "h100"}
+    assert int(in_pod["cpu_limit"]) >= 8
+    assert pod_placement(stage, "smoke", [], "cpu", launcher="in-pod", **gpu)["accelerator"] == ""
+
+
+def test_job_stages_are_retried_for_longer_than_their_queue_time_and_deadline(tmp_path):
+    """KFP hands Argo a step's backoffMaxDuration as the retry strategy's maxDuration, counted from the first
+    attempt's start; the SDK's default (3600 s) would end a launcher's retries an hour into a multi-day training.
+    The window holds the default queue time and deadline, and a step refuses a job that would outlast it."""
+    from fourm_kfp.cluster.job_spec import ClusterParams, JobParams
+    from fourm_kfp.config.schema import ConfigError
+    from fourm_kfp.launchers.kfp_runtime import RETRY_WINDOW_S, check_retry_window
+
+    spec, _ = yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text())
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    retried = {}
+    for component in spec["components"].values():
+        for task in component.get("dag", {}).get("tasks", {}).values():
+            if "retryPolicy" in task:
+                retried[task["componentRef"]["name"]] = task["retryPolicy"]
+    assert set(retried) == {"comp-pretrain", "comp-train-tokenizers"}
+    for stage in ("pretrain", "train_tokenizers"):
+        policy = retried[f"comp-{stage.replace('_', '-')}"]
+        window = int(policy["backoffMaxDuration"].removesuffix("s"))
+        assert window == RETRY_WINDOW_S
+        assert window >= (params[f"{stage}_deadline_s"]["defaultValue"] + params["queue_timeout_s"]["defaultValue"]
+                          + 600)
+    check_retry_window("pretrain", JobParams(deadline_s=20 * 86400), ClusterParams(queue_timeout_s=5 * 86400))
+    with pytest.raises(ConfigError, match=r"pretrain_deadline_s=2592000 \+ queue_timeout_s=86400"):
+        check_retry_window("pretrain", JobParams(deadline_s=30 * 86400), ClusterParams())
 
 
 def test_steps_with_worker_processes_get_an_in_memory_dev_shm(tmp_path):
-    """pretokenize's decode workers and the in-pod pretrain's loader workers return tensors through /dev/shm,
-    which is 64 MiB in a container unless the pod mounts more; the light steps do not need it."""
+    """pretokenize's decode workers, a teacher's loader and the in-pod training's loader workers return tensors
+    through /dev/shm, which is 64 MiB in a container unless the pod mounts more; the light steps do not need it."""
     _, platform = yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text())
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     shm = {"volumeName": "dshm", "mountPath": "/dev/shm", "medium": "Memory"}
     with_shm = sorted(name for name, e in executors.items() if shm in e.get("emptyDirMounts", []))
-    in_pod_pretrain = sorted(name for name, e in executors.items()
-                             if name.startswith("exec-pretrain") and "pretokenize" not in name
-                             and not e.get("fieldPathAsEnv"))  # the job launcher knows its pod; in-pod steps do not
-    assert len(in_pod_pretrain) == 2, in_pod_pretrain
-    assert with_shm == ["exec-pretokenize-part", "exec-pretokenize-part-2", *in_pod_pretrain], with_shm
+    assert with_shm == ["exec-label-part", "exec-pretokenize-part", "exec-pretrain", "exec-train-tokenizers"], with_shm
 
 
 @pytest.mark.parametrize("stage", ["pretrain", "train-tokenizers"])

@@ -154,10 +154,13 @@ def test_unknown_parameters_and_a_bad_config_fail_before_anything_is_sent():
         cli = [str(BIN / "fourm-kfp"), "submit", "--host", emulator.url, "--preset", "smoke"]
         unknown = subprocess.run(cli + ["--param", "pretrain_gpus=8"], capture_output=True, text=True)
         bad = subprocess.run(cli + ["--set", "data.image_size=x"], capture_output=True, text=True)
+        unqueued = subprocess.run(cli + ["--param", "scheduler=kueue:team-a"], capture_output=True, text=True)
     finally:
         emulator.close()
     assert unknown.returncode == 2 and "pretrain_gpus" in unknown.stderr and "pretrain_nodes" in unknown.stderr
     assert bad.returncode == 2 and "data.image_size" in bad.stderr
+    # Kueue >= 0.19 ignores a PyTorchJob's queue label unless its PyTorchJob integration is on: said before the run
+    assert unqueued.returncode == 2 and "pytorchjob-integration-on" in unqueued.stderr, unqueued.stderr
     assert not emulator.requests
 
 
@@ -531,21 +534,19 @@ def test_without_a_token_no_authorization_is_sent(tmp_path, monkeypatch):
 
 
 def test_the_stage_table_maps_tasks_to_stages_by_component():
-    """A real server names tasks by DAG task key (`pretrain-3`, `train-tokenizers-3`, `evaluate-2`: the branch that
-    ran) and lists driver, executor, condition and DAG nodes too: the table still has the six stages, each from
-    its executed branch, and nothing else is printed as a stage."""
-    emulator = KfpApiEmulator(_frames("SUCCEEDED"), branches={"pretrain": "pretrain-2"})
+    """A real server names tasks by DAG task key and lists driver, executor and DAG nodes too: the table still has
+    the six stages, each from its own step, and nothing else is printed as a stage."""
+    emulator = KfpApiEmulator(_frames("SUCCEEDED"))
     try:
         lines = []
         result = submit(_request(emulator, wait=True), out=lines.append)
     finally:
         emulator.close()
     names = {task["display_name"] for task in next(iter(emulator.runs.values()))["run_details"]["task_details"]}
-    assert {"pretrain-2", "pretrain-2-driver", "executor", "train-tokenizers-3", "label-2"} <= names
-    assert any(name.startswith("condition-") for name in names)
+    assert {"pretrain", "pretrain-driver", "executor", "train-tokenizers", "label", "exit-handler-1"} <= names
+    assert not any(name.startswith("condition-") for name in names)  # no branches (KFP < 2.17 cannot join them)
     assert [row["name"] for row in result.stages] == list(STAGES)
-    assert [row["task"] for row in result.stages] == ["prepare-data", "label-2", "train-tokenizers-3",
-                                                      "pretokenize-2", "pretrain-2", "evaluate-2"]
+    assert [row["task"] for row in result.stages] == list(STAGES)
     assert all(row["state"] == "SUCCEEDED" and row["seconds"] == 42.0 for row in result.stages)
     printed = [line.strip().split(":")[0] for line in lines if line.startswith("  ") and ": " in line]
     assert set(printed) <= set(STAGES) and "pretrain" in printed

@@ -77,7 +77,9 @@ def test_pytorchjob_shape(nodes):
         assert replicas["Worker"]["template"] == replicas["Master"]["template"]  # one pod template, torchrun's env
     assert spec["nprocPerNode"] == "8" and spec["nprocPerNode"].isdigit()  # never "auto" (= CPU count on CPUs)
     run_policy = spec["runPolicy"]
-    assert run_policy["cleanPodPolicy"] == "All" and run_policy["activeDeadlineSeconds"] == 7200
+    # the operator counts its deadline from the job's start, which a queue may precede: the launcher keeps the two
+    # limits apart, and the job's own is their sum, a backstop
+    assert run_policy["cleanPodPolicy"] == "All" and run_policy["activeDeadlineSeconds"] == 7200 + 86400
     assert run_policy["ttlSecondsAfterFinished"] > 0
     # restarts are summed over all pods and a crash restarts every node: RESTARTS crashes must stay under the limit
     assert run_policy["backoffLimit"] == RESTARTS * nodes + 1
@@ -134,7 +136,7 @@ def test_trainjob_shape():
     assert spec["runtimeRef"]["name"] == "fourm-torch-distributed"  # ours, with the restart budget
     assert spec["trainer"]["numNodes"] == 4 and spec["trainer"]["numProcPerNode"] == 8
     assert spec["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
-    assert spec["activeDeadlineSeconds"] == 7200
+    assert spec["activeDeadlineSeconds"] == 7200 + 86400  # deadline_s + queue_timeout_s
     assert not [e for e in spec["trainer"]["env"] if e["name"].startswith("PET_")]  # reserved by the runtime
     [patch] = spec["runtimePatches"]
     [node] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
@@ -285,14 +287,30 @@ def test_volcano_gang_schedules_a_trainjob_through_our_volcano_runtime(validator
 def test_kueue_admits_the_job_of_its_queue_label(validators, launcher):
     """Kueue (``jobframework.QueueNameForObject``) reads the LocalQueue from the job's ``kueue.x-k8s.io/queue-name``
     label and its webhook suspends a labelled job until its Workload is admitted; no gang PodGroup, no suspend of ours
-    (a job Kueue does not manage would stay suspended)."""
-    job = render_job(_request(launcher, 4, cluster=_cluster(scheduler="kueue:team-a")))
+    (a job Kueue does not manage would stay suspended). A PyTorchJob's scheduler states that Kueue's PyTorchJob
+    integration is on (test_kueue_s_pytorchjob_integration_must_be_stated)."""
+    scheduler = "kueue:team-a" + (":pytorchjob-integration-on" if launcher == "pytorchjob" else "")
+    job = render_job(_request(launcher, 4, cluster=_cluster(scheduler=scheduler)))
     _assert_valid(validators, job)
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     if launcher == "pytorchjob":
         assert "schedulingPolicy" not in job["spec"]["runPolicy"] and "suspend" not in job["spec"]["runPolicy"]
     else:
         assert job["spec"]["runtimeRef"]["name"] == "fourm-torch-distributed" and "suspend" not in job["spec"]
+
+
+@pytest.mark.parametrize("stage", list(JOB_STAGES))
+def test_kueue_s_pytorchjob_integration_must_be_stated(stage):
+    """Kueue 0.19 turned its PyTorchJob integration off by default (kubernetes-sigs/kueue PR #12606): with it off,
+    Kueue ignores the queue label and the job runs at once, unqueued. So a PyTorchJob is refused before anything is
+    created unless the scheduler says the integration is on; a TrainJob (on by default) needs no statement."""
+    prefix = stage.replace("-", "_")
+    with pytest.raises(ConfigError, match=rf"scheduler='kueue:team-a' with {prefix}_launcher=pytorchjob: .*PR #12606.*"
+                                          r"scheduler=kueue:team-a:pytorchjob-integration-on"):
+        render_job(_request("pytorchjob", 2, stage, cluster=_cluster(scheduler="kueue:team-a")))
+    render_job(_request("trainjob", 2, stage, cluster=_cluster(scheduler="kueue:team-a")))
+    with pytest.raises(ConfigError, match="'team-a:on' is not a queue name"):  # no other statement is read
+        render_job(_request("trainjob", 2, stage, cluster=_cluster(scheduler="kueue:team-a:on")))
 
 
 def test_the_default_scheduler_gets_no_gang_policy():
@@ -400,17 +418,24 @@ def test_the_image_pull_secret_is_on_every_pod_when_set(validators, launcher):
 
 
 @pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])
-def test_a_kept_job_is_labelled_keep(validators, launcher):
+def test_a_kept_job_is_labelled_keep_and_outlives_the_run(validators, launcher):
+    """KFP deletes a finished run's Workflow after TTL_SECONDS_AFTER_WORKFLOW_FINISH (a day; the API server's
+    resource_manager.go), and the garbage collector then deletes what it owns: a kept job (delete_job=false) has no
+    owner, and no TTL of its own either."""
     kept = render_job(_request(launcher, 2, delete_job=False))
     _assert_valid(validators, kept)
     assert kept["metadata"]["labels"][KEEP_LABEL] == "true"
-    assert KEEP_LABEL not in render_job(_request(launcher, 2))["metadata"]["labels"]
+    assert "ownerReferences" not in kept["metadata"]
+    assert "ttlSecondsAfterFinished" not in (kept["spec"].get("runPolicy") or {})
+    deleted = render_job(_request(launcher, 2))
+    assert KEEP_LABEL not in deleted["metadata"]["labels"]
+    assert deleted["metadata"]["ownerReferences"][0]["kind"] == "Workflow"
 
 
 def test_bad_cluster_settings_name_their_parameter():
     cases = {"image_pull_secret": dict(image_pull_secret="GHCR pull"), "gpu_node_selector": dict(
         gpu_node_selector=["gpu"]), "gpu_tolerations": dict(gpu_tolerations={"key": "gpu"}),
-             "rendezvous_timeout_s": dict(rendezvous_timeout_s=0)}
+             "rendezvous_timeout_s": dict(rendezvous_timeout_s=0), "queue_timeout_s": dict(queue_timeout_s=-1)}
     for param, change in cases.items():
         for launcher in ("pytorchjob", "trainjob"):
             with pytest.raises(ConfigError, match=rf"^{param}="):

@@ -124,6 +124,11 @@ class JobParams:
 #: ``scheduler``: how a job's pods are placed. "" the default scheduler, pod by pod; "volcano" or "volcano:<queue>"
 #: gang scheduling by Volcano (all of a job's nodes at once, or none); "kueue:<local queue>" admission by Kueue.
 SCHEDULER_KINDS = ("", "volcano", "kueue")
+#: What a PyTorchJob's ``scheduler`` must end with to be queued by Kueue: Kueue 0.19 turned its PyTorchJob
+#: integration off by default (kubernetes-sigs/kueue PR #12606, ``integrations.frameworks`` of its Configuration no
+#: longer lists ``kubeflow.org/pytorchjob``), and with it off Kueue ignores the queue label and the job runs at once,
+#: unqueued. The suffix is the user's statement that their Kueue has it on; a TrainJob (on by default) needs none.
+KUEUE_PYTORCHJOB_STATEMENT = "pytorchjob-integration-on"
 #: The ClusterTrainingRuntime a TrainJob refers to, per scheduler kind (``manifests/cluster/trainer-runtimes.yaml``,
 #: applied once per cluster). Trainer v2.2 takes the PodGroup policy and the pods' ``schedulerName`` from the runtime
 #: only (a TrainJob's runtime patch reaches neither), so gang scheduling is a runtime of its own.
@@ -141,13 +146,16 @@ class ClusterParams:
     ``kubernetes.io/dockerconfigjson`` Secret in the run's namespace) on every pod; ``scheduler`` on the jobs
     (:data:`SCHEDULER_KINDS`, :func:`parse_scheduler`);
     ``rendezvous_timeout_s``: how long a job's started nodes wait at torchrun's rendezvous for the others (longer than
-    the nodes take to be scheduled, so a partly placed job waits instead of crashing)."""
+    the nodes take to be scheduled, so a partly placed job waits instead of crashing);
+    ``queue_timeout_s``: how long a job may wait before all its pods run (in a Volcano or Kueue queue, or
+    unschedulable), apart from its ``<stage>_deadline_s``, which counts from when they run."""
 
     scheduler: str = ""
     image_pull_secret: str = ""
     gpu_node_selector: dict[str, str] = field(default_factory=dict)
     gpu_tolerations: list[dict[str, Any]] = field(default_factory=list)
     rendezvous_timeout_s: int = 1800
+    queue_timeout_s: int = 86400
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> "ClusterParams":
@@ -202,9 +210,13 @@ def backoff_limit(nodes: int) -> int:
 
 def parse_scheduler(scheduler: str) -> tuple[str, str]:
     """``(kind, queue)`` of the ``scheduler`` parameter: ``("", "")``, ``("volcano", "")`` (Volcano's default queue),
-    ``("volcano", queue)`` or ``("kueue", local queue)``; an error naming the parameter otherwise."""
+    ``("volcano", queue)`` or ``("kueue", local queue)``; an error naming the parameter otherwise. A Kueue queue may
+    be followed by ``:`` :data:`KUEUE_PYTORCHJOB_STATEMENT` (:func:`check_kueue_integration`)."""
     kind, colon, queue = scheduler.partition(":") if isinstance(scheduler, str) else ("?", "", "")
-    usage = '"" (the default scheduler), "volcano", "volcano:<queue>" or "kueue:<local queue>"'
+    usage = ('"" (the default scheduler), "volcano", "volcano:<queue>" or "kueue:<local queue>" (a PyTorchJob: '
+             f'"kueue:<local queue>:{KUEUE_PYTORCHJOB_STATEMENT}")')
+    if kind == "kueue":
+        queue = queue.removesuffix(f":{KUEUE_PYTORCHJOB_STATEMENT}")
     if kind not in SCHEDULER_KINDS or (kind == "" and colon):
         raise ConfigError(f"scheduler={scheduler!r}: expected {usage}")
     if kind == "kueue" and not queue:
@@ -213,6 +225,20 @@ def parse_scheduler(scheduler: str) -> tuple[str, str]:
         raise ConfigError(f"scheduler={scheduler!r}: {queue!r} is not a queue name (lower-case letters, digits, '-' "
                           f"and '.', at most 63 characters)")
     return kind, queue
+
+
+def check_kueue_integration(scheduler: str, launcher: str, stage: str) -> None:
+    """Refuse a PyTorchJob queued by Kueue unless ``scheduler`` states that Kueue's PyTorchJob integration is on
+    (:data:`KUEUE_PYTORCHJOB_STATEMENT`): off (Kueue 0.19's default), the queue label is ignored and the job runs
+    unqueued, which nothing would say."""
+    kind, queue = parse_scheduler(scheduler)
+    if kind == "kueue" and launcher == PYTORCHJOB and not scheduler.endswith(f":{KUEUE_PYTORCHJOB_STATEMENT}"):
+        raise ConfigError(
+            f"scheduler={scheduler!r} with {param_prefix(stage)}_launcher=pytorchjob: Kueue >= 0.19 leaves its "
+            "PyTorchJob integration off by default (kubernetes-sigs/kueue PR #12606), and then the job runs at once, "
+            "unqueued. If your Kueue's Configuration lists kubeflow.org/pytorchjob in integrations.frameworks, say so "
+            f"with scheduler=kueue:{queue}:{KUEUE_PYTORCHJOB_STATEMENT}; or use {param_prefix(stage)}_launcher="
+            "trainjob (Kueue's TrainJob integration is on by default)")
 
 
 def rendezvous_args(req: JobRequest) -> list[str]:
@@ -265,6 +291,7 @@ def validate_request(req: JobRequest) -> None:
     if not _LABEL_VALUE.match(req.kfp_run_id) or len(req.kfp_run_id) > 63:
         raise ConfigError(f"KFP run id {req.kfp_run_id!r} cannot be a label value")
     validate_cluster(req.cluster)
+    check_kueue_integration(req.cluster.scheduler, req.launcher, req.stage)
 
 
 def validate_cluster(cluster: ClusterParams) -> None:
@@ -284,6 +311,10 @@ def validate_cluster(cluster: ClusterParams) -> None:
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
         raise ConfigError(f"rendezvous_timeout_s={timeout!r}: a whole number of seconds, at least 1 (longer than "
                           f"a job's nodes take to be scheduled and started)")
+    queue = cluster.queue_timeout_s
+    if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
+        raise ConfigError(f"queue_timeout_s={queue!r}: a whole number of seconds a job may wait for its pods to run, "
+                          "at least 0")
 
 
 def _pod_resources(template: dict[str, Any], req: JobRequest) -> dict[str, Any]:
@@ -343,7 +374,7 @@ def _metadata(obj: dict[str, Any], req: JobRequest) -> None:
     kind, queue = parse_scheduler(req.cluster.scheduler)
     if kind == "kueue":
         labels[KUEUE_QUEUE_LABEL] = queue
-    if req.owner is not None:
+    if req.owner is not None and req.delete_job:  # a kept job must outlive the Workflow, which KFP deletes in a day
         meta["ownerReferences"] = [{"apiVersion": req.owner.api_version, "kind": req.owner.kind,
                                     "name": req.owner.name, "uid": req.owner.uid, "controller": False,
                                     "blockOwnerDeletion": False}]
@@ -363,8 +394,10 @@ def render_pytorchjob(req: JobRequest) -> dict[str, Any]:
     _metadata(job, req)
     spec = job["spec"]
     spec["nprocPerNode"] = str(req.procs_per_node)
-    spec["runPolicy"]["activeDeadlineSeconds"] = req.deadline_s
+    spec["runPolicy"]["activeDeadlineSeconds"] = job_deadline_s(req)
     spec["runPolicy"]["backoffLimit"] = backoff_limit(req.nodes)
+    if not req.delete_job:  # kept: no TTL deletes it either (the launcher deletes the jobs it does not keep)
+        spec["runPolicy"].pop("ttlSecondsAfterFinished", None)
     pod = copy.deepcopy(spec["pytorchReplicaSpecs"]["Master"]["template"])
     _pod_labels(pod["metadata"], req)
     pod_spec = pod["spec"]
@@ -404,7 +437,7 @@ def render_trainjob(req: JobRequest) -> dict[str, Any]:
     spec = job["spec"]
     kind, queue = parse_scheduler(req.cluster.scheduler)
     spec["runtimeRef"]["name"] = TRAINJOB_RUNTIMES[kind]
-    spec["activeDeadlineSeconds"] = req.deadline_s
+    spec["activeDeadlineSeconds"] = job_deadline_s(req)
     trainer = spec["trainer"]
     trainer.update(image=req.image, numNodes=req.nodes, numProcPerNode=req.procs_per_node, args=_torchrun_args(req))
     trainer["resourcesPerNode"] = _pod_resources(trainer["resourcesPerNode"], req)
@@ -418,6 +451,14 @@ def render_trainjob(req: JobRequest) -> dict[str, Any]:
     _pod_labels(pod["metadata"], req)
     _place_pod(pod["spec"], req)
     return job
+
+
+def job_deadline_s(req: JobRequest) -> int:
+    """The job's own ``activeDeadlineSeconds``: the training deadline plus the queue limit. The operators count it
+    from the job's start, which a queue (a Volcano PodGroup, Kueue's suspension) may precede by up to
+    ``queue_timeout_s``; the launcher enforces each limit apart (queue time, then the deadline from the moment the pods
+    run), so this is the backstop for a job whose launcher is gone."""
+    return req.deadline_s + req.cluster.queue_timeout_s
 
 
 def _torchrun_args(req: JobRequest) -> list[str]:

@@ -12,7 +12,8 @@ import json
 import math
 from typing import Sequence
 
-from fourm_kfp.cluster.job_spec import IN_POD, ClusterParams, JobParams, check_launcher, param_prefix
+from fourm_kfp.cluster.job_spec import (GPU_TOLERATION, IN_POD, ClusterParams, JobParams, check_launcher,
+                                        param_prefix)
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import ConfigError, to_dict
 from fourm_kfp.contract import StageOutcome, lineage
@@ -24,6 +25,10 @@ TAG_RUN_LABEL = "fourm.run_label"
 #: launcher's parent it is given; the id of a parent a cloned run declined (it opened its own) goes in
 #: TAG_DECLINED_PARENT.
 TAG_KFP_RUN_ID, TAG_DECLINED_PARENT = "fourm.kfp_run_id", "fourm.declined_parent_run_id"
+#: How long KFP retries a job stage's step, from its first attempt's start (the compiled retry policy's
+#: backoffMaxDuration, which KFP hands Argo as the retry strategy's maxDuration; a retried pod is also killed at the
+#: first attempt's start plus this). A job's queue time and deadline must fit in it (:func:`check_retry_window`).
+RETRY_WINDOW_S = 30 * 86400
 #: Config sections that only pretrain and evaluate read: what ``pretrain_config_overrides`` may change.
 PRETRAIN_ONLY_SECTIONS = ("train.", "evaluate.")
 
@@ -97,10 +102,40 @@ def open_lineage_step(run_label: str, kfp_run_id: str, preset: str, config_overr
     return open_pipeline_run(run_label or kfp_run_id, preset, config_overrides, store_uri, tracking, tags)
 
 
+#: ``PipelineTaskFinalStatus.state`` as each engine sends it to the exit handler: kfp.local says SUCCEEDED; the KFP
+#: backend sends the ExitHandler DAG's MLMD execution state, COMPLETE on success (kubeflow/pipelines#11826), FAILED
+#: or CANCELED otherwise, and RUNNING before 2.17 when a ParallelFor sits inside the ExitHandler (#13321: the loop's
+#: end never reaches the DAG above it), as in this pipeline. Any other state is read from the run's stages.
+SUCCESS_STATES = frozenset({"SUCCEEDED", "COMPLETE", "CACHED"})
+FAILURE_STATES = frozenset({"FAILED", "CANCELED", "CANCELLED", "CANCELING", "ERROR", "SKIPPED"})
+
+
+def run_outcome(state: str, tracking: str, parent_run_id: str) -> str:
+    """The MLflow status of a pipeline run that ended with final ``state``: FINISHED or FAILED. Where the state
+    says neither (RUNNING, see :data:`SUCCESS_STATES`), the run's stage runs decide: it succeeded when the last
+    stage (evaluate, which runs only once every other stage is committed) finished and no stage failed."""
+    from fourm_kfp.stages import STAGES
+
+    if state in SUCCESS_STATES:
+        return "FINISHED"
+    if state in FAILURE_STATES:
+        return "FAILED"
+    runs = lineage.child_runs(tracking, parent_run_id)
+    last = list(STAGES)[-1]
+    finished = any(r.data.tags.get(lineage.TAG_STAGE) == last and r.info.status == "FINISHED" for r in runs)
+    failed = any(r.info.status in ("FAILED", "KILLED") for r in runs)
+    outcome = "FINISHED" if finished and not failed else "FAILED"
+    print(f"[exit handler] final state {state!r} says no outcome; from the stage runs: {outcome.lower()} "
+          f"({last} {'finished' if finished else 'did not finish'}, {'a' if failed else 'no'} stage failed)",
+          flush=True)
+    return outcome
+
+
 def close_lineage_step(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str, mlflow_parent_run_id: str,
                        state: str) -> None:
-    """Exit handler: close the parent run this pipeline opened (a launcher closes its own), by final state; with a
-    given parent, only the one opened in its place when it was declined (:func:`open_lineage_step`)."""
+    """Exit handler: close the parent run this pipeline opened (a launcher closes its own), by the run's outcome
+    (:func:`run_outcome`); with a given parent, only the one opened in its place when it was declined
+    (:func:`open_lineage_step`)."""
     tracking = lineage.resolve_tracking_uri(mlflow_tracking_uri, None)
     if tracking is None:
         return
@@ -111,7 +146,7 @@ def close_lineage_step(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str
     else:
         run = lineage.find_run_by_tag(tracking, TAG_RUN_LABEL, run_label or kfp_run_id)
     if run is not None:
-        lineage.finish_run(tracking, run.info.run_id, "FINISHED" if state == "SUCCEEDED" else "FAILED")
+        lineage.finish_run(tracking, run.info.run_id, run_outcome(state, tracking, run.info.run_id))
 
 
 def run_stage_component(stage: str, preset: str, config_overrides: Sequence[str], store_uri: str,
@@ -188,10 +223,23 @@ def run_job_component(stage: str, preset: str, config_overrides: Sequence[str], 
     from fourm_kfp.launchers.kubernetes_job import launch_stage_job
     from fourm_kfp.images import GPU_IMAGE
 
+    check_retry_window(stage, job, cluster or ClusterParams())
+
     run = RunContext(preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
     outcome = launch_stage_job(stage, run, force=force, input_uris=input_uris, params=job, image=GPU_IMAGE,
                                kfp_run_id=kfp_run_id, spec_path=job_spec_path, cluster=cluster)
     return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
+
+
+def check_retry_window(stage: str, job: JobParams, cluster: ClusterParams, grace_s: int = 600) -> None:
+    """Refuse a job whose queue time and deadline outlast the step's retry window (:data:`RETRY_WINDOW_S`): past it
+    Argo retries nothing, and kills a retried launcher pod, so the job would train on unfollowed."""
+    needed = job.deadline_s + cluster.queue_timeout_s + grace_s
+    if needed > RETRY_WINDOW_S:
+        raise ConfigError(f"{param_prefix(stage)}_deadline_s={job.deadline_s} + queue_timeout_s="
+                          f"{cluster.queue_timeout_s} (+{grace_s}s) exceed the step's retry window of "
+                          f"{RETRY_WINDOW_S}s ({RETRY_WINDOW_S // 86400} days), after which KFP neither retries nor "
+                          "keeps a retried launcher: shorten them, or train in stages from the newest checkpoint")
 
 
 def dataset_uris(dataset: str) -> dict[str, str]:
@@ -229,20 +277,44 @@ def fan_out_items(stage: str, width: int, preset: str, config_overrides: Sequenc
     return [{"part": i, **carried} for i in range(width)]
 
 
-def worker_pods(stage: str, preset: str, config_overrides: Sequence[str], accelerator: str = "") -> str:
-    """The pods a fan-out stage's workers want: ``gpu`` when its work wants an accelerator under this config (a
-    teacher labeler: ``StageSpec.wants_accelerator``) and the run's ``accelerator`` is not ``cpu`` (a CPU-only
-    cluster), else ``cpu``."""
+#: CPU and memory limits of each placed step's pod when it works itself (the fan-out workers, in-pod training,
+#: evaluate), and of a job stage's step when it only launches and follows the job (``<stage>_launcher`` a job kind).
+STEP_RESOURCES = {"prepare-data": ("8", "16Gi"), "label": ("8", "32Gi"), "pretokenize": ("8", "16Gi"),
+                  "train-tokenizers": ("8", "32Gi"), "pretrain": ("16", "64Gi"), "evaluate": ("8", "32Gi")}
+LAUNCHER_RESOURCES = ("1", "2Gi")
+
+
+def pod_placement(stage: str, preset: str, config_overrides: Sequence[str], accelerator: str,
+                  gpu_node_selector: dict, gpu_tolerations: list, launcher: str = IN_POD) -> dict:
+    """Where a step of ``stage`` runs, as values the KFP backend resolves into its pod at run time: ``accelerator``
+    (the resource to request one of, "" = none), ``node_selector``, ``tolerations``, ``cpu_limit`` and
+    ``memory_limit``.
+
+    One step serves the CPU and the GPU case (no ``dsl.If`` branches: before KFP 2.17 a branch holding a loop never
+    completes and its ``dsl.OneOf`` join fails). It requests the run's ``accelerator`` (the ``<stage>_accelerator``
+    or ``pretrain_accelerator`` parameter, "cpu" = none) when its work wants one: a label worker only for a teacher
+    network (``StageSpec.wants_accelerator``), a job stage only when it trains in its own pod (as a job's launcher it
+    is a light CPU pod). A pod with an accelerator gets its taint's toleration, ``gpu_tolerations`` and
+    ``gpu_node_selector``; one without gets none of them, so it never lands on a GPU node."""
     from fourm_kfp.stages import get_stage
 
     spec, config = get_stage(stage), load_config(preset, overrides=list(config_overrides))
-    wants = spec.is_enabled(config) and spec.wants_accelerator is not None and spec.wants_accelerator(config)
-    return "gpu" if wants and accelerator != "cpu" else "cpu"
+    launches_job = check_launcher(launcher, stage) != IN_POD
+    wants = not launches_job and (spec.wants_accelerator is None or (spec.is_enabled(config)
+                                                                     and spec.wants_accelerator(config)))
+    resource = "" if accelerator in ("", "cpu") or not wants else accelerator
+    cpu, memory = LAUNCHER_RESOURCES if launches_job else STEP_RESOURCES[stage]
+    return {"accelerator": resource,
+            "node_selector": dict(gpu_node_selector) if resource else {},
+            "tolerations": [{**GPU_TOLERATION, "key": resource}, *gpu_tolerations] if resource else [],
+            "cpu_limit": cpu, "memory_limit": memory}
 
 
 def run_stage_part_component(stage: str, part: int, parts: int, preset: str, config_overrides: Sequence[str],
                              store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str, parent_run_id: str,
-                             input_uris: dict[str, str] | None = None) -> str:
-    """Run one fan-out worker of a stage as a pipeline step (``dsl.ParallelFor``); returns the output URI."""
+                             input_uris: dict[str, str] | None = None, accelerator: str = "") -> str:
+    """Run one fan-out worker of a stage as a pipeline step (``dsl.ParallelFor``), in a pod that requested
+    ``accelerator`` ("" = none; said in the log); returns the output URI."""
+    print(f"{stage} part {part} of {parts}: pod with {accelerator or 'no accelerator'}", flush=True)
     run = RunContext(preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
     return launch_stage_part(stage, run, part, parts, input_uris=input_uris)

@@ -23,7 +23,8 @@ from dataclasses import fields
 from typing import Callable, Sequence
 
 from fourm_kfp.cluster.job_launcher import JOB_KINDS, FollowSettings, run_job
-from fourm_kfp.cluster.job_spec import POD_ROOT, ClusterParams, JobParams, JobRequest, Owner, render_job, to_yaml
+from fourm_kfp.cluster.job_spec import (POD_ROOT, ClusterParams, JobParams, JobRequest, Owner, param_prefix,
+                                        render_job, to_yaml)
 from fourm_kfp.contract import StageOutcome, lineage
 from fourm_kfp.errors import UserError
 from fourm_kfp.launchers.remote import RemoteBackend, launch_remote
@@ -93,7 +94,12 @@ class KubernetesJob(RemoteBackend):
             lineage.attach_artifact(self.tracking, self.run.parent_run_id, self.artifact, self.text.encode())
         self.out(f"{self.prefix} {plan.stage} {plan.address}: {params.launcher} {request.name}, {params.nodes} "
                  f"node(s) x {params.procs_per_node} process(es), output {plan.output.uri}")
-        if owner is not None:
+        if not params.delete_job:
+            self.out(f"{self.prefix} {request.name} is kept ({param_prefix(plan.stage)}_delete_job=false): it has no "
+                     "owner and no TTL, so it outlives the run (KFP deletes a finished run's Workflow after a day) "
+                     "until `kubectl delete "
+                     f"{params.launcher}s {request.name}`; the run's exit handler deletes it only if it is unfinished")
+        elif owner is not None:
             self.out(f"{self.prefix} {request.name} is owned by {owner.kind} {owner.name} (the KFP run): "
                      "deleting the run deletes it")
         else:

@@ -85,6 +85,16 @@ def shown_uri(uri: str) -> str:
     return re.sub(r"//[^/@]*@", "//***@", uri)
 
 
+def check_job_parameters(parameters: dict[str, Any]) -> None:
+    """Refuse, before anything is created, run parameters that every job stage would refuse once it runs: a
+    PyTorchJob queued by Kueue without the statement that Kueue's PyTorchJob integration is on."""
+    from fourm_kfp.cluster.job_spec import JOB_STAGES, check_kueue_integration, param_prefix
+
+    for stage, defaults in JOB_STAGES.items():
+        launcher = parameters.get(f"{param_prefix(stage)}_launcher", defaults.launcher)
+        check_kueue_integration(parameters.get("scheduler", ""), launcher, stage)  # a ConfigError: a UserError
+
+
 def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = print) -> SubmitResult:
     """Upload, create the run (or recurring run), and with ``wait`` follow it; see the module docstring."""
     from fourm_kfp.config.loader import load_config, pinned_overrides
@@ -95,6 +105,7 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     schedule = check_cron(request.schedule) if request.schedule else ""
     package = pipeline_package(request.package, request.image_tag)
     parameters = coerce_parameters(request.parameters, pipeline_parameter_types(package))
+    check_job_parameters(parameters)
     with kfp_api_errors(request.host):
         client = client if client is not None else make_client(request.host, request.namespace)
         check_server_version(client, request.host, out)
