@@ -19,7 +19,7 @@ def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
              launcher: str = "pytorchjob", nodes: int = 1, procs_per_node: int = 1,
              accelerator: str = "nvidia.com/gpu", cpu_per_node: str = "", memory_per_node: str = "",
              node_selector: dict = {}, tolerations: list = [], deadline_s: int = 259200, min_nodes: int = 0,
-             delete_job: bool = True, kfp_run_id: str = "", scheduler: str = "", image_pull_secret: str = "",
+             delete_job: bool = True, kfp_run_id: str = "", scheduler: str = "", image_pull_secret: str = "fourm-image-pull",
              gpu_node_selector: dict = {}, gpu_tolerations: list = [], rendezvous_timeout_s: int = 1800,
              queue_timeout_s: int = 86400,
              stage_overrides: list = []) -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):

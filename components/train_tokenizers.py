@@ -20,7 +20,7 @@ def train_tokenizers(preset: str, config_overrides: list, store_uri: str, s3_end
                      accelerator: str = "nvidia.com/gpu", cpu_per_node: str = "", memory_per_node: str = "",
                      node_selector: dict = {}, tolerations: list = [], deadline_s: int = 259200, min_nodes: int = 0,
                      delete_job: bool = True, kfp_run_id: str = "", scheduler: str = "",
-                     image_pull_secret: str = "", gpu_node_selector: dict = {}, gpu_tolerations: list = [],
+                     image_pull_secret: str = "fourm-image-pull", gpu_node_selector: dict = {}, gpu_tolerations: list = [],
                      rendezvous_timeout_s: int = 1800,
                      queue_timeout_s: int = 86400
                      ) -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):

@@ -21,7 +21,7 @@ from typing import List
 
 from kfp import dsl, kubernetes
 
-from fourm_kfp.cluster.job_spec import IN_POD, PYTORCHJOB, ClusterParams, JobParams, param_prefix
+from fourm_kfp.cluster.job_spec import DEFAULT_PULL_SECRET, IN_POD, PYTORCHJOB, ClusterParams, JobParams, param_prefix
 from fourm_kfp.components.evaluate import evaluate
 from fourm_kfp.images import IMAGE_TAG, IMAGE_TAG_ENV
 from fourm_kfp.launchers.kfp_runtime import RETRY_WINDOW_S, STEP_RESOURCES
@@ -68,7 +68,7 @@ class _Cluster:
         return self.pull(task)
 
     def pull(self, task: dsl.PipelineTask) -> dsl.PipelineTask:
-        """The image pull secret ("" = none: the kubelet skips an empty name), on every step."""
+        """The image pull secret, on every step (never empty: :data:`DEFAULT_PULL_SECRET`)."""
         return kubernetes.set_image_pull_secrets(task, [self.image_pull_secret])
 
 
@@ -204,7 +204,7 @@ def fourm_pretrain(
     pretrain_delete_job: bool = True,
     evaluate_force: bool = False,
     scheduler: str = "",
-    image_pull_secret: str = "",
+    image_pull_secret: str = DEFAULT_PULL_SECRET,
     gpu_node_selector: dict = {},
     gpu_tolerations: list = [],
     rendezvous_timeout_s: int = 1800,
@@ -297,7 +297,9 @@ def fourm_pretrain(
             leaves its PyTorchJob integration off by default: a PyTorchJob needs
             "kueue:<local queue>:pytorchjob-integration-on", stating that yours has it on.
         image_pull_secret: A Secret of type kubernetes.io/dockerconfigjson in the run's namespace that every step
-            and job pulls the images with (GHCR packages start private); default empty = none.
+            and job pulls the images with (GHCR packages start private); default "fourm-image-pull": create it for
+            private images; while it does not exist, the pods pull without it (the kubelet notes it in a Warning
+            event). Never empty: KFP's driver fails every step that names an empty pull secret.
         gpu_node_selector: Node selector of every pod that requests an accelerator (the GPU steps and the jobs'
             pods), e.g. ``{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}``; default none. A job's
             <stage>_node_selector adds to it.

@@ -2,9 +2,8 @@
 
 - Built-in kinds: the Kubernetes OpenAPI schemas of ``kubernetes-validate``, strict (an unknown field fails, as
   ``kubectl apply --validate=strict`` would), for the oldest and the newest Kubernetes the project supports.
-- Custom resources: the operators' CRDs as shipped (``shared/schemas``; the ClusterTrainingRuntime CRD, which
-  neither ships, in ``tests/schemas``, gzipped, see its README), their structural schemas made strict the same way,
-  checked with ``jsonschema``.
+- Custom resources: the operators' CRDs as shipped upstream, kept gzipped in ``tests/schemas`` (its README names
+  each one's source and checksum), their structural schemas made strict the same way, checked with ``jsonschema``.
 """
 
 from __future__ import annotations
@@ -14,15 +13,12 @@ from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 # The oldest Kubernetes the manifests must work on, and the newest schema kubernetes-validate ships.
 K8S_VERSIONS = ("1.31", kubernetes_validate.latest_version())
-# The CRD schemas ship beside the clone (../shared, as in CI) or inside it (shared/, on the device machines).
-# The CRDs kept in the repository (tests/schemas) come last.
-SCHEMA_DIRS = (REPO.parent / "shared" / "schemas", REPO / "shared" / "schemas", REPO / "tests" / "schemas")
+SCHEMA_DIR = REPO / "tests" / "schemas"  # the CRDs, gzipped; see its README
 PYTORCHJOB_CRD = ("kubeflow.org_pytorchjobs.yaml", "v1")
 TRAINJOB_CRD = ("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1")
 CLUSTER_TRAINING_RUNTIME_CRD = ("trainer.kubeflow.org_clustertrainingruntimes.yaml", "v1alpha1")
@@ -68,13 +64,10 @@ def forbid_unknown_fields(schema: dict) -> dict:
 
 
 def crd_schema(crd: tuple[str, str]) -> dict:
-    """The structural schema of one version of a shipped CRD, as served; skips the test when it is not there."""
+    """The structural schema of one version of a CRD kept in ``tests/schemas``, as served (a missing file is an
+    error)."""
     name, version = crd
-    path = next((d / n for d in SCHEMA_DIRS for n in (name, f"{name}.gz") if (d / n).is_file()), None)
-    if path is None:
-        pytest.skip(f"CRD schema {name} not found (looked in {', '.join(map(str, SCHEMA_DIRS))})")
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    document = yaml.load(text, Loader=YamlLoader)
+    document = yaml.load(gzip.decompress((SCHEMA_DIR / f"{name}.gz").read_bytes()).decode(), Loader=YamlLoader)
     [served] = [v for v in document["spec"]["versions"] if v["name"] == version]
     return served["schema"]["openAPIV3Schema"]
 
@@ -107,7 +100,7 @@ def unknown_fields(schema: dict, obj, path: str = "", prune: bool = False) -> li
 
 
 def crd_validator(crd: tuple[str, str]) -> jsonschema.protocols.Validator:
-    """A strict validator for one version of a shipped CRD; skips the test when the schemas are not there."""
+    """A strict validator for one version of a CRD kept in ``tests/schemas``."""
     schema = forbid_unknown_fields(crd_schema(crd))
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     cls.check_schema(schema)

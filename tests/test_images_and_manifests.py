@@ -7,7 +7,7 @@ Needs no Docker engine and no cluster, only the dev extra:
 - in every kustomization the launcher's Role grants exactly what the pretrain launcher needs (an exact set: one
   more verb or resource fails), each overlay binds it to the ServiceAccount its pipeline runs use, and nothing
   rendered is a training job;
-- the PyTorchJob template is validated against the Training Operator's CRD schema (``shared/schemas``) with
+- the PyTorchJob template is validated against the Training Operator's CRD schema (``tests/schemas``) with
   ``jsonschema``, made strict the same way, and its pod template against the Kubernetes PodTemplate schema;
 - the ClusterTrainingRuntimes (``manifests/cluster``) against Trainer v2.2's CRD schema, strict, their pod templates
   against Kubernetes', and the rules of Trainer's runtime webhook; their restart budget as JobSet and the Job

@@ -1,14 +1,22 @@
-"""Where the compiled pipeline's pods land, as a KFP 2.17 backend makes them (``tests/kfp_driver_emulator.py``) on a
-cluster whose GPU nodes are tainted ``nvidia.com/gpu:NoSchedule``, as the NVIDIA GPU Operator and the managed GPU
-node pools taint them.
+"""The compiled pipeline run as each supported KFP backend runs it (``tests/kfp_driver_emulator.py``, one test per
+version in ``VERSIONS``), on a cluster whose GPU nodes are tainted ``nvidia.com/gpu:NoSchedule``, as the NVIDIA GPU
+Operator and the managed GPU node pools taint them.
 
+- the run gets through the driver whichever launchers and accelerators it chooses: every input resolves, and so does
+  every pod-spec placeholder and Kubernetes config the ``pod-placement`` steps feed;
+- the exit handler is told what the lineage step expects: COMPLETE when the run succeeds from KFP 2.17, RUNNING
+  before it (its DAG holds loops), FAILED when a step directly under it fails (a job stage's launcher), and
+  RUNNING before 2.17 when a fan-out worker does;
 - a CPU-only run (``pretrain_accelerator=cpu``, ``train_tokenizers_accelerator=cpu``) requests no accelerator in any
   step (the pretokenize workers, a teacher's label workers and evaluate follow the run's choice) and every pod fits a
   plain CPU node;
 - on GPUs, every pod that requests one tolerates the GPU taint and the run's own (``gpu_tolerations``) and selects the
-  run's GPU nodes (``gpu_node_selector``), whichever branch runs: in-pod, or a job's launcher (a CPU pod);
-- every step pulls with the run's ``image_pull_secret``;
-- the job stages' launcher steps are retried (a drained launcher comes back and adopts its job), the others are not.
+  run's GPU nodes (``gpu_node_selector``), whichever launcher a job stage uses: in-pod, or a job's (a CPU pod),
+  and no pod without one does (a CPU step never lands on a GPU node);
+- every step pulls with the run's ``image_pull_secret``, and a run that names none runs (never an empty name);
+- the job stages' steps are retried (a drained launcher comes back and adopts its job; in-pod training resumes from
+  its checkpoint), the others are not, and Argo still retries one at the end of its job's deadline
+  (``backoff.maxDuration`` counts from the first attempt's start); from KFP 2.16.1 they see ``KFP_RETRY_INDEX``.
 """
 
 from __future__ import annotations
@@ -16,9 +24,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from fourm_kfp.launchers.kfp_runtime import worker_pods
+from fourm_kfp.launchers.kfp_runtime import pod_placement
 from fourm_kfp.pipeline_runs.compile import compile_pipeline
-from tests.kfp_driver_emulator import DriverEmulator, Node, schedulable
+from tests.kfp_driver_emulator import (PROPAGATING_STATES, VERSIONS, DriverEmulator, Node, at_least,
+                                       final_status_state, schedulable, stub_outputs)
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 POOL_TAINT = {"key": "dedicated", "value": "training", "effect": "NoSchedule"}
@@ -26,7 +35,8 @@ CPU_NODE = Node(labels={"kubernetes.io/os": "linux"})
 GPU_NODE = Node(labels={"pool": "h100"}, taints=[GPU_TAINT, POOL_TAINT], allocatable={"nvidia.com/gpu": "8"})
 GPU_RUN = {"gpu_node_selector": {"pool": "h100"},
            "gpu_tolerations": [{"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"}]}
-
+SECRET = "ghcr-pull"
+LAUNCHERS = ["in-pod", "pytorchjob", "trainjob"]
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
@@ -34,17 +44,45 @@ def compiled(tmp_path_factory):
     return spec, platform
 
 
-def _pods(compiled, preset: str, **parameters):
-    """The run's pods; the label stage's worker-pods step answers as its component does for ``preset``."""
+def _run(compiled, version: str, preset: str, **parameters):
+    """The run on backend ``version``, with the run's pull secret unless told otherwise (None: a parameter left
+    out); the pod-placement steps answer as their component does, every other step with a placeholder of its
+    output's type."""
     spec, platform = compiled
-    accelerator = parameters.get("pretrain_accelerator", "nvidia.com/gpu")
-    outputs = {"worker-pods": worker_pods("label", preset, [], accelerator)}
-    return DriverEmulator(spec, platform, outputs).pods({"preset": preset, **parameters})
+    outputs = stub_outputs(spec, components={"comp-pod-placement": pod_placement})
+    parameters = {k: v for k, v in {"image_pull_secret": SECRET, **parameters}.items() if v is not None}
+    return DriverEmulator(spec, platform, outputs, version).run({"preset": preset, **parameters})
 
 
+def _pods(compiled, version: str, preset: str, **parameters):
+    return _run(compiled, version, preset, **parameters).pods
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("accelerator", ["cpu", "nvidia.com/gpu"])
+def test_the_run_gets_through_the_driver(compiled, version, launcher, accelerator):
+    run = _run(compiled, version, "photos", pretrain_launcher=launcher, train_tokenizers_launcher=launcher,
+               pretrain_accelerator=accelerator, train_tokenizers_accelerator=accelerator)
+    assert {"label-part", "pretrain", "evaluate", "close-lineage-run"} <= {pod.step for pod in run.pods}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_exit_handler_is_told_what_the_lineage_step_expects(compiled, version):
+    spec = compiled[0]
+    propagates = at_least(version, PROPAGATING_STATES)
+    success = final_status_state(spec, version, True, parameters={"image_pull_secret": SECRET},
+                                 task_outputs=stub_outputs(spec, components={"comp-pod-placement": pod_placement}))
+    assert success == ("COMPLETE" if propagates else "RUNNING")
+    assert final_status_state(spec, version, False, "exit-handler-1/pretrain") == "FAILED"
+    worker = "exit-handler-1/label-workers/for-loop-1/label-part"
+    assert final_status_state(spec, version, False, worker) == ("FAILED" if propagates else "RUNNING")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("launcher", ["in-pod", "pytorchjob"])
-def test_a_cpu_only_run_requests_no_accelerator_and_fits_a_cpu_node(compiled, launcher):
-    pods = _pods(compiled, "photos", pretrain_accelerator="cpu", train_tokenizers_accelerator="cpu",
+def test_a_cpu_only_run_requests_no_accelerator_and_fits_a_cpu_node(compiled, version, launcher):
+    pods = _pods(compiled, version, "photos", pretrain_accelerator="cpu", train_tokenizers_accelerator="cpu",
                  pretrain_launcher=launcher)
     names = {pod.step for pod in pods}
     assert {"pretokenize-part", "label-part", "pretrain", "evaluate"} <= names  # a teacher labeler: label runs
@@ -53,9 +91,11 @@ def test_a_cpu_only_run_requests_no_accelerator_and_fits_a_cpu_node(compiled, la
     assert all(schedulable(pod, CPU_NODE) is None for pod in pods)
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("launcher", ["in-pod", "pytorchjob"])
-def test_every_gpu_pod_lands_on_the_run_s_tainted_gpu_nodes(compiled, launcher):
-    pods = _pods(compiled, "photos", pretrain_launcher=launcher, train_tokenizers_launcher="in-pod", **GPU_RUN)
+def test_every_gpu_pod_lands_on_the_run_s_tainted_gpu_nodes(compiled, version, launcher):
+    pods = _pods(compiled, version, "photos", pretrain_launcher=launcher, train_tokenizers_launcher="in-pod",
+                 **GPU_RUN)
     gpu_pods = [pod for pod in pods if pod.accelerators]
     expected = {"label-part", "train-tokenizers", "pretokenize-part", "evaluate"} | (
         {"pretrain"} if launcher == "in-pod" else set())
@@ -68,19 +108,43 @@ def test_every_gpu_pod_lands_on_the_run_s_tainted_gpu_nodes(compiled, launcher):
             assert schedulable(pod, CPU_NODE) is None, pod.task
 
 
-def test_every_step_pulls_its_image_with_the_run_s_secret(compiled):
-    pods = _pods(compiled, "photos", image_pull_secret="ghcr-pull")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_step_pulls_its_image_with_the_run_s_secret(compiled, version):
+    pods = _pods(compiled, version, "photos", image_pull_secret="ghcr-pull")
     assert pods and all(pod.image_pull_secrets == ["ghcr-pull"] for pod in pods), \
         sorted(pod.task for pod in pods if pod.image_pull_secrets != ["ghcr-pull"])
-    # No secret given: the one entry has an empty name, which the kubelet skips (pkg/kubelet: "API validation
-    # permitted entries with empty names").
-    assert all(pod.image_pull_secrets == [""] for pod in _pods(compiled, "demo"))
 
 
-def test_only_the_job_launchers_are_retried(compiled):
-    pods = _pods(compiled, "demo", pretrain_launcher="trainjob", train_tokenizers_launcher="pytorchjob")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_run_that_names_no_pull_secret_gets_through_the_driver(compiled, version):
+    """The driver resolves secretNameParameter with resolveInputParameterStr: "" fails every task ("Expected a
+    non-empty string"), and a null (an optional parameter left out) is dropped by the DAG drivers above, so the
+    tasks fail on the missing input. A run that names none uses the default Secret name, which the kubelet skips
+    when no such Secret exists."""
+    from fourm_kfp.cluster.job_spec import DEFAULT_PULL_SECRET
+
+    pods = _pods(compiled, version, "demo", image_pull_secret=None)
+    assert pods and all(pod.image_pull_secrets == [DEFAULT_PULL_SECRET] for pod in pods)
+    with pytest.raises(Exception, match="Expected a non-empty string"):
+        _pods(compiled, version, "demo", image_pull_secret="")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_only_the_job_stages_are_retried(compiled, version, launcher):
+    pods = _pods(compiled, version, "demo", pretrain_launcher=launcher, train_tokenizers_launcher=launcher)
     retried = sorted(pod.step for pod in pods if pod.retries)
     assert retried == ["pretrain", "train-tokenizers"]
     assert all(pod.retries == 3 for pod in pods if pod.retries)
-    in_pod = _pods(compiled, "demo", pretrain_launcher="in-pod")
-    assert not any(pod.retries for pod in in_pod)
+    assert all(pod.retry_index_env == at_least(version, "2.16.1") for pod in pods if pod.retries)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_job_stage_is_still_retried_at_its_job_s_deadline(compiled, version):
+    definitions = compiled[0]["root"]["inputDefinitions"]["parameters"]
+    defaults = {name: d.get("defaultValue") for name, d in definitions.items()}
+    pods = _pods(compiled, version, "demo", pretrain_launcher="trainjob", train_tokenizers_launcher="pytorchjob")
+    for pod in pods:
+        if pod.retries:  # the job may queue, then run to its deadline, while its launcher follows it
+            deadline = defaults["queue_timeout_s"] + defaults[f"{pod.step.replace('-', '_')}_deadline_s"]
+            assert pod.retry_max_duration_s >= deadline, (pod.task, pod.retry_max_duration_s, deadline)

@@ -155,12 +155,15 @@ def test_unknown_parameters_and_a_bad_config_fail_before_anything_is_sent():
         unknown = subprocess.run(cli + ["--param", "pretrain_gpus=8"], capture_output=True, text=True)
         bad = subprocess.run(cli + ["--set", "data.image_size=x"], capture_output=True, text=True)
         unqueued = subprocess.run(cli + ["--param", "scheduler=kueue:team-a"], capture_output=True, text=True)
+        no_secret = subprocess.run(cli + ["--param", "image_pull_secret="], capture_output=True, text=True)
     finally:
         emulator.close()
     assert unknown.returncode == 2 and "pretrain_gpus" in unknown.stderr and "pretrain_nodes" in unknown.stderr
     assert bad.returncode == 2 and "data.image_size" in bad.stderr
     # Kueue >= 0.19 ignores a PyTorchJob's queue label unless its PyTorchJob integration is on: said before the run
     assert unqueued.returncode == 2 and "pytorchjob-integration-on" in unqueued.stderr, unqueued.stderr
+    # KFP's driver fails every step that names an empty pull secret (resolveInputParameterStr)
+    assert no_secret.returncode == 2 and "empty pull secret" in no_secret.stderr, no_secret.stderr
     assert not emulator.requests
 
 

@@ -408,13 +408,17 @@ def test_the_run_s_gpu_placement_goes_on_gpu_jobs_only(validators, launcher):
 
 
 @pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])
-def test_the_image_pull_secret_is_on_every_pod_when_set(validators, launcher):
+def test_the_image_pull_secret_is_on_every_pod(validators, launcher):
     """A TrainJob's runtime patch takes ``imagePullSecrets`` (Trainer v2.2 ``PodSpecPatch``: the strict CRD check
-    would fail on a field it lacks)."""
+    would fail on a field it lacks). Unless told otherwise, the run's default Secret name (which the kubelet skips
+    when it does not exist); "" (outside KFP, which refuses it) names none."""
     job = render_job(_request(launcher, 4, cluster=_cluster(image_pull_secret="ghcr-pull")))
     _assert_valid(validators, job)
     assert [pod["imagePullSecrets"] for pod in _pod_specs(job)] == [[{"name": "ghcr-pull"}]] * len(_pod_specs(job))
-    assert all("imagePullSecrets" not in pod for pod in _pod_specs(render_job(_request(launcher, 4))))
+    default = _pod_specs(render_job(_request(launcher, 4)))
+    assert [pod["imagePullSecrets"] for pod in default] == [[{"name": "fourm-image-pull"}]] * len(default)
+    none = render_job(_request(launcher, 4, cluster=_cluster(image_pull_secret="")))
+    assert all("imagePullSecrets" not in pod for pod in _pod_specs(none))
 
 
 @pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])

@@ -129,6 +129,11 @@ SCHEDULER_KINDS = ("", "volcano", "kueue")
 #: longer lists ``kubeflow.org/pytorchjob``), and with it off Kueue ignores the queue label and the job runs at once,
 #: unqueued. The suffix is the user's statement that their Kueue has it on; a TrainJob (on by default) needs none.
 KUEUE_PYTORCHJOB_STATEMENT = "pytorchjob-integration-on"
+#: The pull secret every step and job names unless ``image_pull_secret`` names another. KFP's driver refuses an empty
+#: name (``resolveInputParameterStr`` in ``backend/src/v2/driver/resolve.go``: "Expected a non-empty string", every
+#: step failing), so "none" cannot be said; a Secret that does not exist is what the kubelet tolerates: it records a
+#: ``FailedToRetrieveImagePullSecret`` Warning on the pod and pulls without it (``getPullSecretsForPod``).
+DEFAULT_PULL_SECRET = "fourm-image-pull"
 #: The ClusterTrainingRuntime a TrainJob refers to, per scheduler kind (``manifests/cluster/trainer-runtimes.yaml``,
 #: applied once per cluster). Trainer v2.2 takes the PodGroup policy and the pods' ``schedulerName`` from the runtime
 #: only (a TrainJob's runtime patch reaches neither), so gang scheduling is a runtime of its own.
@@ -143,7 +148,8 @@ class ClusterParams:
 
     ``gpu_node_selector`` and ``gpu_tolerations`` go on every pod that requests an accelerator (in-pod GPU steps and
     the jobs' pods), beside the accelerator's own toleration; ``image_pull_secret`` (a
-    ``kubernetes.io/dockerconfigjson`` Secret in the run's namespace) on every pod; ``scheduler`` on the jobs
+    ``kubernetes.io/dockerconfigjson`` Secret in the run's namespace, :data:`DEFAULT_PULL_SECRET` unless told
+    otherwise: the kubelet pulls without it when it does not exist) on every pod; ``scheduler`` on the jobs
     (:data:`SCHEDULER_KINDS`, :func:`parse_scheduler`);
     ``rendezvous_timeout_s``: how long a job's started nodes wait at torchrun's rendezvous for the others (longer than
     the nodes take to be scheduled, so a partly placed job waits instead of crashing);
@@ -151,7 +157,7 @@ class ClusterParams:
     unschedulable), apart from its ``<stage>_deadline_s``, which counts from when they run."""
 
     scheduler: str = ""
-    image_pull_secret: str = ""
+    image_pull_secret: str = "fourm-image-pull"
     gpu_node_selector: dict[str, str] = field(default_factory=dict)
     gpu_tolerations: list[dict[str, Any]] = field(default_factory=list)
     rendezvous_timeout_s: int = 1800

@@ -86,9 +86,15 @@ def shown_uri(uri: str) -> str:
 
 
 def check_job_parameters(parameters: dict[str, Any]) -> None:
-    """Refuse, before anything is created, run parameters that every job stage would refuse once it runs: a
-    PyTorchJob queued by Kueue without the statement that Kueue's PyTorchJob integration is on."""
-    from fourm_kfp.cluster.job_spec import JOB_STAGES, check_kueue_integration, param_prefix
+    """Refuse, before anything is created, run parameters that the run would fail on: an empty ``image_pull_secret``
+    (KFP's driver fails every step that names an empty pull secret), and a PyTorchJob queued by Kueue without the
+    statement that Kueue's PyTorchJob integration is on (every job stage refuses it)."""
+    from fourm_kfp.cluster.job_spec import DEFAULT_PULL_SECRET, JOB_STAGES, check_kueue_integration, param_prefix
+
+    if parameters.get("image_pull_secret", DEFAULT_PULL_SECRET) == "":
+        raise UserError("--param image_pull_secret=: KFP's driver fails every step that names an empty pull secret; "
+                        f"leave it out (the default, {DEFAULT_PULL_SECRET}, is used when that Secret exists and "
+                        "skipped by the kubelet when it does not) or name your Secret")
 
     for stage, defaults in JOB_STAGES.items():
         launcher = parameters.get(f"{param_prefix(stage)}_launcher", defaults.launcher)
