@@ -6,7 +6,8 @@ Operator and the managed GPU node pools taint them.
   every pod-spec placeholder and Kubernetes config the ``pod-placement`` steps feed;
 - the exit handler is told what the lineage step expects: COMPLETE when the run succeeds from KFP 2.17, RUNNING
   before it (its DAG holds loops), FAILED when a step directly under it fails (a job stage's launcher), and
-  RUNNING before 2.17 when a fan-out worker does;
+  RUNNING before 2.17 when a fan-out worker does; and whatever it is told, it closes the MLflow parent run by the
+  run's real outcome;
 - a CPU-only run (``pretrain_accelerator=cpu``, ``train_tokenizers_accelerator=cpu``) requests no accelerator in any
   step (the pretokenize workers, a teacher's label workers and evaluate follow the run's choice) and every pod fits a
   plain CPU node;
@@ -77,6 +78,38 @@ def test_the_exit_handler_is_told_what_the_lineage_step_expects(compiled, versio
     assert final_status_state(spec, version, False, "exit-handler-1/pretrain") == "FAILED"
     worker = "exit-handler-1/label-workers/for-loop-1/label-part"
     assert final_status_state(spec, version, False, worker) == ("FAILED" if propagates else "RUNNING")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_parent_run_closes_with_the_run_s_outcome_at_every_version(compiled, version, tmp_path):
+    """What the exit handler is sent, at each version, closes the MLflow parent run by the run's real outcome: a
+    succeeded run FINISHED (COMPLETE from 2.17, RUNNING before it), a run whose worker or job stage failed FAILED
+    (FAILED, or RUNNING where the failure does not reach the ExitHandler's DAG)."""
+    from fourm_kfp.contract import lineage
+    from fourm_kfp.launchers.kfp_runtime import close_lineage_step, open_lineage_step
+    from fourm_kfp.stages import STAGES
+
+    spec = compiled[0]
+    outputs = stub_outputs(spec, components={"comp-pod-placement": pod_placement})
+    cases = {"succeeded": (final_status_state(spec, version, True, parameters={"image_pull_secret": SECRET},
+                                              task_outputs=outputs), list(STAGES), "FINISHED"),
+             "a worker failed": (final_status_state(spec, version, False,
+                                                    "exit-handler-1/label-workers/for-loop-1/label-part"),
+                                 ["prepare-data", "label"], "FAILED"),
+             "pretrain failed": (final_status_state(spec, version, False, "exit-handler-1/pretrain"),
+                                 ["prepare-data", "label", "train-tokenizers", "pretokenize", "pretrain"], "FAILED")}
+    for case, (state, stages, expected) in cases.items():
+        tracking = lineage.default_tracking_uri(tmp_path / case.replace(" ", "-"))
+        parent = open_lineage_step("", "kfp-run-1", "smoke", [], "/x", tracking, "")
+        for stage in stages:
+            try:
+                with lineage.stage_run(tracking, parent, stage):
+                    if expected == "FAILED" and stage == stages[-1]:
+                        raise RuntimeError(stage)
+            except RuntimeError:
+                pass
+        close_lineage_step("", "kfp-run-1", tracking, "", state)
+        assert lineage._client(tracking).get_run(parent).info.status == expected, (case, state)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
