@@ -1,33 +1,35 @@
-"""An in-memory Kubernetes API for the launcher's tests: kmock's ``KubernetesEmulator`` on a local port.
+"""An in-memory Kubernetes API for the launcher's tests: kmock's ``KubernetesEmulator`` on a local port, made to
+answer as the real API server and kubelet do where the launcher relies on it (:mod:`.apiserver_emulator`: identity
+and the launcher's Role, resourceVersions, watches, field selectors, injected faults; :mod:`.kubelet_emulator`: the
+pods' logs, followed or not).
 
-The launcher talks to it through the real ``kubernetes`` client over HTTP, exactly as in a cluster. The test plays
-the operator and the kubelet: it creates the job's pods, moves their status along, writes their logs, and sets the
-job's conditions, all through the same API. :class:`TrainingOperatorV1` holds the Training Operator v1 controller's
-failure rules for those scripts (``pkg/core/job.go``, ``pkg/controller.v1/common/job.go``): the backoff limit
-compared with the container restarts summed over all running pods, and on a backoff or deadline failure the pods
-deleted before the job's ``Failed`` status is written.
+The launcher talks to it through the real ``kubernetes`` client over HTTP, exactly as in a cluster: :meth:`api` is
+the launcher's client, with its ServiceAccount's token (every request checked against the Role of
+``manifests/base/rbac.yaml``) and the client configuration of :meth:`fourm_kfp.cluster.kube.KubeApi.connect` (its
+retries). The test plays the operator and the kubelet with an admin's client (:meth:`admin`): it creates the job's
+pods, moves their status along, writes their logs, and sets the job's conditions, all through the same API.
+:meth:`fail`, :meth:`outage`, :meth:`drop_streams` and :meth:`compact` make the API misbehave for the launcher only.
+:class:`TrainingOperatorV1` holds the Training Operator v1 controller's failure rules for those scripts
+(``pkg/core/job.go``, ``pkg/controller.v1/common/job.go``): the backoff limit compared with the container restarts
+summed over all running pods, and on a backoff or deadline failure the pods deleted before the job's ``Failed``
+status is written.
 
-Like the API server, it gives every object it creates a fresh ``metadata.uid`` and a ``creationTimestamp`` (whole
-seconds), whatever the request said. :meth:`EmulatedCluster.add_event` writes events as the two recorders do
-(``involvedObject`` with the object's uid; client-go's ``record`` package, used by the Training Operator v1 and
-Volcano: ``firstTimestamp``/``lastTimestamp`` in whole seconds and ``count``, repeats update the same event; the
-``events.k8s.io`` recorder, used by Kueue: ``eventTime`` in microseconds, repeats in ``series``), and can date an
-event in the past and give it another uid: a previous job of the same name's events, which live an hour.
+Like the API server, it gives every object it creates a fresh ``metadata.uid``, a ``creationTimestamp`` (whole
+seconds) and a ``resourceVersion``, whatever the request said. :meth:`EmulatedCluster.add_event` writes events as the
+two recorders do (``involvedObject`` with the object's uid; client-go's ``record`` package, used by the Training
+Operator v1 and Volcano: ``firstTimestamp``/``lastTimestamp`` in whole seconds and ``count``, repeats update the same
+event; the ``events.k8s.io`` recorder, used by Kueue: ``eventTime`` in microseconds, repeats in ``series``), and can
+date an event in the past and give it another uid: a previous job of the same name's events, which live an hour.
 
 What the emulator does not do (so the tests do it, or do without it):
 - no controllers: nothing creates pods or sets conditions on its own (the test's operator script does);
-- label and field selectors: equality only (``a=b,c=d``; ``!=``, set-based selectors and ``metadata.*`` field
-  paths beyond those the launcher uses are refused with a 400 here rather than answered wrongly);
-- no watch for the client's ``watch=True`` (the launcher polls anyway);
-- no pod logs: :class:`Kubelet` serves ``pods/<name>/log`` from lines the test appends, honouring ``timestamps``,
-  ``sinceSeconds``, ``tailLines`` and ``previous`` like the kubelet (404 once the pod is deleted), and can fail a
-  read on purpose;
-- no grace period: a deleted pod is gone at once (a real one is listed, terminating, for its grace period);
 - creating a PyTorchJob or TrainJob is checked against its CRD's structural schema (``tests/k8s_schemas.py``) for
   unknown fields only: with ``fieldValidation=Strict`` they fail the request (400, ``strict decoding error: unknown
   field "spec.x"``), otherwise they are pruned silently, as the API server does; types, required fields and the
   operators' webhooks are not checked here (test_job_spec.py checks the rendered objects against the full schemas);
-- no resourceVersions, admission or RBAC; no event aggregation of its own (the test's recorder repeats an event).
+- no grace period: a deleted pod is gone at once (a real one is listed, terminating, for its grace period);
+- no admission, no event aggregation of its own (the test's recorder repeats an event), and what
+  :mod:`.apiserver_emulator` lists as not done.
 """
 
 from __future__ import annotations
@@ -35,17 +37,19 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import itertools
-import json
+import math
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import kmock
 from kubernetes import client
 
 from fourm_kfp.cluster.kube import KubeApi, Resource
-from tests.k8s_schemas import PYTORCHJOB_CRD, TRAINJOB_CRD, crd_schema, unknown_fields
+from tests.cluster.apiserver_emulator import ADMIN_TOKEN, LAUNCHER_TOKEN, ApiServer, Fault, RequestInfo, metav1_time
+from tests.cluster.kubelet_emulator import Kubelet, rfc3339
+from tests.k8s_schemas import PYTORCHJOB_CRD, TRAINJOB_CRD, crd_schema
 
 #: The job kinds served (their resources), to find a job's uid by kind and name.
 _JOB_RESOURCES = (Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"),
@@ -54,153 +58,108 @@ _JOB_RESOURCES = (Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"),
 CRDS = {"kubeflow.org/v1/pytorchjobs": PYTORCHJOB_CRD, "trainer.kubeflow.org/v1alpha1/trainjobs": TRAINJOB_CRD}
 
 
-def metav1_time(seconds: float) -> str:
-    """A ``metav1.Time`` as the API server serializes it: RFC 3339 in whole seconds."""
-    return dt.datetime.fromtimestamp(int(seconds), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def micro_time(seconds: float) -> str:
     """A ``metav1.MicroTime`` (an event's ``eventTime``): RFC 3339 with six fractional digits."""
     return dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def rfc3339(seconds: float) -> str:
-    stamp = dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
-    return stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond:06d}".rstrip("0").ljust(1, "0") + "Z"
-
-
-@dataclass
-class Kubelet:
-    """Container logs of the emulated pods: ``(pod, container, instance)`` -> [(time, line)]."""
-
-    logs: dict[tuple[str, str, int], list[tuple[float, str]]] = field(default_factory=dict)
-    instance: dict[tuple[str, str], int] = field(default_factory=dict)
-    fail_next: int = 0  # make this many log reads fail with HTTP 500 (a dropped connection)
-    reads: int = 0
-    gone: set[str] = field(default_factory=set)  # deleted pods: their logs went with them
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def write(self, pod: str, container: str, *lines: str) -> None:
-        with self.lock:
-            key = (pod, container, self.instance.get((pod, container), 0))
-            for line in lines:
-                self.logs.setdefault(key, []).append((time.time(), line))
-                time.sleep(0.001)  # distinct timestamps, as real lines mostly have
-
-    def restart(self, pod: str, container: str) -> None:
-        with self.lock:
-            self.instance[(pod, container)] = self.instance.get((pod, container), 0) + 1
-
-    def serve(self, pod: str, params) -> str:
-        with self.lock:
-            self.reads += 1
-            if self.fail_next:
-                self.fail_next -= 1
-                raise RuntimeError("connection dropped (injected)")
-            if pod in self.gone:
-                raise kmock.KubernetesObjectNotFoundError()
-            container = params.get("container", "")
-            current = self.instance.get((pod, container), 0)
-            instance = current - 1 if params.get("previous") == "True" else current
-            lines = list(self.logs.get((pod, container, instance), []))
-        if "sinceSeconds" in params:
-            lines = [(t, s) for t, s in lines if t >= time.time() - int(params["sinceSeconds"])]
-        if "tailLines" in params:
-            lines = lines[-int(params["tailLines"]):]
-        stamp = params.get("timestamps") == "True"
-        return "".join(f"{rfc3339(t)} {s}\n" if stamp else f"{s}\n" for t, s in lines)
-
-
-def _selected(obj: dict, selector: str, field_paths: bool) -> bool:
-    """Whether ``obj`` matches an equality selector (labels, or dotted field paths such as ``type``)."""
-    for term in filter(None, selector.split(",")):
-        key, op, value = term.partition("=")
-        if not op or key.endswith("!") or value.startswith("=") or " in " in term:
-            raise kmock.KubernetesError(status=400, reason="BadRequest", details={},
-                                        message=f"the emulator handles equality selectors only: {selector!r}")
-        if field_paths:
-            found: object = obj
-            for part in key.split("."):
-                found = (found or {}).get(part) if isinstance(found, dict) else None
-        else:
-            found = (obj.get("metadata", {}).get("labels") or {}).get(key)
-        if str(found) != value:
-            return False
-    return True
-
-
-class SchemaCheckingEmulator(kmock.KubernetesEmulator):
-    """kmock's emulator with the API server's handling of unknown fields on create, uids and creation times, and
-    equality selectors (see the module docstring)."""
-
-    schemas: dict = {}
-
-    async def _serve_list(self, request):
-        listed = await super()._serve_list(request)
-        labels, fields_ = request.params.get("labelSelector", ""), request.params.get("fieldSelector", "")
-        listed["items"] = [item for item in listed["items"]
-                           if _selected(item, labels, False) and _selected(item, fields_, True)]
-        return listed
-
-    async def _handle(self, request):
-        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
-            meta = request.data.setdefault("metadata", {})  # the server's, whatever the client sent
-            meta.update(uid=str(uuid.uuid4()), creationTimestamp=metav1_time(time.time()))
-        resource = request.resource
-        key = f"{resource.group + '/' if resource and resource.group else ''}{resource.version}/{resource.plural}" \
-            if resource is not None else None
-        if request.action == kmock.action.CREATE and key in self.schemas and isinstance(request.data, dict):
-            strict = request.params.get("fieldValidation") == "Strict"
-            unknown = unknown_fields(self.schemas[key], request.data, prune=not strict)
-            if unknown and strict:
-                kind = request.data.get("kind", resource.plural)
-                raise kmock.KubernetesError(
-                    status=400, reason="BadRequest", details={},
-                    message=f"{kind} in version \"{resource.version}\" cannot be handled as a {kind}: strict decoding "
-                            f"error: " + ", ".join(f'unknown field "{field}"' for field in unknown))
-        return await super()._handle(request)
-
-
 class EmulatedCluster:
-    """The emulator served on 127.0.0.1 from a background event loop; :meth:`api` is a launcher-side client."""
+    """The emulator served on 127.0.0.1 from a background event loop; :meth:`api` is a launcher-side client.
+    ``rules``: the launcher's Role rules instead of those of ``manifests/base/rbac.yaml``."""
 
-    def __init__(self, namespace: str = "fourm"):
+    def __init__(self, namespace: str = "fourm", rules: list[dict] | None = None):
         self.namespace = namespace
         self.kubelet = Kubelet()
+        self._rules = rules
         self._uids: dict[tuple[str, str], str] = {}
         self._serial = itertools.count()  # event names: the object's name and a unique number, as the recorder's
-        SchemaCheckingEmulator.schemas = {key: crd_schema(crd) for key, crd in CRDS.items()}
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
         self._thread.start()
         if not self._ready.wait(30):
             raise RuntimeError("the Kubernetes emulator did not start")
+        self._admin = self._client(ADMIN_TOKEN)
 
     async def _serve(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        async with SchemaCheckingEmulator() as emulator, kmock.Server(emulator) as server:
+        async with ApiServer() as emulator, kmock.Server(emulator) as server:
+            emulator.setup(self.namespace, {key: crd_schema(crd) for key, crd in CRDS.items()}, self.kubelet,
+                           self._rules)
             self.emulator, self.url = emulator, str(server.url).rstrip("/")
             for resource in ("v1/pods", "v1/events", "kubeflow.org/v1/pytorchjobs",
                              "trainer.kubeflow.org/v1alpha1/trainjobs"):
                 emulator.resources[resource] = {}  # known before the first object (an empty list, not a 404)
             self._ready.set()
             await self._stop.wait()
+            self.emulator.drop_streams()
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
-    def api(self) -> KubeApi:
-        return KubeApi(client.ApiClient(client.Configuration(host=self.url)), self.namespace)
+    def _configuration(self, token: str) -> client.Configuration:
+        return client.Configuration(host=self.url, api_key={"authorization": token},
+                                    api_key_prefix={"authorization": "Bearer"})
+
+    def _client(self, token: str) -> KubeApi:
+        return KubeApi(client.ApiClient(self._configuration(token)), self.namespace)
+
+    def api(self, retries=None) -> KubeApi:
+        """The launcher's client: its ServiceAccount's token, the production client configuration (``retries``:
+        other than :func:`fourm_kfp.cluster.kube.api_retries`)."""
+        return KubeApi.connect(self._configuration(LAUNCHER_TOKEN), self.namespace, retries)
+
+    def admin(self) -> KubeApi:
+        """The controllers' client (the test's): allowed everything, never failed."""
+        return self._admin
+
+    # ------------------------------------------------------------------------------ the API misbehaving
+
+    def _call(self, fn):
+        """Run ``fn`` on the emulator's event loop; its result."""
+        done, box = threading.Event(), []
+        self.loop.call_soon_threadsafe(lambda: (box.append(fn()), done.set()))
+        done.wait(10)
+        return box[0] if box else None
+
+    def fail(self, count: int, *, status: int | None = None, retry_after: int | None = None,
+             reset: str | None = None, method: str | None = None) -> Fault:
+        """Answer the launcher's next ``count`` requests (``method``: those only) with ``status`` (and
+        ``Retry-After``), or reset their connection ``reset`` = "before" serving them or "after"."""
+        fault = Fault(count, status, retry_after, reset, method)
+        self._call(lambda: self.emulator.faults.append(fault))
+        return fault
+
+    def outage(self, on: bool = True) -> None:
+        """From now until ``outage(False)``: every request and open stream of the launcher reset."""
+        def switch():
+            self.emulator.faults = [f for f in self.emulator.faults if f.count != math.inf]
+            if on:
+                self.emulator.faults.insert(0, Fault(math.inf, reset="before"))
+                self.emulator.drop_streams()
+
+        self._call(switch)
+
+    def drop_streams(self) -> None:
+        """Reset every open watch and log stream (the launcher reconnects)."""
+        self._call(self.emulator.drop_streams)
+
+    def compact(self) -> None:
+        """Forget the history of changes: a watch resuming from before now gets 410 Expired."""
+        self._call(self.emulator.compact)
+
+    def requests(self) -> list[tuple[RequestInfo, dict]]:
+        """The launcher's resource requests so far (attributes, query parameters)."""
+        return self._call(lambda: list(self.emulator.seen))
 
     # ------------------------------------------------------------------------------- the operator's side
 
     def add_pod(self, name: str, labels: dict[str, str], container: str, phase: str = "Pending",
                 conditions: list | None = None, waiting: dict | None = None, image: str = "fourm",
                 owner_references: list | None = None) -> dict:
-        """Create a pod (as the operator would) and serve its log from the kubelet; the pod as created."""
+        """Create a pod (as the operator would) whose log the kubelet serves; the pod as created."""
         status = {"phase": phase, "conditions": conditions or [],
                   "containerStatuses": [{"name": container, "image": image, "imageID": "", "ready": False,
                                          "restartCount": 0, "state": {"waiting": waiting} if waiting else {}}]}
@@ -208,24 +167,16 @@ class EmulatedCluster:
                                                        else {})}
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
                 "spec": {"containers": [{"name": container, "image": image}]}, "status": status}
-        self.api().core.create_namespaced_pod(self.namespace, body)
-        self.kubelet.gone.discard(name)
-        path = f"get /api/v1/namespaces/{self.namespace}/pods/{name}/log"
-
-        def install():
-            self.emulator[path] << (lambda request: self.kubelet.serve(name, request.params).encode())
-
-        done = threading.Event()
-        self.loop.call_soon_threadsafe(lambda: (install(), done.set()))
-        done.wait(10)
-        return json.loads(self.api().core.read_namespaced_pod(name, self.namespace, _preload_content=False).data)
+        self.kubelet.create(name)
+        self.admin().core.create_namespaced_pod(self.namespace, body)
+        return self.admin().pod(name)
 
     def delete_pod(self, name: str) -> None:
-        self.api().core.delete_namespaced_pod(name, self.namespace)
-        self.kubelet.gone.add(name)
+        self.admin().core.delete_namespaced_pod(name, self.namespace)
+        self.kubelet.delete(name)
 
     def pods(self) -> list[dict]:
-        return self.api().pods("")
+        return self.admin().pods("")
 
     #: The API groups of the kinds events are posted about in the tests (an event's ``involvedObject.apiVersion``).
     API_VERSIONS = {"Pod": "v1", "Job": "batch/v1", "PyTorchJob": "kubeflow.org/v1",
@@ -240,7 +191,7 @@ class EmulatedCluster:
             if found:
                 return found[0]["metadata"]["uid"]
         for resource in _JOB_RESOURCES:
-            job = self.api().get(resource, name) if resource.kind == kind else None
+            job = self.admin().get(resource, name) if resource.kind == kind else None
             if job is not None:
                 return job["metadata"]["uid"]
         return self._uids.setdefault((kind, name), str(uuid.uuid4()))
@@ -264,14 +215,14 @@ class EmulatedCluster:
         else:
             body.update(firstTimestamp=metav1_time(at), lastTimestamp=metav1_time(at), count=1,
                         source={"component": component or "controller"})
-        self.api().core.create_namespaced_event(self.namespace, body)
+        self.admin().core.create_namespaced_event(self.namespace, body)
         return body["metadata"]["name"]
 
     def repeat_event(self, event: str, at: float | None = None) -> None:
         """The recorder seeing the same event again: ``count`` and ``lastTimestamp`` (``record``), or ``series``
         (``events.k8s.io``), on the same event object."""
         at = time.time() if at is None else at
-        api = self.api()
+        api = self.admin()
         current = api.api_client.sanitize_for_serialization(api.core.read_namespaced_event(event, self.namespace))
         if current.get("eventTime"):
             count = int((current.get("series") or {}).get("count") or 1) + 1
@@ -281,19 +232,19 @@ class EmulatedCluster:
         api.core.patch_namespaced_event(event, self.namespace, patch)
 
     def set_pod_status(self, name: str, status: dict) -> None:
-        self.api().core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
+        self.admin().core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
 
     def set_job_conditions(self, resource, name: str, *conditions: tuple[str, str, str]) -> None:
         """Set the job's status conditions: (type, reason, message), each with status True."""
         body = {"status": {"conditions": [{"type": t, "status": "True", "reason": r, "message": m}
                                           for t, r, m in conditions]}}
-        self.api().custom.patch_namespaced_custom_object_status(resource.group, resource.version, self.namespace,
+        self.admin().custom.patch_namespaced_custom_object_status(resource.group, resource.version, self.namespace,
                                                                 resource.plural, name, body)
 
     def wait_for_job(self, resource, name: str, timeout: float = 30) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            job = self.api().get(resource, name)
+            job = self.admin().get(resource, name)
             if job is not None:
                 return job
             time.sleep(0.02)
@@ -323,7 +274,7 @@ class TrainingOperatorV1:
     name: str
 
     def job(self) -> dict:
-        return self.cluster.api().get(self.resource, self.name)
+        return self.cluster.admin().get(self.resource, self.name)
 
     def restarts(self) -> int:
         total = 0

@@ -1,10 +1,11 @@
 """The launcher's create → follow → succeed / fail / time out / adopt / conflict / delete paths, against an
 in-memory Kubernetes API reached over HTTP by the real ``kubernetes`` client (``kube_emulator``: what it does not
 emulate is listed there). The test plays the operator, the schedulers and the kubelet from a second thread (their
-events as their recorders write them: uids, times, repeats); the launcher polls. Also: a queued job (Volcano's
-PodGroup, Kueue) waits, a previous job of the same name's events do not count, refusals and images that cannot be
-pulled fail fast, SIGTERM leaves the job to the step's retry, a failed job is reported (not restarted) by a retry,
-and the job's owner is the run's Argo Workflow.
+events as their recorders write them: uids, times, repeats); the launcher watches and follows the log. Also: a
+queued job (Volcano's PodGroup, Kueue) waits, a previous job of the same name's events do not count, refusals and
+images that cannot be pulled fail fast, SIGTERM leaves the job to the step's retry, a failed job is replaced only by
+a first attempt of the step (KFP_RETRY_INDEX=0) and reported otherwise, and the job's owner is the run's Argo
+Workflow. API failures, the queue's clock, watches and the Role: test_job_follow.py.
 
 The last test runs the whole pretrain step in job mode: plan (nothing is created when the output is committed),
 render, create; the "operator" runs the rendered container command for real (one node, smoke), feeds its output
@@ -17,63 +18,27 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from fourm_kfp.cluster.job_launcher import (JOB_KINDS, PYTORCHJOB, TRAINJOB, FollowSettings, JobFailed,
-                                            parse_timestamp, run_job)
-from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, KEEP_LABEL, RUN_ID_LABEL, JobRequest, Owner, render_job
+from fourm_kfp.cluster.job_kinds import JOB_KINDS, PYTORCHJOB, TRAINJOB, JobFailed
+from fourm_kfp.cluster.job_launcher import FollowSettings, run_job
+from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, KEEP_LABEL, RUN_ID_LABEL
 from fourm_kfp.cluster.kube import JobConflict
+from fourm_kfp.cluster.log_follower import parse_timestamp
 from fourm_kfp.launchers.stage import RunContext
+from tests.cluster.job_scripts import FAST, MASTER_LABELS, RUN_ID, Operator, job as _job, pod_labels as _pod_labels
+from tests.cluster.job_scripts import run_pods as _run_pods, wait as _wait
 from tests.cluster.kube_emulator import EmulatedCluster, TrainingOperatorV1, running_status
-
-ADDRESS = "00aa11bb22cc33dd"
-RUN_ID = "run-1"
-FAST = FollowSettings(poll_s=0.05, grace_s=0.0, pending_every_s=3600)
-MASTER_LABELS = {"training.kubeflow.org/job-name": f"fourm-pretrain-{ADDRESS}",
-                 "training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"}
-
 
 @pytest.fixture
 def cluster():
     emulated = EmulatedCluster()
     yield emulated
     emulated.close()
-
-
-def _job(launcher: str = "pytorchjob", run_id: str = RUN_ID, nodes: int = 2) -> dict:
-    return render_job(JobRequest(launcher=launcher, stage="pretrain", address=ADDRESS, stage_args=["stage", "pretrain"],
-                                 image="fourm", nodes=nodes, kfp_run_id=run_id,
-                                 owner=Owner("argoproj.io/v1alpha1", "Workflow", "run", "uid-1")))
-
-
-class Operator(threading.Thread):
-    """Runs a script (the operator's and kubelet's moves) beside the launcher; errors fail the test."""
-
-    def __init__(self, script):
-        super().__init__(daemon=True)
-        self.script, self.error = script, None
-        self.start()
-
-    def run(self):
-        try:
-            self.script()
-        except BaseException as exc:  # reported by finish()
-            self.error = exc
-
-    def finish(self):
-        self.join(30)
-        assert self.error is None, f"operator script failed: {self.error!r}"
-
-
-def _wait(predicate, timeout=30):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_timestamps_of_any_precision_order_correctly():
@@ -98,8 +63,10 @@ def test_create_follow_succeed_delete(cluster):
         cluster.set_pod_status(f"{name}-master-0", running_status("pytorch"))
         kubelet.write(f"{name}-master-0", "pytorch", *[f"step {i}/20 loss {9 - i * 0.1:.2f}" for i in range(10)])
         _wait(lambda: "step 9/20 loss 8.10" in lines)
-        kubelet.fail_next = 2  # two dropped log reads: nothing may be lost or repeated
-        kubelet.write(f"{name}-master-0", "pytorch", *[f"step {i}/20 loss {9 - i * 0.1:.2f}" for i in range(10, 20)])
+        kubelet.fail_next = 2  # the log stream dropped, the next two reads failing: nothing may be lost or repeated
+        kubelet.write(f"{name}-master-0", "pytorch", *[f"step {i}/20 loss {9 - i * 0.1:.2f}" for i in range(10, 15)])
+        cluster.drop_streams()
+        kubelet.write(f"{name}-master-0", "pytorch", *[f"step {i}/20 loss {9 - i * 0.1:.2f}" for i in range(15, 20)])
         _wait(lambda: kubelet.fail_next == 0)
         _wait(lambda: "step 19/20 loss 7.10" in lines)
         kubelet.write(f"{name}-master-0", "pytorch", "pretrain: committed")
@@ -153,11 +120,6 @@ def test_a_crash_loop_then_failure_raises_with_conditions_and_last_lines(cluster
     assert lines.index("RuntimeError: CUDA out of memory") < lines.index(restarted[0])
     assert cluster.api().get(PYTORCHJOB.resource, name) is not None  # kept: a retry of the step reports it
     assert any(f"kept the failed PyTorchJob {name}" in line for line in lines)
-
-
-def _pod_labels(name: str, role: str, index: int) -> dict[str, str]:
-    return {"training.kubeflow.org/job-name": name, "training.kubeflow.org/replica-type": role,
-            "training.kubeflow.org/replica-index": str(index)}
 
 
 def test_a_multi_node_job_survives_its_restart_budget_of_whole_job_crashes(cluster):
@@ -291,16 +253,19 @@ def test_the_emulated_server_prunes_unknown_fields_unless_told_strict(cluster):
 def test_a_job_that_outlives_its_deadline_fails_and_is_deleted(cluster):
     job = _job()
     name = job["metadata"]["name"]
+    script = Operator(lambda: (cluster.wait_for_job(PYTORCHJOB.resource, name), _run_pods(cluster, name)))
     with pytest.raises(JobFailed, match="did not finish within its deadline of 1s"):
         run_job(cluster.api(), PYTORCHJOB, job, deadline_s=1, settings=FAST, out=lambda line: None)
+    script.finish()
     assert cluster.api().get(PYTORCHJOB.resource, name) is None
 
 
 def test_no_pods_says_the_operator_has_not_made_them(cluster):
     job = _job()
     lines = []
-    with pytest.raises(JobFailed):
-        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=0.3, settings=FAST, out=lines.append)
+    with pytest.raises(JobFailed, match="waited in the queue"):
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=replace(FAST, queue_s=0.3),
+                out=lines.append)
     assert any("waiting for the operator to create pods" in line for line in lines)
 
 
@@ -538,10 +503,12 @@ def test_a_restarted_launcher_adopts_its_own_running_job(cluster):
     assert cluster.api().get(PYTORCHJOB.resource, name) is None
 
 
-@pytest.mark.parametrize("retry_index", [None, "0"])
-def test_an_own_job_that_already_failed_is_replaced_not_adopted(cluster, monkeypatch, retry_index):
-    """A first attempt of the step (no KFP_RETRY_INDEX: no retry policy; 0: the first try; also a run retried by
-    hand) replaces its run's failed job: a fresh restart budget, resuming from the newest checkpoint."""
+@pytest.mark.parametrize("retry_index", [None, "0", "1"])
+def test_an_own_failed_job_is_replaced_only_by_a_first_attempt(cluster, monkeypatch, retry_index):
+    """KFP_RETRY_INDEX=0 (the step's first attempt, e.g. a run retried by hand) replaces its run's failed job: a fresh
+    restart budget, resuming from the newest checkpoint. A retry of the step (1: Argo's {{retries}}) reports the
+    failure instead of multiplying the budget, and so does an attempt without KFP_RETRY_INDEX (KFP before 2.16.1
+    does not set it: a retry cannot be told from a first attempt), naming the command that deletes the job."""
     if retry_index is None:
         monkeypatch.delenv("KFP_RETRY_INDEX", raising=False)
     else:
@@ -550,7 +517,18 @@ def test_an_own_job_that_already_failed_is_replaced_not_adopted(cluster, monkeyp
     name = job["metadata"]["name"]
     stale = {**job, "metadata": {**job["metadata"], "annotations": {"created-by": "failed attempt"}}}
     cluster.api().create(PYTORCHJOB.resource, stale)
-    cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Failed", "PyTorchJobFailed", "earlier attempt"))
+    cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Failed", "PyTorchJobFailed", f"PyTorchJob {name} has "
+                                                           "failed because it has reached the specified backoff limit"))
+    uid = cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["uid"]
+    if retry_index != "0":
+        with pytest.raises(JobFailed) as failure:
+            run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lambda line: None)
+        message = str(failure.value)
+        assert "reached the specified backoff limit" in message and "not started again" in message
+        assert ("KFP_RETRY_INDEX is not set" if retry_index is None else "retry 1 of the step") in message
+        assert f"kubectl delete pytorchjobs.kubeflow.org {name} -n fourm" in message
+        assert cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["uid"] == uid  # neither recreated nor deleted
+        return
 
     def operator():
         def recreated():  # the launcher's own job, not the stale one, nor the gap between delete and create
@@ -564,23 +542,6 @@ def test_an_own_job_that_already_failed_is_replaced_not_adopted(cluster, monkeyp
     result = run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lambda line: None)
     script.finish()
     assert result.succeeded and not result.adopted
-
-
-def test_a_retried_step_reports_its_failed_job_and_does_not_start_it_again(cluster, monkeypatch):
-    """KFP_RETRY_INDEX=1 (Argo's {{retries}} in an executor with a retry policy): the job this run made failed
-    (its restart budget spent); the retry reports that failure instead of multiplying the budget."""
-    monkeypatch.setenv("KFP_RETRY_INDEX", "1")
-    job = _job()
-    name = job["metadata"]["name"]
-    cluster.api().create(PYTORCHJOB.resource, job)
-    cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Failed", "PyTorchJobFailed", f"PyTorchJob {name} has "
-                                                           "failed because it has reached the specified backoff limit"))
-    uid = cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["uid"]
-    with pytest.raises(JobFailed) as failure:
-        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lambda line: None)
-    message = str(failure.value)
-    assert "reached the specified backoff limit" in message and "restart budget is spent" in message
-    assert cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["uid"] == uid  # neither recreated nor deleted
 
 
 def test_sigterm_leaves_the_job_running_and_the_step_s_retry_adopts_it(cluster, monkeypatch):

@@ -3,9 +3,10 @@
 Who deletes a job stage's PyTorchJob or TrainJob:
 
 - the launcher step, once the job succeeded (``<stage>_delete_job``, default true), and when it gives up on a job
-  that cannot start (a refusal, an image that cannot be pulled, its deadline). It keeps a job that **failed** (a retry
-  of the step finds it and reports the failure rather than spending a new restart budget), and on SIGTERM (its pod
-  drained or preempted) it leaves the job running for the step's retry to adopt;
+  (a refusal, an image that cannot be pulled, the queue limit ``queue_timeout_s``, its deadline). It keeps a job
+  that **failed** (a retry of the step finds it and reports the failure rather than spending a new restart budget),
+  and on SIGTERM (its pod drained or preempted) or an API outage longer than its limit it leaves the job running
+  for the step's retry to adopt;
 - this exit handler, which runs on success, failure and stop (KFP's launcher does not forward a stopped run's
   SIGTERM to the step): :func:`stop_run_jobs` lists the jobs of both kinds labelled with the run id
   (``fourm-kfp.org/kfp-run-id``) and deletes each, unfinished or finished, except a finished one labelled to be kept
@@ -21,7 +22,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from fourm_kfp.cluster.job_launcher import JOB_KINDS, terminal_state
+from fourm_kfp.cluster.job_kinds import JOB_KINDS, terminal_state
 from fourm_kfp.cluster.job_spec import KEEP_LABEL, RUN_ID_LABEL
 from fourm_kfp.cluster.kube import KubeApi
 

@@ -107,7 +107,8 @@ class KubernetesJob(RemoteBackend):
                      "deletes it once it succeeded, the run's exit handler when the run ends; else "
                      f"`kubectl delete {params.launcher}s {request.name}`")
         result = run_job(api, JOB_KINDS[params.launcher], job, params.deadline_s,
-                         self.settings or FollowSettings(delete=params.delete_job), out=self.out,
+                         self.settings or FollowSettings(delete=params.delete_job,
+                                                         queue_s=self.cluster.queue_timeout_s), out=self.out,
                          before_create=clear_output)
         if result.adopted:
             log.info("%s: the adopted job %s finished", plan.stage, request.name)
