@@ -47,9 +47,55 @@ class FarDepthLabeler(_DepthFromGrey):
 
     def label(self, batch: LabelBatch) -> list[Any]:
         values = super().label(batch)
-        brightest = int(np.argmax([image.mean() for image in batch.images]))
-        values[brightest] = values[brightest] * 1e6
+        values[_brightest(batch)] = values[_brightest(batch)] * 1e6
         return values
+
+
+def _brightest(batch: LabelBatch) -> int:
+    return int(np.argmax([image.mean() for image in batch.images]))
+
+
+class NanDepthLabeler(_DepthFromGrey):
+    """NaN depth in one pixel of the brightest photo of a batch: a teacher whose forward overflowed."""
+
+    name = "nan_depth"
+
+    def label(self, batch: LabelBatch) -> list[Any]:
+        values = super().label(batch)
+        values[_brightest(batch)][0, 0] = np.nan
+        return values
+
+
+class OutOfVocabularySemsegLabeler(Labeler):
+    """Class ids of a three-class vocabulary, and on the brightest photo an id past it."""
+
+    name = "out_of_vocabulary_semseg"
+    modality = "semseg"
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return ("background", "dark", "bright")
+
+    def label(self, batch: LabelBatch) -> list[Any]:
+        values = [(image.mean(axis=-1) > 127).astype(np.int64) + 1 for image in batch.images]
+        values[_brightest(batch)][0, 0] = len(self.classes) + 2
+        return check_labels(self, batch, values)
+
+
+class OffImageDetLabeler(Labeler):
+    """One box per photo, and on the brightest photo a box that reaches past the image's right edge."""
+
+    name = "off_image_det"
+    modality = "det"
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return ("photo",)
+
+    def label(self, batch: LabelBatch) -> list[Any]:
+        values = ["v0=10 v1=20 v2=500 v3=600 photo" for _ in batch.images]
+        values[_brightest(batch)] = "v0=10 v1=20 v2=1200 v3=600 photo"
+        return check_labels(self, batch, values)
 
 
 class PatchyDepthLabeler(_DepthFromGrey):
@@ -74,5 +120,8 @@ class CaptionTeacherLabeler(Labeler):
 
 
 GATE_LABELERS = {"far_depth": "tests.labeler_plugins:FarDepthLabeler",
+                 "nan_depth": "tests.labeler_plugins:NanDepthLabeler",
+                 "out_of_vocabulary_semseg": "tests.labeler_plugins:OutOfVocabularySemsegLabeler",
+                 "off_image_det": "tests.labeler_plugins:OffImageDetLabeler",
                  "patchy_depth": "tests.labeler_plugins:PatchyDepthLabeler",
                  "caption_teacher": "tests.labeler_plugins:CaptionTeacherLabeler"}

@@ -95,7 +95,7 @@ def test_photos_preset_labels_real_photos_and_trains_on_them(fresh_smoke_run, tm
     tracking = summary["mlflow"]["tracking_uri"]
     [label_run] = [r for r in lineage.child_runs(tracking, summary["mlflow"]["parent_run_id"])
                    if r.data.tags["fourm.stage"] == "label"]
-    assert label_run.data.tags["fourm.label.semseg"] == "fourm_model v1"
+    assert label_run.data.tags["fourm.label.semseg"] == "fourm_model v2"
     assert label_run.data.tags["fourm.label.depth"] == "tiny_depth v1"
     assert label_run.data.tags["fourm.label.canny_edge"] == "canny_edge v1"
     print(f"photos preset end to end: {time.monotonic() - started:.0f} s")

@@ -118,10 +118,21 @@ def test_a_labeler_parameter_moves_the_address_and_the_rest_downstream(photos):
         assert stage_address(get_stage(name), plain) != stage_address(get_stage(name), other), name
 
 
-def test_a_bad_value_fails_naming_shard_key_and_modality_and_commits_nothing(photos, tmp_path, gate_labelers):
-    config = _config(photos, "[{name: far_depth}]")
-    with pytest.raises(LabelGateError, match=r"the depth label of key '[^']+' in shard \d+ of (train|val) .*depth "
-                                             r"outside \[0, 1000.0\] m"):
+@pytest.mark.parametrize("labeler, modality, problem", [
+    ("far_depth", "depth", r"depth outside \[0, 1000.0\] m"),
+    ("nan_depth", "depth", "non-finite depth values"),
+    ("out_of_vocabulary_semseg", "semseg", r"class ids \d\.\.5 outside the vocabulary of 3 classes"),
+    ("off_image_det", "det", r"box 0 \(photo\): bins \[10, 20, 1200, 600\] outside the image"),
+])
+def test_a_bad_value_fails_naming_labeler_shard_key_and_modality_and_commits_nothing(photos, tmp_path, gate_labelers,
+                                                                                     labeler, modality, problem):
+    """A teacher that outputs NaN, a class id outside its vocabulary, or a box outside the image fails the data gate
+    on the photo it got wrong, and the label stage commits nothing."""
+    config = _config(photos, f"[{{name: {labeler}}}]", f"data.modalities=[rgb, caption, {modality}]",
+                     f"data.input_modalities=[rgb, caption, {modality}]",
+                     f"data.target_modalities=[rgb, caption, {modality}]")
+    with pytest.raises(LabelGateError, match=rf"labeler '{labeler}': the {modality} label of key '[^']+' in shard "
+                                             rf"\d+ of (train|val) .*fails its check: {problem}"):
         _label(config, tmp_path / "run")
     assert read_manifest(open_store(str(tmp_path / "run")).child("label", stage_address(LABEL, config))) is None
 

@@ -95,6 +95,22 @@ def test_image_folder_above_threshold_fails_naming_files_and_commits_nothing(tmp
     assert not [k for k in store.list() if k.endswith(MANIFEST_NAME)]
 
 
+@pytest.mark.parametrize("source", ["missing", "empty", "no images"])
+def test_a_source_folder_with_no_image_fails_at_prepare_data_naming_it_and_commits_nothing(tmp_path, source):
+    """It committed an empty dataset before, and the run failed two stages later at pretokenize."""
+    from fourm_kfp.config.schema import ConfigError
+
+    folder = tmp_path / "photos"
+    if source != "missing":
+        folder.mkdir()
+    if source == "no images":
+        (folder / "notes.txt").write_text("not a photo")
+    store = open_store(str(tmp_path / "store"), create=True)
+    with pytest.raises(ConfigError, match=rf"prepare_data.source_uri='{folder}' \(image_folder\): no image \(.*\.jpg"):
+        run_stage(SPEC, _folder_config(folder, 0.2), store)
+    assert not [k for k in store.list() if k.endswith(MANIFEST_NAME)]
+
+
 def test_killed_stage_leaves_no_manifest_and_is_redone(tmp_path):
     args = [CLI, "stage", "prepare-data", "--preset", "smoke", "--root", str(tmp_path),
             "--set", "prepare_data.num_train=1500", "--set", "prepare_data.samples_per_shard=50",

@@ -12,7 +12,10 @@ normal             ``[H, W, 3]``, every valid vector of unit length (within 2%),
                    zero vectors
 semseg             integer ids inside the class vocabulary (when the labeler has one), at most 65535
 edge, canny_edge   a binary map (0/1)
-caption, det, …    a non-empty string (a sequence modality)
+det                boxes ``v0=xmin v1=ymin v2=xmax v3=ymax name`` and nothing else, each bin inside the image
+                   (``0..COORD_BINS-1``), ``xmin <= xmax`` and ``ymin <= ymax``, each name in the class vocabulary
+                   (when the labeler has one); not empty (a labeler without boxes for an image returns None)
+caption, …         a non-empty string (a sequence modality)
 color_palette      1 to 7 colours per length, three channels in 0..255
 =================  ============================================================================================
 
@@ -27,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from fourm_kfp.data.modalities import MAX_SEMSEG_CLASSES, MODALITIES
+from fourm_kfp.data.modalities import COORD_BINS, MAX_SEMSEG_CLASSES, MODALITIES
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,33 @@ def _palette(value: Any, settings: CheckSettings) -> str | None:
     return None
 
 
+def _det(value: Any, settings: CheckSettings) -> str | None:
+    if not isinstance(value, str):
+        return f"a {type(value).__name__}, expected the det text"
+    tokens = value.split()
+    if not tokens:
+        return "an empty text"
+    if len(tokens) % 5:
+        return f"{len(tokens)} tokens, not whole boxes of five (v0=.. v1=.. v2=.. v3=.. name)"
+    for i in range(0, len(tokens), 5):
+        box, name = tokens[i:i + 4], tokens[i + 4]
+        bins = []
+        for position, token in enumerate(box):
+            tag, _, number = token.partition("=")
+            if tag != f"v{position}" or not number.isdigit():
+                return f"box {i // 5}: {' '.join(box)!r} is not v0=<bin> v1=<bin> v2=<bin> v3=<bin>"
+            bins.append(int(number))
+        if max(bins) >= COORD_BINS:
+            return f"box {i // 5} ({name}): bins {bins} outside the image (0..{COORD_BINS - 1})"
+        if bins[0] > bins[2] or bins[1] > bins[3]:
+            return f"box {i // 5} ({name}): bins {bins} have xmin > xmax or ymin > ymax"
+        if "=" in name:
+            return f"box {i // 5}: a coordinate {name!r} where the class name belongs"
+        if settings.classes is not None and name not in settings.classes:
+            return f"box {i // 5}: class {name!r} is not in the labeler's vocabulary of {len(settings.classes)} classes"
+    return None
+
+
 def _text(value: Any, settings: CheckSettings) -> str | None:
     if isinstance(value, (dict, list)):  # a structured sequence value (metadata), encoded to text by its codec
         return None if value else "an empty value"
@@ -127,6 +157,7 @@ CHECKS: dict[str, Callable[[Any, CheckSettings], str | None]] = {
     "edge": _binary,
     "canny_edge": _binary,
     "color_palette": _palette,
+    "det": _det,
 }
 
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 import io
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from PIL import Image
@@ -212,14 +212,27 @@ def get_modality(name: str) -> Modality:
 
 def format_det(boxes: list[tuple[float, float, float, float]], names: list[str], width: int, height: int) -> str:
     """Boxes in pixels ``(xmin, ymin, xmax, ymax)`` → the det text ``v0=.. v1=.. v2=.. v3=.. name ...``."""
-    parts = []
+    binned = []
     for (x0, y0, x1, y1), name in zip(boxes, names, strict=True):
         q = [
             int(np.clip(np.floor(v / size * COORD_BINS), 0, COORD_BINS - 1))
             for v, size in ((x0, width), (y0, height), (x1, width), (y1, height))
         ]
-        parts.append(f"v0={q[0]} v1={q[1]} v2={q[2]} v3={q[3]} {name}")
-    return " ".join(parts)
+        binned.append((tuple(q), name))
+    return _det_text(binned)
+
+
+def _det_text(boxes: list[tuple[tuple[int, ...], str]]) -> str:
+    return " ".join(f"v0={q[0]} v1={q[1]} v2={q[2]} v3={q[3]} {name}" for q, name in boxes)
+
+
+def well_formed_det(text: str, classes: Sequence[str] | None = None) -> str:
+    """The boxes of generated det text that make a valid label, as det text ("" when none does): those
+    :func:`parse_det` reads, with ``xmin <= xmax``, ``ymin <= ymax`` and, given a vocabulary, a name in it. What a
+    generative teacher's det label is (the label stage's gate refuses anything else)."""
+    vocabulary = None if classes is None else set(classes)
+    return _det_text([(q, name) for q, name in parse_det(text) if q[0] <= q[2] and q[1] <= q[3]
+                      and (vocabulary is None or name in vocabulary)])
 
 
 def parse_det(text: str) -> list[tuple[tuple[int, int, int, int], str]]:

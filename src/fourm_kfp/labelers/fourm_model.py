@@ -14,7 +14,8 @@ the same store), ``params``:
 * ``steps``: MaskGIT steps for an image modality (1: one pass over the whole grid, most likely tokens, as the
   evaluate stage reads maps off an image); text is decoded greedily.
 
-Generation is at temperature 0, so labels are deterministic; a photo of another size than the model's is resized
+Generation is at temperature 0, so labels are deterministic; of generated boxes only the well-formed ones are kept
+(none: no det label for that photo); a photo of another size than the model's is resized
 to it (bilinear) and an image label back to the photo's size (nearest for class ids and binary maps).
 """
 
@@ -26,7 +27,7 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 from PIL import Image
 
-from fourm_kfp.data.modalities import get_modality
+from fourm_kfp.data.modalities import get_modality, well_formed_det
 from fourm_kfp.labelers.base import LabelBatch, Labeler, LabelerError, LabelerSetup, check_labels
 
 #: Image modalities whose values are ids or flags: resized with nearest neighbour.
@@ -57,7 +58,7 @@ def _engine(model_uri: str, device: str):
 
 class FourMModelLabeler(Labeler):
     name: ClassVar[str] = "fourm_model"
-    version: ClassVar[str] = "1"
+    version: ClassVar[str] = "2"  # 2: a det label keeps only well-formed boxes
     needs_weights: ClassVar[bool] = True
     wants_accelerator: ClassVar[bool] = True
     weights_kind: ClassVar[str] = "model"  # a committed pretrain output (a folder), not one file
@@ -88,4 +89,6 @@ class FourMModelLabeler(Labeler):
         if get_modality(self.modality).kind == "image":
             values = [_resize(np.asarray(v), image.shape[0], self.modality in _DISCRETE)
                       for v, image in zip(values, batch.images)]
+        elif self.modality == "det":  # generated text: only its well-formed boxes, none = no label
+            values = [well_formed_det(v, self.classes) or None for v in values]
         return check_labels(self, batch, values)

@@ -193,6 +193,7 @@ def _label_shard(ctx: StageContext, labelers: list[Labeler], job: ShardJob, sett
     sizes = _source_sizes(data, job)
     required = _required(ctx.config, labelers)
     modalities = tuple(labeler.modality for labeler in labelers)
+    made_by = {labeler.modality: labeler.name for labeler in labelers}
     writer = ShardWriter(out, job.split, modalities, samples_per_shard=1 << 62, first_index=job.index)
     labelled: Counter[str] = Counter()
     missing: Counter[str] = Counter()
@@ -216,7 +217,8 @@ def _label_shard(ctx: StageContext, labelers: list[Labeler], job: ShardJob, sett
                 problem = check_value(modality, value, settings[modality])
                 if problem:
                     raise LabelGateError(
-                        f"label: the {modality} label of key {key!r} in shard {job.index} of {job.split} "
+                        f"label: labeler {made_by[modality]!r}: the {modality} label of key {key!r} in shard "
+                        f"{job.index} of {job.split} "
                         f"({data.uri_of(keys_key(job.split, job.index))}) fails its check: {problem}")
             lacking = [m for m in required if m not in values and m not in sample]
             missing.update(lacking)

@@ -57,7 +57,9 @@ from fourm_kfp.config.fourm_config import FourMConfig
 from fourm_kfp.contract import ExternalSource, StageContext, StageResult
 from fourm_kfp.contract.context import PARTS_DIR
 from fourm_kfp.data.dataset_report import DatasetStats, render_histograms, render_preview_grid, report_markdown
-from fourm_kfp.data.ingest import ImageFolder, SkipCounter, iter_webdataset_tar, ordered_map, webdataset_tars
+from fourm_kfp.config.schema import ConfigError
+from fourm_kfp.data.ingest import (IMAGE_EXTENSIONS, ImageFolder, SkipCounter, iter_webdataset_tar, ordered_map,
+                                   webdataset_tars)
 from fourm_kfp.data.shard_stream import iter_joined_shard
 from fourm_kfp.data.shard_writer import SOURCE_DIR, ShardWriter, encode_sample, encode_source_info, keys_key, shard_key
 from fourm_kfp.data.ustar import TarSpool
@@ -148,6 +150,9 @@ def plan(config: FourMConfig) -> Plan:
     if cfg.source == "image_folder":
         folder = ImageFolder(source, config.data.image_size, cfg.captions_file or None, cfg.min_image_side,
                              cfg.include)
+        if not folder.entries:
+            _no_source_data(cfg, "no image (" + " ".join(sorted(IMAGE_EXTENSIONS)) + ")"
+                            + (f" matching prepare_data.include {list(cfg.include)}" if cfg.include else ""))
         by_split: dict[str, list[Any]] = {split: [] for split in SPLITS}
         for entry in folder.entries:
             by_split[_split_of(entry.key, cfg.val_fraction)].append(entry)
@@ -155,8 +160,17 @@ def plan(config: FourMConfig) -> Plan:
                 for i, chunk in enumerate(_chunks(by_split[split], cfg.samples_per_shard))]
         return Plan(jobs, folder, [source.uri_of(e.path) for e in folder.entries])
     tars = webdataset_tars(source)
+    if not tars:
+        _no_source_data(cfg, "no WebDataset shard (.tar)")
     return Plan([Job((Shard("train", t), Shard("val", t)), tar) for t, tar in enumerate(tars)], None,
                 [source.uri_of(tar) for tar in tars])
+
+
+def _no_source_data(cfg, what: str) -> None:
+    """Fail at the start of prepare-data on a source with nothing to prepare (a missing or empty folder, a wrong
+    path): committed, an empty dataset would fail the run stages later, far from the cause."""
+    raise ConfigError(f"prepare_data.source_uri={cfg.source_uri!r} ({cfg.source}): {what} there; is the folder "
+                      "missing or empty, or the path wrong?")
 
 
 def source_fingerprint(config: FourMConfig) -> str | None:
