@@ -98,6 +98,18 @@ class OffImageDetLabeler(Labeler):
         return check_labels(self, batch, values)
 
 
+class SlowDepthLabeler(_DepthFromGrey):
+    """A teacher that takes its time (0.4 s a batch), so that a test can kill the label stage between shards."""
+
+    name = "slow_depth"
+
+    def label(self, batch: LabelBatch) -> list[Any]:
+        import time
+
+        time.sleep(0.4)
+        return super().label(batch)
+
+
 class PatchyDepthLabeler(_DepthFromGrey):
     """No depth for a photo whose mean red is above its mean blue (None: the teacher could not label it)."""
 
@@ -121,6 +133,7 @@ class CaptionTeacherLabeler(Labeler):
 
 GATE_LABELERS = {"far_depth": "tests.labeler_plugins:FarDepthLabeler",
                  "nan_depth": "tests.labeler_plugins:NanDepthLabeler",
+                 "slow_depth": "tests.labeler_plugins:SlowDepthLabeler",
                  "out_of_vocabulary_semseg": "tests.labeler_plugins:OutOfVocabularySemsegLabeler",
                  "off_image_det": "tests.labeler_plugins:OffImageDetLabeler",
                  "patchy_depth": "tests.labeler_plugins:PatchyDepthLabeler",

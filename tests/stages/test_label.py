@@ -1,6 +1,7 @@
 """The label stage on a folder of photos: labels as a layer of the dataset, aligned by key with the photos, the same
-bytes at any width and after a killed worker, the gate's value checks and missing-modality policy, and the address
-moving with a labeler's parameters."""
+bytes at any width and after a killed worker (a stage killed by SIGKILL resumes with the shards it had not
+labelled), the gate's value checks against broken teachers and the missing-modality policy, and the address moving
+with a labeler's parameters."""
 
 from __future__ import annotations
 
@@ -108,6 +109,59 @@ def test_any_width_and_a_killed_worker_give_the_same_bytes(photos, tmp_path):
     output.delete_prefix(keys_key(*mine[-1]))
     output.delete_prefix("_parts")
     assert one == _payload(run_stage(LABEL, config, store, parts=2).output_uri)
+
+
+def test_a_killed_label_stage_resumes_labelling_only_the_missing_shards(photos, tmp_path, monkeypatch):
+    """The label stage killed (SIGKILL) between shards, as a preempted pod is: nothing is committed, the shards
+    labelled before the kill stay as they were, the rerun labels only the others, and the result is the bytes of a
+    run that was never killed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    site = tmp_path / "site"
+    expose_entry_points(site, monkeypatch, "gate-labelers", "1", GATE_LABELERS)
+    overrides = ["prepare_data.source=image_folder", f"prepare_data.source_uri={photos}",
+                 "prepare_data.val_fraction=0.3", "prepare_data.samples_per_shard=1", "label.batch_size=1",
+                 "data.modalities=[rgb, caption, depth]", "data.input_modalities=[rgb, caption, depth]",
+                 "data.target_modalities=[rgb, caption, depth]", "label.labelers=[{name: slow_depth}]"]
+    config = load_config("smoke", overrides=overrides)
+    root = tmp_path / "killed"
+    store = open_store(str(root), create=True)
+    run_stage(PREPARE, config, store)
+    output = store.child("label", stage_address(LABEL, config))
+    data = store.child("prepare-data", stage_address(PREPARE, config))
+    shards = [(split, i) for split in ("train", "val") for i in shard_indices(data, split)]
+    assert len(shards) >= 6
+
+    cli = [str(Path(sys.executable).parent / "fourm-kfp"), "stage", "label", "--root", str(root),
+           "--mlflow-tracking-uri", "none", *[arg for item in overrides for arg in ("--set", item)]]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(Path(__file__).resolve().parents[2])])}
+    proc = subprocess.Popen(cli, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    committed = []
+    while len(committed) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+        committed = [s for s in shards if output.exists(keys_key(*s))]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert read_manifest(output) is None
+    committed = [s for s in shards if output.exists(keys_key(*s))]
+    assert len(committed) < len(shards), "the stage finished before it could be killed"
+    before = {key: output.get_bytes(key) for key in output.list()
+              if any(key.startswith(f"{split}/") and f"shard-{index:06d}" in key for split, index in committed)}
+    assert len(before) >= 2 * len(committed)  # each committed shard's tar and key index at least
+
+    rerun = subprocess.run(cli + ["--json", str(tmp_path / "outcome.json")], env=env, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    labelled = json.loads(output.get_bytes("_parts/part-0000-of-0001.json"))["counts"]["shards"]
+    assert sorted(map(tuple, labelled)) == sorted(set(shards) - set(committed))  # only the missing ones
+    assert {key: output.get_bytes(key) for key in before} == before  # the committed shards were not labelled again
+    never_killed = _label(config, tmp_path / "whole")
+    assert _payload(never_killed) == _payload(json.loads((tmp_path / "outcome.json").read_text())["output_uri"])
 
 
 def test_a_labeler_parameter_moves_the_address_and_the_rest_downstream(photos):
