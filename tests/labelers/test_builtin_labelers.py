@@ -287,3 +287,14 @@ def test_stored_metadata_bins_out_of_range_are_an_error():
     with pytest.raises(ValueError,
                        match=r"modality 'metadata': stored bin of field 'brightness' is 50, outside 0\.\.49"):
         decode_metadata(b'{"bins":{"brightness":50}}')
+
+
+def test_color_palette_distances_are_those_of_the_plain_formula_bit_for_bit():
+    """The palette labeler's fast distances (channel by channel, no [n, k, 3] temporary) equal
+    ``((p - c) ** 2).sum(axis=-1)`` exactly, so the k-means, and the labels, are what the plain formula gives."""
+    from fourm_kfp.labelers.color_palette import _squared_distances
+
+    rng = np.random.default_rng(0)
+    points, centres = rng.uniform(0, 255, (500, 3)), rng.uniform(0, 255, (7, 3))
+    plain = ((points[:, None, :] - centres[None]) ** 2).sum(axis=2)
+    assert np.array_equal(_squared_distances(points.T, centres.T), plain)

@@ -48,8 +48,11 @@ class ColorPaletteLabeler(Labeler):
         if len(pixels) > self.params["max_pixels"]:
             pixels = pixels[np.random.default_rng(self.params["seed"]).choice(len(pixels), self.params["max_pixels"],
                                                                               replace=False)]
-        colours, counts = np.unique(pixels, axis=0, return_counts=True)
-        colours, counts = colours.astype(np.float64), counts.astype(np.float64)
+        # distinct colours as 24-bit ints: the order np.unique(pixels, axis=0) gives, without its row sort
+        packed, counts = np.unique((pixels[:, 0].astype(np.int32) << 16) | (pixels[:, 1].astype(np.int32) << 8)
+                                   | pixels[:, 2], return_counts=True)
+        colours = np.stack([packed >> 16, (packed >> 8) & 255, packed & 255], axis=1).astype(np.float64)
+        counts = counts.astype(np.float64)
         return [{str(k): self._palette(colours, counts, k) for k in range(1, MAX_PALETTE_COLORS + 1)}]
 
     def _palette(self, colours: np.ndarray, weights: np.ndarray, k: int) -> list[list[int]]:
@@ -67,16 +70,17 @@ class ColorPaletteLabeler(Labeler):
     def _kmeans(self, points: np.ndarray, weights: np.ndarray, k: int,
                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Weighted k-means with k-means++ seeding of more than ``k`` distinct points: (centres, cluster weights)."""
+        channels = points.T  # [3, n]: each distance is summed channel by channel, r + g + b, as a sum over them would
         centres = [points[rng.choice(len(points), p=weights / weights.sum())]]
-        nearest = ((points - centres[0]) ** 2).sum(axis=1)
+        nearest = _squared_distances(channels, centres[0][:, None])[:, 0]
         for _ in range(1, k):
             score = weights * nearest
             centres.append(points[rng.choice(len(points), p=score / score.sum())])
-            nearest = np.minimum(nearest, ((points - centres[-1]) ** 2).sum(axis=1))
+            nearest = np.minimum(nearest, _squared_distances(channels, centres[-1][:, None])[:, 0])
         centres = np.stack(centres)
         assign = None
         for _ in range(self.params["iterations"]):
-            new = (((points[:, None, :] - centres[None]) ** 2).sum(axis=2)).argmin(axis=1)
+            new = _squared_distances(channels, centres.T).argmin(axis=1)
             if assign is not None and np.array_equal(new, assign):
                 break
             assign = new
@@ -85,3 +89,14 @@ class ColorPaletteLabeler(Labeler):
             kept = sizes > 0
             centres[kept] = sums[kept] / sizes[kept, None]
         return centres, sizes  # sizes of the last assignment (iterations >= 1)
+
+
+def _squared_distances(channels: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    """``[n, k]`` squared RGB distances of points ``channels`` (``[3, n]``) to ``centres`` (``[3, k]``), summed in
+    channel order from the first: the values ``((p - c) ** 2).sum(axis=-1)`` gives, bit for bit, without its
+    ``[n, k, 3]`` temporary and slow reduction over three."""
+    total = None
+    for point, centre in zip(channels, centres):
+        diff = point[:, None] - centre[None, :]
+        total = diff * diff if total is None else total + diff * diff
+    return total
