@@ -157,7 +157,7 @@ class ClusterParams:
     unschedulable), apart from its ``<stage>_deadline_s``, which counts from when they run."""
 
     scheduler: str = ""
-    image_pull_secret: str = "fourm-image-pull"
+    image_pull_secret: str = DEFAULT_PULL_SECRET
     gpu_node_selector: dict[str, str] = field(default_factory=dict)
     gpu_tolerations: list[dict[str, Any]] = field(default_factory=list)
     rendezvous_timeout_s: int = 1800

@@ -231,9 +231,13 @@ def run_job_component(stage: str, preset: str, config_overrides: Sequence[str], 
     return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
 
 
-def check_retry_window(stage: str, job: JobParams, cluster: ClusterParams, grace_s: int = 600) -> None:
-    """Refuse a job whose queue time and deadline outlast the step's retry window (:data:`RETRY_WINDOW_S`): past it
-    Argo retries nothing, and kills a retried launcher pod, so the job would train on unfollowed."""
+def check_retry_window(stage: str, job: JobParams, cluster: ClusterParams) -> None:
+    """Refuse a job whose queue time and deadline (with the launcher's grace past it) outlast the step's retry window
+    (:data:`RETRY_WINDOW_S`): past it Argo retries nothing, and kills a retried launcher pod, so the job would train
+    on unfollowed."""
+    from fourm_kfp.cluster.job_launcher import FollowSettings
+
+    grace_s = int(FollowSettings.grace_s)
     needed = job.deadline_s + cluster.queue_timeout_s + grace_s
     if needed > RETRY_WINDOW_S:
         raise ConfigError(f"{param_prefix(stage)}_deadline_s={job.deadline_s} + queue_timeout_s="
