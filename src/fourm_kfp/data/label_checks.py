@@ -25,8 +25,8 @@ generic ones only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -42,6 +42,9 @@ class CheckSettings:
     max_depth_m: float = 1000.0
     relative_depth: bool = False
     classes: Sequence[str] | None = None
+    #: the labeler's settings of its modality (:attr:`fourm_kfp.labelers.base.Labeler.modality_settings`: a
+    #: feature map's ``channels`` and ``grid``), as the dataset's ``modality_settings`` will record them
+    modality_settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _shape(value: Any, modality: str, settings: CheckSettings) -> str | None:

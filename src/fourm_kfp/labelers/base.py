@@ -115,6 +115,13 @@ class Labeler:
             raise LabelerError(f"labeler {self.name!r}: param {key!r} must be {what} {span}, got {value!r}")
 
     @property
+    def modality_settings(self) -> dict[str, Any]:
+        """How the values it makes are to be read, recorded in the dataset's ``modality_settings``
+        (:mod:`fourm_kfp.data.vocabularies`): ``{"relative": True}`` for a relative depth; a feature map's
+        ``channels`` and token ``grid``. Empty: the modality's defaults."""
+        return {"relative": True} if self.relative_depth else {}
+
+    @property
     def classes(self) -> tuple[str, ...] | None:
         """The class vocabulary of a class-valued modality (semseg ids, det names), in id order; None otherwise."""
         return None

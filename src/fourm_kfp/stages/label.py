@@ -242,7 +242,7 @@ def _label_shard(ctx: StageContext, labelers: list[Labeler], job: ShardJob, sett
 def _settings(config: FourMConfig, labelers: list[Labeler]) -> dict[str, CheckSettings]:
     cfg = config.label
     return {labeler.modality: CheckSettings(config.data.image_size, cfg.max_invalid_fraction, cfg.max_depth_m,
-                                            labeler.relative_depth, labeler.classes)
+                                            labeler.relative_depth, labeler.classes, labeler.modality_settings)
             for labeler in labelers}
 
 
@@ -326,8 +326,8 @@ def dataset_meta(data: Store, labelers: list[Labeler]) -> DatasetMeta:
     prepared data's file with each labeler's vocabulary and relative depth on top, so that this layer's file
     (which a reader of the dataset finds first) carries the lower layer's entries too."""
     own = {"vocabularies": {labeler.modality: list(labeler.classes) for labeler in labelers if labeler.classes},
-           "modality_settings": {labeler.modality: {"relative": True} for labeler in labelers
-                                 if labeler.relative_depth}}
+           "modality_settings": {labeler.modality: labeler.modality_settings for labeler in labelers
+                                 if labeler.modality_settings}}
     where = "label.labelers (" + ", ".join(f"{labeler.name} -> {labeler.modality}" for labeler in labelers) + ")"
     return read_dataset_meta(data).merged(DatasetMeta.from_json(own, where))
 
