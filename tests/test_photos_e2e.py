@@ -20,7 +20,7 @@ import pytest
 from fourm_kfp.contract import lineage
 from fourm_kfp.contract.manifest import read_manifest
 from fourm_kfp.data.shard_stream import iter_split
-from fourm_kfp.labelers.registry import file_digest
+from fourm_kfp.labelers.weights import file_digest
 from fourm_kfp.storage import LayeredStore, open_store
 from tests.labeler_plugins import expose_entry_points
 from tests.smoke_runs import CLI

@@ -24,6 +24,7 @@ from fourm_kfp.labelers.base import LabelBatch, LabelerError, label_one_by_one
 from fourm_kfp.labelers.registry import BUILTINS, build_labeler
 
 BUILT_IN = ["canny_edge", "color_palette", "metadata"]
+VERSIONS = {"canny_edge": "1", "color_palette": "2", "metadata": "1"}  # color_palette 2: k-means on a histogram
 SIZE = 24
 
 
@@ -60,8 +61,10 @@ def same(a, b) -> bool:
 # ------------------------------------------------------------------------------------------------------- contract
 
 
-def test_every_builtin_in_the_registry_but_the_model_teacher_is_tested_here():
-    assert set(BUILTINS) - {"fourm_model"} == set(BUILT_IN)
+def test_every_builtin_in_the_registry_but_the_teacher_networks_is_tested_here():
+    from tests.teacher_models import TEACHER_LABELERS  # tested in test_teachers.py
+
+    assert set(BUILTINS) - {"fourm_model"} - set(TEACHER_LABELERS) == set(BUILT_IN)
 
 
 @pytest.mark.parametrize("name", BUILT_IN)
@@ -80,8 +83,8 @@ def test_builtins_are_deterministic_and_a_batch_equals_its_images_one_by_one(nam
 def test_builtins_need_no_weights_and_say_what_they_produce(name):
     labeler = build_labeler(name)
     assert labeler.name == labeler.modality == name
-    assert not labeler.needs_weights and labeler.version == "1"
-    assert labeler.identity() == {"name": name, "version": "1", "modality": name,
+    assert not labeler.needs_weights and labeler.version == VERSIONS[name]
+    assert labeler.identity() == {"name": name, "version": VERSIONS[name], "modality": name,
                                   "params": dict(sorted(type(labeler).defaults.items())), "weights": None}
 
 
@@ -96,6 +99,7 @@ def test_unknown_params_are_an_error_naming_the_labeler(name):
     ("canny_edge", {"blur": -1}, r"'blur' must be a number >= 0"),
     ("color_palette", {"max_pixels": 0}, r"'max_pixels' must be an integer >= 1"),
     ("color_palette", {"seed": 1.5}, r"'seed' must be an integer >= 0"),
+    ("color_palette", {"bits": 9}, r"'bits' must be an integer in 1\.\.8"),
     ("metadata", {"decimals": "4"}, r"'decimals' must be an integer"),
 ])
 def test_bad_param_values_are_an_error_naming_the_labeler(name, params, message):
@@ -162,12 +166,81 @@ def test_palette_of_three_noisy_blobs_finds_their_colours():
     assert np.abs(found - np.array(sorted(centres.tolist()))).max() <= 3
 
 
-def test_palette_seed_and_pixel_draw_are_params():
+def test_palette_seed_pixel_draw_and_bins_are_params():
     image = mixed_batch().images[3]
     batch = LabelBatch(("n",), (image,))
     default = build_labeler("color_palette").label(batch)[0]
-    assert build_labeler("color_palette", {"seed": 1}).label(batch)[0] != default
     assert build_labeler("color_palette", {"max_pixels": 50}).label(batch)[0] != default
+    drawn = build_labeler("color_palette", {"max_pixels": 200}).label(batch)[0]
+    assert build_labeler("color_palette", {"max_pixels": 200, "seed": 1}).label(batch)[0] != drawn  # another draw
+    assert build_labeler("color_palette", {"seed": 1}).label(batch)[0] == default  # all 576 pixels: no draw
+    assert build_labeler("color_palette", {"bits": 3}).label(batch)[0] != default
+    # noise: ~550 bins at 5 bits, still over 100 at 4 and 3; at 2 bits there are only 64
+    assert build_labeler("color_palette", {"max_bins": 100}).label(batch)[0] \
+        == build_labeler("color_palette", {"bits": 2}).label(batch)[0] != default
+
+
+def blocks(colours, size: int = 96, noise: int = 0, seed: int = 0) -> np.ndarray:
+    """Vertical blocks of ``colours``, block ``i`` ``i + 1`` parts wide (unequal areas), plus uniform noise in
+    ``-noise..noise`` per channel."""
+    parts = np.repeat(np.arange(len(colours)), np.arange(1, len(colours) + 1))
+    columns = parts[np.arange(size) * len(parts) // size]
+    image = np.asarray(colours)[columns][None].repeat(size, axis=0)
+    image = image + np.random.default_rng(seed).integers(-noise, noise + 1, image.shape)
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def distinct_colours(k: int, seed: int, apart: float = 80.0) -> np.ndarray:
+    """``k`` random colours at least ``apart`` from one another (and 10 from the ends of 0..255)."""
+    rng = np.random.default_rng(seed)
+    colours = []
+    while len(colours) < k:
+        colour = rng.integers(10, 246, 3)
+        if all(np.linalg.norm(colour - c) >= apart for c in colours):
+            colours.append(colour)
+    return np.array(colours)
+
+
+@pytest.mark.parametrize("k", range(1, 8))
+@pytest.mark.parametrize("noise", [0, 6])
+def test_palette_of_k_flat_colour_blocks_recovers_the_k_colours(k, noise):
+    """k blocks of flat colour (96 px: the pixels are drawn), exactly or with noise (then there are more bins than
+    k and the k-means finds them): the length-k palette is those colours, within 3 per channel, largest block
+    first; shorter palettes are colours of the image's range."""
+    for seed in range(3):
+        colours = distinct_colours(k, seed=10 * k + seed)
+        palettes = build_labeler("color_palette").label(LabelBatch(("b",), (blocks(colours, noise=noise),)))[0][0]
+        found = np.array(palettes[str(k)])
+        assert np.abs(found - colours[::-1]).max() <= (0 if noise == 0 else 3), (colours.tolist(), found.tolist())
+        for length in range(1, k):
+            assert np.all((found.min(0) - 3 <= np.array(palettes[str(length)]))
+                          & (np.array(palettes[str(length)]) <= found.max(0) + 3))
+
+
+def test_palette_lengths_clustered_at_once_are_each_what_it_gives_alone():
+    """The all-lengths Lloyd: each length's centres and weights equal, bit for bit, those of that length run alone
+    (a length that stopped changing stays at its fixed point while the others go on)."""
+    from fourm_kfp.labelers.color_palette import _greedy_seeds, _histogram, _kmeans_all_lengths
+
+    pixels = np.random.default_rng(5).normal(128, 50, (3000, 3)).clip(0, 255).astype(np.uint8)
+    colours, weights = _histogram(pixels, 5)
+    seeds = _greedy_seeds(colours, weights, 7)
+    assert len({tuple(s) for s in seeds}) == 7
+    centres, sizes = _kmeans_all_lengths(colours, weights, seeds, 30)
+    for k in range(1, 8):
+        alone, alone_sizes = _kmeans_all_lengths(colours, weights, seeds[:k], 30)
+        assert np.array_equal(alone[k - 1, :k], centres[k - 1, :k])
+        assert np.array_equal(alone_sizes[k - 1, :k], sizes[k - 1, :k])
+
+
+def test_palette_histogram_bins_are_the_mean_colours_of_their_pixels():
+    from fourm_kfp.labelers.color_palette import _histogram
+
+    pixels = np.array([[0, 0, 0], [7, 7, 7], [8, 0, 0], [200, 100, 50], [0, 0, 0]], np.uint8)
+    colours, weights = _histogram(pixels, 5)
+    assert colours.tolist() == [[7 / 3, 7 / 3, 7 / 3], [8, 0, 0], [200, 100, 50]] and weights.tolist() == [3, 1, 1]
+    exact, counts = _histogram(pixels, 8)  # 8 bits: every distinct colour its own bin
+    assert exact.tolist() == [[0, 0, 0], [7, 7, 7], [8, 0, 0], [200, 100, 50]] and counts.tolist() == [2, 1, 1, 1]
 
 
 # -------------------------------------------------------------------------------------------------------- metadata

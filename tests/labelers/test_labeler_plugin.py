@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from fourm_kfp.labelers.base import LabelBatch, LabelerError, label_one_by_one
-from fourm_kfp.labelers.registry import ENTRY_POINT_GROUP, available_labelers, build_labeler, file_digest
+from fourm_kfp.labelers.registry import ENTRY_POINT_GROUP, available_labelers, build_labeler
+from fourm_kfp.labelers.weights import file_digest
 from fourm_kfp.storage import open_store
 from tests.labeler_plugins import expose_entry_points
 

@@ -2,8 +2,8 @@
 
 A labeler is a class with a registry ``name``, a ``version`` (bump it when its output changes for the same input),
 the ``modality`` it produces (a name of the modality table) and, where it has one, a class vocabulary. It is built
-from its config entry's ``params`` and, for a teacher network, the local path of its weights file
-(:class:`LabelerSetup`); :meth:`Labeler.label` maps a :class:`LabelBatch` (RGB images, plus what the source knew of
+from its config entry's ``params`` and, for a teacher network, the local path of its weights (a file or a model
+folder; :class:`LabelerSetup`); :meth:`Labeler.label` maps a :class:`LabelBatch` (RGB images, plus what the source knew of
 each: the caption, the size before the centre crop) to one value per image in the modality's in-memory form
 (:mod:`fourm_kfp.data.modalities`). A labeler must be deterministic: the same batch gives the same values, and a
 batch gives what its images give one by one (up to float rounding for a network, whose batched kernels may sum in
@@ -31,12 +31,15 @@ class LabelBatch:
     """A batch to label: ``images`` are uint8 ``[H, W, 3]`` RGB arrays (the prepared dataset's square crops).
 
     ``captions`` and ``original_sizes`` (``(width, height)`` of the file before the centre crop) hold ``None`` where
-    the source did not know them; the keys name the samples (for error messages)."""
+    the source did not know them; ``labels`` holds, for a labeler that reads them (:attr:`Labeler.reads`), the
+    labels other labelers made of these images (one value or None per image); the keys name the samples (for error
+    messages)."""
 
     keys: tuple[str, ...]
     images: tuple[np.ndarray, ...]
     captions: tuple[str | None, ...] = ()
     original_sizes: tuple[tuple[int, int] | None, ...] = ()
+    labels: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.keys)
@@ -48,6 +51,8 @@ class LabelBatch:
             object.__setattr__(self, "original_sizes", (None,) * n)
         if len(self.captions) != n or len(self.original_sizes) != n:
             raise ValueError("a label batch needs one caption and one original size (or None) per key")
+        if any(len(values) != n for values in self.labels.values()):
+            raise ValueError("a label batch needs one label (or None) per key of each modality in labels")
         for key, image in zip(self.keys, self.images):
             if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3:
                 raise ValueError(f"image of key {key!r}: expected uint8 [H, W, 3] RGB, got {image.dtype} "
@@ -59,13 +64,13 @@ class LabelBatch:
     def item(self, i: int) -> "LabelBatch":
         """The batch of sample ``i`` alone."""
         return LabelBatch(self.keys[i:i + 1], self.images[i:i + 1], self.captions[i:i + 1],
-                          self.original_sizes[i:i + 1])
+                          self.original_sizes[i:i + 1], {m: v[i:i + 1] for m, v in self.labels.items()})
 
 
 @dataclass(frozen=True)
 class LabelerSetup:
-    """What a labeler is built from: its config entry's ``params``, the local path of its weights file (``None``
-    when it has none) and that file's digest, and the device to run on."""
+    """What a labeler is built from: its config entry's ``params``, the local path of its weights (a file or a
+    folder; ``None`` when it has none) and their digest, and the device to run on."""
 
     params: Mapping[str, Any] = field(default_factory=dict)
     weights_path: str | None = None
@@ -88,9 +93,16 @@ class Labeler:
     needs_weights: ClassVar[bool] = False
     #: True: it runs much faster on an accelerator (the pipeline gives its workers GPU pods)
     wants_accelerator: ClassVar[bool] = False
-    #: its weights are one file (``"file"``: a local path or ``s3://`` URI) or a committed pretrain output
-    #: (``"model"``: a teacher that is one of our own 4M models)
+    #: its weights are one file (``"file"``: a local path or ``s3://`` URI), a model folder (``"folder"``: local,
+    #: ``s3://`` or ``hf://<repo>@<commit>``) or a committed pretrain output (``"model"``: a teacher that is one of
+    #: our own 4M models); :mod:`fourm_kfp.labelers.weights`
     weights_kind: ClassVar[str] = "file"
+    #: modalities it reads besides the photo: another labeler's labels of the same batch (``LabelBatch.labels``),
+    #: which must be made by a labeler listed before it
+    reads: ClassVar[tuple[str, ...]] = ()
+    #: True: it runs even where the prepared data holds its modality, and labels only the samples that lack it
+    #: (returning None for the others, whose own values stand): a captioner for photos without text
+    fills_gaps: ClassVar[bool] = False
     #: a depth labeler whose depth is relative (a monocular teacher's): the gate checks only that it is finite
     relative_depth: bool = False
     #: the params it accepts, with their defaults (unknown params are an error naming the labeler)

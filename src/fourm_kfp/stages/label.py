@@ -28,7 +28,7 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from fourm_kfp.config.fourm_config import FourMConfig
@@ -44,7 +44,8 @@ from fourm_kfp.data.shard_stream import available_modalities, iter_joined_shard,
 from fourm_kfp.data.shard_writer import ShardWriter, dropped_key, keys_key
 from fourm_kfp.data.vocabularies import META_FILE, DatasetMeta, read_dataset_meta
 from fourm_kfp.labelers.base import LabelBatch, Labeler, check_labels
-from fourm_kfp.labelers.registry import build_labeler, labeler_class, resolve_weights
+from fourm_kfp.labelers.registry import build_labeler, labeler_class
+from fourm_kfp.labelers.weights import weights_digest
 from fourm_kfp.progress import LineProgress
 from fourm_kfp.stages import PREPARE_DATA, PRETRAIN
 from fourm_kfp.storage import LayeredStore, Store, open_store, resolve_uri
@@ -97,7 +98,7 @@ def labelers_fingerprint(config: FourMConfig) -> str | None:
         if entry.weights.startswith(PRESET_REF):
             digest = _preset_model(entry.weights)
         elif cls.needs_weights or entry.weights:
-            digest = resolve_weights(cls, entry.weights, _where(i))[1]
+            digest = weights_digest(cls.weights_kind, entry.weights, _where(i))
         else:
             digest = None
         parts.append({"name": entry.name, "version": str(cls.version), "weights": digest})
@@ -145,7 +146,11 @@ def build_labelers(config: FourMConfig, present: list[str], data_uri: str,
         get_modality(modality)
         if modality in made:
             raise ConfigError(f"{_where(i)} ({entry.name}) makes {modality!r}, which {made[modality]} already makes")
-        if modality in present:
+        missing_reads = [m for m in labeler.reads if m not in made]
+        if missing_reads:
+            raise ConfigError(f"{_where(i)} ({entry.name}) reads the {', '.join(missing_reads)} labels of a labeler "
+                              f"listed before it in label.labelers, and none makes them: add one above it")
+        if modality in present and not labeler.fills_gaps:
             log.warning("%s (%s) is not run: the prepared data already holds %s", _where(i), entry.name, modality)
             if skipped is not None:
                 skipped.append(f"{_where(i)} ({entry.name}): the data's own {modality}")
@@ -207,7 +212,8 @@ def _label_shard(ctx: StageContext, labelers: list[Labeler], job: ShardJob, sett
                                      tuple(s.get("caption") for _, s in with_rgb),
                                      tuple(sizes.get(k) for k, _ in with_rgb))
             for labeler in labelers:
-                labels[labeler.modality] = check_labels(labeler, label_batch, labeler.label(label_batch))
+                reading = replace(label_batch, labels={m: tuple(labels[m]) for m in labeler.reads})
+                labels[labeler.modality] = check_labels(labeler, reading, labeler.label(reading))
         position = {key: i for i, (key, _) in enumerate(with_rgb)}
         for key, sample in batch:
             samples += 1

@@ -1,0 +1,64 @@
+"""Semantic segmentation from transformers' semantic and universal segmentation networks, as class-id maps.
+
+Config: ``name: hf_semseg``, ``weights``: the model folder (Mask2Former, MaskFormer, SegFormer, UperNet, DPT, BEiT,
+...), ``params``: ``bf16`` (default true). A universal model (Mask2Former, MaskFormer) is read as transformers'
+``post_process_semantic_segmentation`` reads it, every pixel the class of its most likely mask; a semantic one by
+the per-pixel argmax of its logits resized to the photo. The model's ``id2label`` is the vocabulary, in id order:
+the label stage records it in the dataset (4M-21's Mask2Former Swin-B COCO panoptic gives 133 classes; 4M's 134th,
+"no class", is never predicted by this post-processing). Ids are stored as uint8, or uint16 past 256 classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+
+from fourm_kfp.data.modalities import class_id_dtype
+from fourm_kfp.labelers.base import LabelBatch, LabelerError, LabelerSetup, check_labels
+from fourm_kfp.labelers.teachers.loading import TransformersTeacher, host
+
+#: model types transformers loads as universal segmentation (masks with classes) rather than per-pixel logits
+UNIVERSAL_TYPES = frozenset({"mask2former", "maskformer"})
+
+
+def vocabulary(config: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """The class names of a model config's ``id2label``, in id order; ids must run 0..n-1."""
+    id2label = config.get("id2label") or {}
+    try:
+        names = {int(k): str(v) for k, v in id2label.items()}
+    except ValueError:
+        raise LabelerError(f"{where}: the model's id2label has keys that are not ids: {sorted(id2label)[:5]}") from None
+    if not names or sorted(names) != list(range(len(names))):
+        raise LabelerError(f"{where}: the model's id2label must name classes 0..n-1, got ids {sorted(names)[:10]}")
+    return tuple(names[i] for i in range(len(names)))
+
+
+class SegmentationTeacher(TransformersTeacher):
+    name: ClassVar[str] = "hf_semseg"
+    version: ClassVar[str] = "1"
+    modality = "semseg"
+    defaults: ClassVar[Mapping[str, Any]] = {"bf16": True}
+
+    def __init__(self, setup: LabelerSetup) -> None:
+        super().__init__(setup)
+        self._classes = vocabulary(self.config, f"labeler {self.name!r}")
+        self.dtype = class_id_dtype(len(self._classes))
+
+    def classes_for(self, config: Mapping[str, Any]) -> tuple[str, str]:
+        universal = config.get("model_type") in UNIVERSAL_TYPES
+        return ("AutoModelForUniversalSegmentation" if universal else "AutoModelForSemanticSegmentation",
+                "AutoImageProcessor")
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return self._classes
+
+    def predict(self, batch: LabelBatch) -> list[np.ndarray]:
+        """The processor's semantic maps at each photo's size (int64 class ids)."""
+        outputs = self.forward(batch)
+        maps = self.processor.post_process_semantic_segmentation(outputs, target_sizes=self.target_sizes(batch))
+        return host(list(maps))
+
+    def label(self, batch: LabelBatch) -> list[Any]:
+        return check_labels(self, batch, [ids.astype(self.dtype) for ids in self.predict(batch)])

@@ -1,0 +1,196 @@
+"""Where a labeler's weights come from, and the digest of them that goes into the label stage's content address.
+
+A labeler says what its weights are (:attr:`fourm_kfp.labelers.base.Labeler.weights_kind`), and its config entry's
+``weights`` names them:
+
+==========  ===================================================  ==================================================
+kind        ``weights``                                          digest (in the address)
+==========  ===================================================  ==================================================
+``file``    one file: a local path or ``s3://`` URI (a           ``sha256:`` of the file
+            plug-in's checkpoint)
+``folder``  a model folder as transformers' ``save_pretrained``  ``sha256:`` over every file's relative path and
+            writes it: a local folder, an ``s3://`` prefix, or    sha256; for ``hf://``: ``hf:<repo>@<commit>``,
+            ``hf://<repo>@<40-hex commit>``                       the commit that names the bytes
+``model``   a committed pretrain output of this pipeline         its manifest's payload digest
+==========  ===================================================  ==================================================
+
+Every remote source is copied to a local cache once per worker (``FOURM_LABELER_CACHE``, else a folder under the
+system's temp dir) and read from there: an ``s3://`` file or folder again only when an object's version (size, ETag,
+time) changed; an ``hf://`` folder through ``huggingface_hub``'s own cache layout under it, only the files a
+transformers folder needs (:data:`HF_FILES`), and never with ``HF_HUB_OFFLINE`` set, which then reads the cache
+alone. An ``hf://`` address must pin a commit: a branch or tag name is refused, because labels must not move under a
+fixed address. Nothing is fetched that the config does not name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from fourm_kfp.labelers.base import LabelerError
+from fourm_kfp.storage import file_store, is_s3_uri, open_store
+
+#: The address form of a folder on the Hugging Face hub, pinned to one commit.
+HF_PREFIX = "hf://"
+_HF_URI = re.compile(r"hf://(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)@(?P<commit>[0-9a-f]{40})")
+#: What is fetched of a hub folder: configs, safetensors weights and tokenizer files (no pickles, no other
+#: frameworks' weights).
+HF_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken")
+
+
+def cache_dir() -> Path:
+    """The local cache of remote weights (``FOURM_LABELER_CACHE``, else under the system's temp dir)."""
+    return Path(os.environ.get("FOURM_LABELER_CACHE") or Path(tempfile.gettempdir()) / "fourm-kfp-labeler-weights")
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """``sha256:<hex>`` of a file, read in 8 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(8 << 20), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def folder_digest(path: str | os.PathLike) -> str:
+    """``sha256:<hex>`` of a folder: over each file's path relative to it and its own digest, in path order (a
+    renamed, added, removed or changed file changes it; the folder's own place and the files' times do not)."""
+    root = Path(path)
+    listing = [(p.relative_to(root).as_posix(), file_digest(p)) for p in sorted(root.rglob("*")) if p.is_file()]
+    return "sha256:" + hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+
+
+def _cached(uri: str) -> Path:
+    return cache_dir() / hashlib.sha256(uri.encode()).hexdigest()[:16]
+
+
+def fetch_file(uri: str, where: str) -> tuple[str, str]:
+    """``(local path, digest)`` of the weights file at ``uri`` (a local path or ``s3://``)."""
+    if not uri:
+        raise LabelerError(f"{where}: this labeler needs weights; set its 'weights' to a local path or s3:// URI")
+    if is_s3_uri(uri):
+        store, name = file_store(uri)
+        if not name or not store.exists(name):
+            raise LabelerError(f"{where}: weights file {uri} does not exist")
+        target = _cached(uri) / name
+        stamp, version = target.with_name(name + ".version"), store.version(name)
+        if not target.exists() or not stamp.exists() or stamp.read_text() != version:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            store.get_file(name, target)
+            stamp.write_text(version)
+        return str(target), file_digest(target)
+    path = Path(uri).expanduser()
+    if not path.is_file():
+        raise LabelerError(f"{where}: weights file {uri} does not exist")
+    return str(path), file_digest(path)
+
+
+def parse_hf_uri(uri: str, where: str) -> tuple[str, str]:
+    """``(repo, commit)`` of ``hf://<repo>@<40-hex commit>``; anything else (a branch, a tag, a short hash, no
+    revision) is an error naming ``where``."""
+    match = _HF_URI.fullmatch(uri)
+    if match is None:
+        raise LabelerError(f"{where}: {uri!r} is not hf://<owner>/<repo>@<commit>, with the full 40-hex commit: a "
+                           "branch or tag name can move, and the labels must not move under a fixed address")
+    return match["repo"], match["commit"]
+
+
+def _hf_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _fetch_hf(uri: str, where: str) -> str:
+    repo, commit = parse_hf_uri(uri, where)
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError as exc:
+        raise LabelerError(f"{where}: {uri} needs huggingface_hub: pip install 'fourm-kfp[teachers]'") from exc
+    offline = _hf_offline()
+    try:
+        return snapshot_download(repo, revision=commit, cache_dir=cache_dir() / "hf", allow_patterns=list(HF_FILES),
+                                 local_files_only=offline)
+    except LocalEntryNotFoundError as exc:
+        how = "HF_HUB_OFFLINE is set and the cache lacks it" if offline else "the hub cannot be reached"
+        raise LabelerError(f"{where}: {uri} is not in the weights cache {cache_dir() / 'hf'} and {how}: fetch it "
+                           f"there once where the hub is reachable, or copy the folder and name it instead") from exc
+    except Exception as exc:  # noqa: BLE001 - the hub's many error types: name the address
+        raise LabelerError(f"{where}: cannot fetch {uri}: {type(exc).__name__}: {exc}") from exc
+
+
+def _fetch_s3_folder(uri: str, where: str) -> str:
+    store = open_store(uri)
+    versions = {key: store.version(key) for key in store.list()}
+    if not versions:
+        raise LabelerError(f"{where}: weights folder {uri} does not exist or is empty")
+    target = _cached(uri) / "folder"
+    stamp = target.with_name("folder.versions.json")
+    wanted = json.dumps(versions, sort_keys=True)
+    if not target.is_dir() or not stamp.exists() or stamp.read_text() != wanted:
+        stamp.unlink(missing_ok=True)
+        shutil.rmtree(target, ignore_errors=True)  # no file of an older version stays behind
+        for key in versions:
+            (target / key).parent.mkdir(parents=True, exist_ok=True)
+            store.get_file(key, target / key)
+        stamp.write_text(wanted)
+    return str(target)
+
+
+def fetch_folder(uri: str, where: str) -> tuple[str, str]:
+    """``(local folder, digest)`` of the model folder ``uri`` (a local folder, an ``s3://`` prefix or
+    ``hf://<repo>@<commit>``; see the module docstring)."""
+    if not uri:
+        raise LabelerError(f"{where}: this labeler needs a model folder; set its 'weights' to a local folder, an "
+                           "s3:// prefix or hf://<repo>@<commit>")
+    if uri.startswith(HF_PREFIX):
+        return _fetch_hf(uri, where), folder_weights_digest(uri, where)
+    if is_s3_uri(uri):
+        path = _fetch_s3_folder(uri, where)
+        return path, folder_digest(path)
+    path = Path(uri).expanduser()
+    if not path.is_dir():
+        raise LabelerError(f"{where}: weights folder {uri} does not exist")
+    return str(path), folder_digest(path)
+
+
+def folder_weights_digest(uri: str, where: str) -> str:
+    """The digest of a model folder without fetching it when the address alone names its bytes (``hf://``: the
+    commit); otherwise :func:`fetch_folder`'s."""
+    if uri.startswith(HF_PREFIX):
+        repo, commit = parse_hf_uri(uri, where)
+        return f"hf:{repo}@{commit}"
+    return fetch_folder(uri, where)[1]
+
+
+def model_weights(uri: str, where: str) -> tuple[str, str]:
+    """``(URI, digest)`` of a committed pretrain output used as weights (a teacher that is one of our models): its
+    manifest's payload digest, which changes with any of its files."""
+    from fourm_kfp.contract.manifest import read_manifest
+
+    if not uri:
+        raise LabelerError(f"{where}: this labeler needs a model; set its 'weights' to a pretrain output's URI")
+    found = read_manifest(open_store(uri))
+    if found is None:
+        raise LabelerError(f"{where}: no committed model at {uri} (no _MANIFEST.json: run its pipeline first)")
+    return uri, found[0]["payload_digest"]
+
+
+_FETCH = {"file": fetch_file, "folder": fetch_folder, "model": model_weights}
+
+
+def resolve_weights(kind: str, uri: str, where: str) -> tuple[str, str]:
+    """``(local path or URI to read, digest)`` of weights of ``kind`` named ``uri`` (fetched into the cache)."""
+    return _FETCH[kind](uri, where)
+
+
+def weights_digest(kind: str, uri: str, where: str) -> str:
+    """What the label stage's address covers of the weights: :func:`resolve_weights`'s digest, without a download
+    where the address alone names the bytes."""
+    if kind == "folder":
+        return folder_weights_digest(uri, where)
+    return resolve_weights(kind, uri, where)[1]

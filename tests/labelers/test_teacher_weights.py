@@ -1,0 +1,96 @@
+"""Where a teacher's weights come from (fourm_kfp.labelers.weights): a local folder, an s3:// folder on the real test
+S3 server, or a hub folder pinned to a commit and read from the cache with HF_HUB_OFFLINE; the digest in the label
+stage's address moves with any file and with nothing else."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fourm_kfp.labelers.base import LabelBatch, LabelerError
+from fourm_kfp.labelers.registry import build_labeler
+from fourm_kfp.labelers.weights import (HF_PREFIX, fetch_folder, folder_digest, parse_hf_uri, resolve_weights,
+                                        weights_digest)
+from fourm_kfp.storage import open_store
+from tests.teacher_models import save_teacher
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+DEPTH = {"depth": "metric"}
+
+
+@pytest.fixture(scope="module")
+def dpt(tmp_path_factory):
+    return save_teacher("hf_depth", tmp_path_factory.mktemp("dpt") / "dpt")
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FOURM_LABELER_CACHE", str(tmp_path / "cache"))
+
+
+def _photo() -> LabelBatch:
+    return LabelBatch(("k",), ((np.arange(64 * 64 * 3) % 251).astype(np.uint8).reshape(64, 64, 3),))
+
+
+def test_a_folder_digest_moves_with_any_file_and_not_with_the_folders_place(dpt, tmp_path):
+    copy = shutil.copytree(dpt, tmp_path / "elsewhere")
+    assert folder_digest(copy) == folder_digest(dpt)
+    (copy / "extra.txt").write_text("x")
+    assert folder_digest(copy) != folder_digest(dpt)
+    (copy / "extra.txt").unlink()
+    config = (copy / "config.json").read_text()
+    (copy / "config.json").write_text(config.replace('"hidden_size": 32', '"hidden_size": 32 '))
+    assert folder_digest(copy) != folder_digest(dpt)
+    with pytest.raises(LabelerError, match=r"label.labelers\[3\]: weights folder .*nowhere does not exist"):
+        fetch_folder(str(tmp_path / "nowhere"), "label.labelers[3]")
+
+
+def test_an_s3_folder_is_fetched_once_into_the_cache_and_again_when_an_object_changes(dpt, s3_uri, tmp_path):
+    store = open_store(f"{s3_uri}/teachers/dpt")
+    for path in sorted(dpt.iterdir()):
+        store.put_file(path.name, path)
+    uri = store.uri_of()
+    local, digest = resolve_weights("folder", uri, "w")
+    assert digest == folder_digest(dpt)
+    assert sorted(p.name for p in Path(local).iterdir()) == sorted(p.name for p in dpt.iterdir())
+    stamp = (tmp_path / "cache").rglob("folder.versions.json").__next__()
+    before = stamp.stat().st_mtime_ns
+    assert resolve_weights("folder", uri, "w") == (local, digest) and stamp.stat().st_mtime_ns == before
+    store.put_bytes("README.md", b"a model card")
+    again, moved = resolve_weights("folder", uri, "w")
+    assert again == local and moved != digest and stamp.stat().st_mtime_ns != before
+    labeler = build_labeler("hf_depth", DEPTH, uri)
+    assert labeler.identity()["weights"] == moved and labeler.label(_photo())[0].shape == (64, 64)
+    with pytest.raises(LabelerError, match="does not exist or is empty"):
+        resolve_weights("folder", f"{s3_uri}/teachers/none", "w")
+
+
+@pytest.mark.parametrize("uri", ["hf://Intel/dpt-hybrid-midas@main", "hf://Intel/dpt-hybrid-midas@v1.0",
+                                 "hf://Intel/dpt-hybrid-midas@0123456", "hf://Intel/dpt-hybrid-midas",
+                                 f"hf://dpt-hybrid-midas@{COMMIT}"])
+def test_a_hub_address_must_pin_a_full_commit(uri):
+    with pytest.raises(LabelerError, match=r"label.labelers\[0\]: .*40-hex commit.*must not move"):
+        parse_hf_uri(uri, "label.labelers[0]")
+    with pytest.raises(LabelerError, match="40-hex commit"):
+        weights_digest("folder", uri, "label.labelers[0]")
+
+
+def test_a_pinned_hub_folder_is_read_from_the_cache_offline_and_its_digest_is_the_commit(dpt, tmp_path, monkeypatch):
+    uri = f"{HF_PREFIX}test-org/tiny-dpt@{COMMIT}"
+    assert parse_hf_uri(uri, "w") == ("test-org/tiny-dpt", COMMIT)
+    # The address needs no download: the commit names the bytes.
+    assert weights_digest("folder", uri, "w") == f"hf:test-org/tiny-dpt@{COMMIT}"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(LabelerError, match=r"not in the weights cache .*HF_HUB_OFFLINE is set"):
+        build_labeler("hf_depth", DEPTH, uri)
+    # huggingface_hub's cache layout, as a worker that fetched it once leaves it.
+    snapshot = tmp_path / "cache" / "hf" / "models--test-org--tiny-dpt" / "snapshots" / COMMIT
+    shutil.copytree(dpt, snapshot)
+    labeler = build_labeler("hf_depth", DEPTH, uri)
+    assert labeler.setup.weights_path == str(snapshot)
+    assert labeler.identity()["weights"] == f"hf:test-org/tiny-dpt@{COMMIT}"
+    reference = build_labeler("hf_depth", DEPTH, str(dpt))
+    np.testing.assert_array_equal(labeler.label(_photo())[0], reference.label(_photo())[0])
