@@ -2,14 +2,14 @@
 needs to be labelled in an hour.
 
     .venv/bin/python bench/labelers.py [--image-size 224] [--images 64] [--teacher runs/demo/pretrain/<address>]
-                                       [--quick] [--output x.json]
+                                       [--labelers color_palette,...] [--quick] [--output x.json]
 
 Each labeler labels the same images (the photographs scikit-image ships, centre-cropped and resized to
 ``--image-size``, repeated to ``--images``; random pixels when scikit-image is not installed) in batches of
 ``--batch-size``, in this one process with torch's default threads (one label worker as the pipeline runs it), after
 one warm-up batch. ``workers_for_10m_images_in_1h`` is ``ceil(1e7 / (rate * 3600))``. ``--teacher`` adds
-``fourm_model`` reading depth off the photos with that model (a GPU when there is one). Prints one JSON object,
-with the machine's matmul rate measured after the timings.
+``fourm_model`` reading depth off the photos with that model (a GPU when there is one); ``--labelers`` times only the
+built-ins named (comma-separated). Prints one JSON object, with the machine's matmul rate measured after the timings.
 """
 
 from __future__ import annotations
@@ -75,14 +75,15 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--teacher", default="", help="a pretrain output's URI: also time fourm_model (depth)")
+    parser.add_argument("--labelers", default="canny_edge,color_palette,metadata",
+                        help="the built-in labelers to time, comma-separated (default: all three)")
     parser.add_argument("--quick", action="store_true", help="a few images: checks the bench runs")
     parser.add_argument("--output", help="also write the JSON here")
     args = parser.parse_args()
     if args.quick:
         args.images = 8
     images, source = photos(args.images, args.image_size)
-    labelers = {"canny_edge": build_labeler("canny_edge"), "color_palette": build_labeler("color_palette"),
-                "metadata": build_labeler("metadata")}
+    labelers = {name: build_labeler(name) for name in args.labelers.split(",") if name}
     if args.teacher:
         import torch
 

