@@ -223,6 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="tag of the images the steps and their jobs run, e.g. the commit the image workflow "
                                "built (default: the package version, or $FOURM_IMAGE_TAG)")
 
+    teachers = sub.add_parser(
+        "teachers", help="list the label stage's teachers and where their weights are; print the commands that fetch "
+                         "the missing model folders")
+    _add_config_args(teachers)
+
     config = sub.add_parser("config", help="print the resolved config (or --describe every field)")
     _add_config_args(config)
     config.add_argument("--describe", action="store_true", help="list every config key with its type and doc")
@@ -505,6 +510,31 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_teachers(args: argparse.Namespace) -> int:
+    """Each labeler of ``label.labelers`` with its weights; for a model folder that is missing and names its
+    ``source``, the command that fetches it (exit status 1 when any is missing)."""
+    from fourm_kfp.config.loader import load_config
+    from fourm_kfp.labelers.registry import labeler_class
+    from fourm_kfp.labelers.base import LabelerError
+    from fourm_kfp.labelers.weights import check_local_folder, fetch_command
+
+    config = load_config(args.preset, overrides=args.overrides)
+    missing = []
+    for i, entry in enumerate(config.label.labelers):
+        where, state = f"label.labelers[{i}]", ""
+        if labeler_class(entry.name).weights_kind == "folder":
+            try:
+                check_local_folder(entry.weights, entry.source, where)
+            except LabelerError:
+                state = "  MISSING"
+                missing.append(fetch_command(entry.source, entry.weights, where) if entry.source
+                               else f"# {where}: {entry.weights} (no source: copy the folder there)")
+        print(f"{where:20s} {entry.name:18s} {entry.weights or '-'}{state}")
+    if missing:
+        print("\n# fetch the missing model folders:\n" + "\n".join(missing))
+    return 1 if missing else 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     from fourm_kfp.config.fourm_config import SECTIONS
     from fourm_kfp.config.loader import load_config
@@ -525,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"run": cmd_run, "stage": cmd_stage, "launch": cmd_launch, "status": cmd_status, "compile": cmd_compile,
                "config": cmd_config, "generate": cmd_generate, "export": cmd_export, "verify": cmd_verify,
-               "submit": cmd_submit, "ui": cmd_ui}[args.command]
+               "submit": cmd_submit, "ui": cmd_ui, "teachers": cmd_teachers}[args.command]
     try:
         return handler(args)
     except UserError as exc:

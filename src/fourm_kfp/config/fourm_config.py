@@ -30,6 +30,11 @@ from fourm_kfp.config.schema import option
 from fourm_kfp.data.modalities import MODALITIES
 
 ALL_MODALITIES = tuple(MODALITIES)
+#: train-tokenizers' defaults: a VQ-VAE for every image modality of the table, in its order
+VQVAE_MODALITIES = tuple(name for name, m in MODALITIES.items() if m.tokenizer == "vqvae")
+#: ... and one WordPiece tokenizer over every text modality, caption first (its val unknown-token rate is reported)
+WORDPIECE_MODALITIES = tuple(sorted((name for name, m in MODALITIES.items() if m.tokenizer == "wordpiece"),
+                                    key=lambda name: name != "caption"))
 
 
 def _check_modalities(names: tuple[str, ...], field: str) -> None:
@@ -259,11 +264,15 @@ class PrepareDataConfig:
 class LabelerEntry:
     """One labeler of the label stage: a registry name, its parameters, and a teacher's weights."""
 
-    name: str = option(doc="labeler name: canny_edge, color_palette, metadata, fourm_model, or an installed "
-                           "plug-in's (the fourm_kfp.labelers entry-point group)")
+    name: str = option(doc="labeler name: canny_edge, color_palette, metadata, fourm_model, a transformers teacher "
+                           "(hf_depth, hf_semseg, hf_det, hf_caption, hf_normal, normal_from_depth, hf_clip, "
+                           "hf_dinov2), or an installed plug-in's (the fourm_kfp.labelers entry-point group)")
     params: dict[str, Any] = option({}, "the labeler's own parameters (an unknown one is an error naming it)")
-    weights: str = option("", "a teacher's weights file: a local path or s3:// URI (never downloaded from a hub); "
-                              "its digest is part of the label stage's address")
+    weights: str = option("", "a teacher's weights: a file or a model folder (a local path or s3:// URI), "
+                              "hf://<repo>@<40-hex commit>, or preset:<name> (that preset's model); its digest is "
+                              "part of the label stage's address")
+    source: str = option("", "where a local weights folder comes from, hf://<repo>@<40-hex commit>: when the folder "
+                             "is missing, the error gives the command that fetches it there", versioned=False)
 
 
 @dataclass(frozen=True)
@@ -272,9 +281,7 @@ class LabelConfig:
     tokenizers. With no labelers the stage is off: it runs nothing and no address moves."""
 
     labelers: tuple[LabelerEntry, ...] = option((), "labelers run on every prepared image, each making one modality: "
-                                                    "a list of {name, params, weights} (name: canny_edge, "
-                                                    "color_palette, metadata, fourm_model or a plug-in's; weights: a "
-                                                    "path, s3:// URI or preset:<name>)")
+                                                    "a list of {name, params, weights, source} (see LabelerEntry)")
     missing: Literal["drop", "keep"] = option(
         "drop", "a sample lacking one of required_modalities: drop it from every modality, or keep it without that "
                 "modality (4M gives an absent modality no tokens); either way the stage fails when more than "
@@ -318,13 +325,14 @@ class ImageTokenizerConfig:
 class TrainTokenizersConfig:
     """The train-tokenizers stage: a VQ-VAE per image modality and one WordPiece tokenizer for text."""
 
-    image_modalities: tuple[str, ...] = option(("rgb", "depth", "normal", "semseg", "edge", "canny_edge"),
+    image_modalities: tuple[str, ...] = option(VQVAE_MODALITIES,
                                                "image modalities to tokenize (those the data lacks are skipped)")
     image: ImageTokenizerConfig = option(ImageTokenizerConfig(), "VQ-VAE settings shared by every modality")
-    per_modality: dict[str, dict[str, Any]] = option({}, "per-modality overrides of `image`, e.g. {semseg: {steps: 400}}")
+    per_modality: dict[str, dict[str, Any]] = option({}, "per-modality overrides of `image`, e.g. {semseg: {steps: 400}}"
+                                                     " (over what a modality needs: a feature map's vit, patch 1)")
     max_train_images: int = option(0, "train images per modality (0 = all)", min=0)
     max_val_images: int = option(256, "val images per modality for the report (0 = all)", min=0)
-    text_modalities: tuple[str, ...] = option(("caption", "det", "color_palette", "metadata"),
+    text_modalities: tuple[str, ...] = option(WORDPIECE_MODALITIES,
                                               "sequence modalities the text tokenizer learns (those the data lacks "
                                               "are skipped)")
     text_vocab_size: int = option(2000, "WordPiece vocabulary size (coordinate tokens come on top)", min=16)
@@ -348,12 +356,14 @@ class TrainTokenizersConfig:
             self.image_config(modality)  # validate the overrides now, at load time
 
     def image_config(self, modality: str) -> ImageTokenizerConfig:
-        """The shared ``image`` settings with ``per_modality[modality]`` applied."""
+        """The shared ``image`` settings, then what the modality's record needs (``tokenizer_defaults``: a feature
+        map's ViT over single cells), then ``per_modality[modality]``."""
         from fourm_kfp.config.schema import from_dict, to_dict
 
         if modality not in self.image_modalities:
             raise ValueError(f"per_modality names {modality!r}, which image_modalities does not list")
-        merged = {**to_dict(self.image), **self.per_modality.get(modality, {})}
+        merged = {**to_dict(self.image), **MODALITIES[modality].tokenizer_defaults,
+                  **self.per_modality.get(modality, {})}
         return from_dict(ImageTokenizerConfig, merged, f"per_modality.{modality}")
 
 

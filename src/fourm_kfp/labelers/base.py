@@ -21,8 +21,10 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
+from fourm_kfp.errors import UserError
 
-class LabelerError(ValueError):
+
+class LabelerError(UserError, ValueError):
     """A labeler cannot be built or run as configured; the message names the labeler and the config entry."""
 
 

@@ -38,9 +38,10 @@ from fourm_kfp.storage import file_store, is_s3_uri, open_store
 #: The address form of a folder on the Hugging Face hub, pinned to one commit.
 HF_PREFIX = "hf://"
 _HF_URI = re.compile(r"hf://(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)@(?P<commit>[0-9a-f]{40})")
-#: What is fetched of a hub folder: configs, safetensors weights and tokenizer files (no pickles, no other
-#: frameworks' weights).
-HF_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken")
+#: What is fetched of a hub folder: configs, tokenizer files, and the PyTorch weights: safetensors, and the older
+#: ``pytorch_model*.bin`` that some repositories hold instead (transformers reads safetensors when both are there,
+#: and a ``.bin`` only with ``weights_only`` unpickling); never other frameworks' weights.
+HF_FILES = ("*.json", "*.txt", "*.model", "*.tiktoken", "*.safetensors", "pytorch_model*.bin")
 
 
 def cache_dir() -> Path:
@@ -156,6 +157,24 @@ def fetch_folder(uri: str, where: str) -> tuple[str, str]:
     if not path.is_dir():
         raise LabelerError(f"{where}: weights folder {uri} does not exist")
     return str(path), folder_digest(path)
+
+
+def fetch_command(source: str, folder: str, where: str) -> str:
+    """The one command that fetches the hub folder ``source`` (``hf://<repo>@<commit>``) into ``folder``: the
+    ``hf`` CLI that huggingface_hub installs, at that commit, only the files a transformers folder needs."""
+    repo, commit = parse_hf_uri(source, where)
+    include = " ".join(f"--include '{pattern}'" for pattern in HF_FILES)
+    return f"hf download {repo} --revision {commit} {include} --local-dir {folder}"
+
+
+def check_local_folder(uri: str, source: str, where: str) -> None:
+    """Fail naming ``where`` when ``uri`` is a local folder that does not exist; with a ``source``, the error gives
+    the command that fetches it (:func:`fetch_command`)."""
+    if not uri or is_s3_uri(uri) or uri.startswith(HF_PREFIX) or Path(uri).expanduser().is_dir():
+        return
+    how = (f"; fetch it with:\n  {fetch_command(source, uri, where)}" if source
+           else "; set it to a model folder, an s3:// prefix or hf://<repo>@<commit>")
+    raise LabelerError(f"{where}.weights: the model folder {uri} does not exist{how}")
 
 
 def folder_weights_digest(uri: str, where: str) -> str:

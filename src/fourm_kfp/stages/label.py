@@ -45,7 +45,7 @@ from fourm_kfp.data.shard_writer import ShardWriter, dropped_key, keys_key
 from fourm_kfp.data.vocabularies import META_FILE, DatasetMeta, read_dataset_meta
 from fourm_kfp.labelers.base import LabelBatch, Labeler, check_labels
 from fourm_kfp.labelers.registry import build_labeler, labeler_class
-from fourm_kfp.labelers.weights import weights_digest
+from fourm_kfp.labelers.weights import check_local_folder, weights_digest
 from fourm_kfp.progress import LineProgress
 from fourm_kfp.stages import PREPARE_DATA, PRETRAIN
 from fourm_kfp.storage import LayeredStore, Store, open_store, resolve_uri
@@ -95,6 +95,8 @@ def labelers_fingerprint(config: FourMConfig) -> str | None:
     parts = []
     for i, entry in enumerate(config.label.labelers):
         cls = labeler_class(entry.name)
+        if cls.weights_kind == "folder":
+            check_local_folder(entry.weights, entry.source, _where(i))
         if entry.weights.startswith(PRESET_REF):
             digest = _preset_model(entry.weights)
         elif cls.needs_weights or entry.weights:
@@ -140,6 +142,8 @@ def build_labelers(config: FourMConfig, present: list[str], data_uri: str,
     labelers, made = [], {}
     for i, entry in enumerate(config.label.labelers):
         cls = labeler_class(entry.name)
+        if cls.weights_kind == "folder":
+            check_local_folder(entry.weights, entry.source, _where(i))
         weights = _weights_uri(entry.weights, data_uri, _where(i))
         labeler = build_labeler(entry.name, entry.params, weights, _device(cls.wants_accelerator), _where(i))
         modality = labeler.modality
