@@ -11,8 +11,8 @@ weights, the context bias, the mask token, modality embeddings, output heads apa
   ``ml4m_layout`` (our ml-4m switches on: context bias, rgb@224's own modality embedding, untied heads) and
   ``defaults`` (tied heads, no context bias, one rgb embedding); both read ImageNet-normalised pixels, as ml-4m's
   data pipeline gives them (a model reading [-1, 1] pixels is refused by the export).
-* **ml-4m → ours**: ``FM(config)`` (with ``tok_rgb@224`` also an input and a domain we lack, ``tok_clip@224``),
-  every parameter random, ``save_pretrained(folder)``, imported by :func:`~fourm_kfp.model.ml4m.import_ml4m`:
+* **ml-4m → ours**: ``FM(config)`` (with ``tok_rgb@224`` also an input, and ``tok_clip@224``, which comes in as our
+  ``clip`` feature-map modality at its 14 x 14 grid), every parameter random, ``save_pretrained(folder)``, imported by :func:`~fourm_kfp.model.ml4m.import_ml4m`:
   logits ≤ 1e-4 of ml-4m's.
 
 Each on two batches masked by our masking (:mod:`fourm_kfp.masking.multimodal_masking`): every slot filled, and

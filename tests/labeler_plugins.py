@@ -131,10 +131,41 @@ class CaptionTeacherLabeler(Labeler):
         return check_labels(self, batch, ["a photo"] * len(batch))
 
 
+class FeatureMapLabeler(Labeler):
+    """A stand-in for a feature-map teacher (CLIP's, DINOv2's): each photo average-pooled to ``grid`` x ``grid``
+    cells, each cell's colour (centred, with its squares, for some non-linearity) mapped by a fixed random projection
+    to ``channels`` features through a tanh. Deterministic, and its features move with the image. ``modality``:
+    ``clip`` or ``dinov2``; it reports its ``channels`` and ``grid`` as a teacher must."""
+
+    name = "feature_map"
+    defaults: ClassVar[Mapping[str, Any]] = {"modality": "clip", "grid": 4, "channels": 8}
+
+    def __init__(self, setup) -> None:
+        super().__init__(setup)
+        self.modality = str(self.params["modality"])
+        self.check_number("grid", 1, integer=True)
+        self.check_number("channels", 1, integer=True)
+        self.grid, self.channels = int(self.params["grid"]), int(self.params["channels"])
+        self.projection = np.random.default_rng(55).normal(size=(6, self.channels)) / np.sqrt(6)
+
+    @property
+    def modality_settings(self) -> dict[str, Any]:
+        return {"channels": self.channels, "grid": self.grid}
+
+    def features(self, image: np.ndarray) -> np.ndarray:
+        g, cell = self.grid, image.shape[0] // self.grid
+        pooled = image[:g * cell, :g * cell].reshape(g, cell, g, cell, 3).mean(axis=(1, 3)) / 127.5 - 1.0
+        return np.tanh(2.0 * np.concatenate([pooled, pooled ** 2 - 0.5], -1) @ self.projection).astype(np.float32)
+
+    def label(self, batch: LabelBatch) -> list[Any]:
+        return check_labels(self, batch, [self.features(image) for image in batch.images])
+
+
 GATE_LABELERS = {"far_depth": "tests.labeler_plugins:FarDepthLabeler",
                  "nan_depth": "tests.labeler_plugins:NanDepthLabeler",
                  "slow_depth": "tests.labeler_plugins:SlowDepthLabeler",
                  "out_of_vocabulary_semseg": "tests.labeler_plugins:OutOfVocabularySemsegLabeler",
                  "off_image_det": "tests.labeler_plugins:OffImageDetLabeler",
                  "patchy_depth": "tests.labeler_plugins:PatchyDepthLabeler",
-                 "caption_teacher": "tests.labeler_plugins:CaptionTeacherLabeler"}
+                 "caption_teacher": "tests.labeler_plugins:CaptionTeacherLabeler",
+                 "feature_map": "tests.labeler_plugins:FeatureMapLabeler"}

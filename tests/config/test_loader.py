@@ -121,11 +121,16 @@ def test_unknown_preset_lists_the_available_ones():
 
 def _external_sources(preset: str, folder: Path) -> list[str]:
     """Overrides pointing a preset's outside files (``finetune-4m``'s ml-4m model and tokenizer) at stand-ins, which
-    the addresses read (their listing and digest)."""
+    the addresses read (their listing and digest); ``photos-4m21``'s teacher folders (relative to the working
+    directory, which the caller makes ``folder``) made as stand-ins."""
     from fourm_kfp.tokenizers.text_tokenizer import save_text_tokenizer, train_text_tokenizer
 
     config = load_config(preset)
     overrides = []
+    for entry in config.label.labelers:
+        if entry.source:
+            (folder / entry.weights).mkdir(parents=True)
+            (folder / entry.weights / "config.json").write_text('{"model_type": "stand-in"}')
     if config.train.init_from:
         (folder / "ml4m").mkdir()
         (folder / "ml4m" / "config.json").write_text('{"domains_in": []}')
@@ -137,8 +142,10 @@ def _external_sources(preset: str, folder: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("preset", available_presets())
-def test_pinned_overrides_rebuild_the_config_and_its_addresses(preset, tmp_path):
+def test_pinned_overrides_rebuild_the_config_and_its_addresses(preset, tmp_path, monkeypatch):
     from fourm_kfp.config.loader import pinned_overrides
+
+    monkeypatch.chdir(tmp_path)
     from fourm_kfp.contract.addressing import stage_address
     from fourm_kfp.stages import STAGES
 

@@ -115,3 +115,35 @@ def test_a_generative_teacher_s_det_keeps_only_the_boxes_the_gate_accepts():
     assert check_value("det", kept, CheckSettings(image_size=SIZE, classes=classes)) is None
     assert check_value("det", generated, CheckSettings(image_size=SIZE, classes=classes)) is not None
     assert well_formed_det("v0=500 v1=20 v2=10 v3=600 chair the", classes) == ""
+
+
+FEATURES = CheckSettings(image_size=SIZE, modality_settings={"channels": 5, "grid": 3})
+
+
+def _features() -> np.ndarray:
+    return np.random.default_rng(0).normal(size=(3, 3, 5)).astype(np.float32)
+
+
+@pytest.mark.parametrize("modality", ["clip", "dinov2"])
+def test_a_feature_map_is_checked_against_its_labeler_s_grid_and_channels_not_the_image_size(modality):
+    assert check_value(modality, _features(), FEATURES) is None  # a 3 x 3 grid where images are 8 px
+    assert check_value(modality, _features().astype(np.float16), FEATURES) is None
+
+
+BAD_FEATURES = [
+    (_with(_features(), (0, 0, 0), np.nan), FEATURES, "non-finite feature values"),
+    (_with(_features(), (1, 2, 3), -np.inf), FEATURES, "non-finite feature values"),
+    (_features()[:, :2], FEATURES, r"shape \(3, 2, 5\), expected \[grid, grid, channels\] = \(3, 3, 5\)"),
+    (_features()[..., :4], FEATURES, r"shape \(3, 3, 4\)"),
+    (np.zeros((SIZE, SIZE, 5), np.float32), FEATURES, r"expected \[grid, grid, channels\]"),  # the image's size
+    (_features().astype(np.int32), FEATURES, "expected floats"),
+    (_with(_features(), (0, 0, 0), 1e6), FEATURES, "beyond"),
+    (_features(), CheckSettings(image_size=SIZE), "reports no channels and grid"),
+    (_features(), CheckSettings(image_size=SIZE, modality_settings={"channels": 5}), "reports no channels"),
+]
+
+
+@pytest.mark.parametrize("value, settings, problem", BAD_FEATURES, ids=[p[:24] for _, _, p in BAD_FEATURES])
+def test_each_feature_map_check_stops_its_bad_value(value, settings, problem):
+    found = check_value("clip", value, settings)
+    assert found is not None and re.search(problem, found), found

@@ -1,11 +1,18 @@
-"""One table of modalities: every modality is fully described, and every per-modality registry follows it."""
+"""One record per modality: every record of the table is complete (each field set, each name it holds resolving in
+its family table on its own floor), and every consumer reaches every modality of the table through it: the shard
+codec, the data gate, crops, the visualiser, the image tokenizer's codec and metrics, train-tokenizers' defaults,
+the dataset settings, the evaluation's scorer and tasks, and ml-4m's domains."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
-from fourm_kfp.config.fourm_config import TrainTokenizersConfig
+from fourm_kfp.config.fourm_config import EVALUATION_TASKS, ImageTokenizerConfig, TrainTokenizersConfig
+from fourm_kfp.data.crops import CROP_RULES, Crop, apply_crop
+from fourm_kfp.data.label_checks import CHECKS, CheckSettings, check_value
 from fourm_kfp.data.modalities import (
     COORD_BINS,
     IMAGE_MODALITIES,
@@ -17,53 +24,103 @@ from fourm_kfp.data.modalities import (
 from fourm_kfp.data.modality_visuals import VISUALIZERS, visualize
 from fourm_kfp.data.pretokenized import member_ext, source_modality, token_name
 from fourm_kfp.data.synthetic_scenes import synthetic_sample
-from fourm_kfp.labelers.base import LabelBatch
+from fourm_kfp.data.vocabularies import SETTINGS, DatasetMeta
+from fourm_kfp.evaluation.targets import SCORERS, scorer, task_primary
+from fourm_kfp.labelers.base import LabelBatch, LabelerSetup
 from fourm_kfp.labelers.registry import build_labeler
-from fourm_kfp.tokenizers.metrics import METRICS
-from fourm_kfp.tokenizers.modality_codecs import CODECS
+from fourm_kfp.model.ml4m import DOMAINS
+from fourm_kfp.tokenizers.metrics import ERROR_FAMILIES, METRICS
+from fourm_kfp.tokenizers.modality_codecs import CODECS, get_codec
+from tests.labeler_plugins import FeatureMapLabeler
+
+SIZE = 32
 
 
-def test_registries_cover_exactly_the_table():
-    assert set(VISUALIZERS) == set(MODALITIES)
-    vqvae = {m.name for m in MODALITIES.values() if m.tokenizer == "vqvae"}
-    assert set(CODECS) == vqvae == set(METRICS) == set(IMAGE_MODALITIES)
-    wordpiece = {m.name for m in MODALITIES.values() if m.tokenizer == "wordpiece"}
-    assert wordpiece == set(SEQUENCE_MODALITIES) == set(TrainTokenizersConfig().text_modalities)
-    assert set(TrainTokenizersConfig().image_modalities) == vqvae
-
-
-def _value(name: str):
-    """A value of ``name``: the synthetic scene's, or what the built-in labeler making it gives for its rgb."""
-    sample = synthetic_sample(0, 3, 32)
+def _sample(name: str) -> tuple[object, dict]:
+    """A value of ``name`` and its dataset settings: the synthetic scene's, or what a labeler making it gives for
+    the scene's rgb (a built-in named after its modality; the test teacher for a feature map)."""
+    sample = synthetic_sample(0, 3, SIZE)
     if name in sample:
-        return sample[name]
-    labeler = build_labeler(name)  # canny_edge, color_palette, metadata: each built-in is named after its modality
+        return sample[name], {}
+    if MODALITIES[name].grid_sized:
+        labeler = FeatureMapLabeler(LabelerSetup(params={"modality": name, "grid": 4, "channels": 6}))
+    else:
+        labeler = build_labeler(name)  # canny_edge, color_palette, metadata
     assert labeler.modality == name
-    return labeler.label(LabelBatch(("k",), (sample["rgb"],), (sample["caption"],), ((640, 480),)))[0]
+    batch = LabelBatch(("k",), (sample["rgb"],), (sample["caption"],), ((640, 480),))
+    return labeler.label(batch)[0], labeler.modality_settings
+
+
+@pytest.mark.parametrize("name", list(MODALITIES))
+def test_every_record_is_complete(name):
+    m = MODALITIES[name]
+    assert m.name == name and m.ext and m.metric and callable(m.encode) and callable(m.decode)
+    assert (m.kind, m.tokenizer) in (("image", "vqvae"), ("sequence", "wordpiece"))
+    assert m.visual in VISUALIZERS and m.crop in CROP_RULES
+    assert m.check in CHECKS if m.kind == "sequence" else not m.check or m.check in CHECKS
+    assert not m.scoring or m.scoring in SCORERS
+    assert m.ml4m is not None and m.ml4m.vocab_size > 0
+    assert (m.ml4m.max_length > 0) == (m.kind == "sequence")
+    fields = {f.name for f in dataclasses.fields(ImageTokenizerConfig)}
+    if m.kind == "image":
+        assert m.codec in CODECS and m.errors in ERROR_FAMILIES
+        assert set(m.tokenizer_defaults) <= fields
+        assert m.grid_sized == (m.channels == 0) and (not m.grid_sized or {"channels", "grid"} <= set(m.settings))
+    else:
+        assert not (m.codec or m.errors or m.tokenizer_defaults or m.grid_sized) and m.channels == 0
+    assert not m.camera_image or (m.kind == "image" and m.channels == 3)  # read as RGB
+    assert not m.discrete or m.crop == "nearest"  # ids and flags are never blended
+
+
+def test_each_consumer_reaches_every_modality_of_the_table():
+    assert set(SETTINGS) == {n for n, m in MODALITIES.items() if m.settings}
+    assert set(DOMAINS) == set(MODALITIES) and len({d.name for d in DOMAINS.values()}) == len(DOMAINS)
+    assert set(METRICS) == set(IMAGE_MODALITIES)
+    defaults = TrainTokenizersConfig()
+    assert set(defaults.image_modalities) == set(IMAGE_MODALITIES)
+    assert set(defaults.text_modalities) == set(SEQUENCE_MODALITIES) and defaults.text_modalities[0] == "caption"
+    assert {task for task in EVALUATION_TASKS if task.startswith("rgb-to-")} == {
+        f"rgb-to-{n}" for n, m in MODALITIES.items() if m.scoring}
+    # every family of each table is some record's (nothing orphaned)
+    for table, field in ((CHECKS, "check"), (VISUALIZERS, "visual"), (CROP_RULES, "crop"), (CODECS, "codec"),
+                         (ERROR_FAMILIES, "errors")):
+        assert set(table) == {getattr(m, field) for m in MODALITIES.values()} - {""}, field
 
 
 @pytest.mark.parametrize("name", list(MODALITIES))
 def test_every_modality_is_fully_described(name):
     modality = MODALITIES[name]
-    assert modality.kind in ("image", "sequence") and modality.metric
-    assert not modality.camera_image or (modality.kind == "image" and modality.channels == 3)  # read as RGB
-    value = _value(name)
+    value, settings = _sample(name)
     stored = modality.decode(modality.encode(value))
     assert stored is not None and (modality.kind == "image" or isinstance(stored, str) and stored)
     if modality.kind == "sequence":  # read from a shard, written again (a stage re-encoding it), read: the same text
         assert modality.decode(modality.encode(stored)) == stored
-    tile = visualize(name, value, 32)
-    assert tile.shape[:2] == (32, 32)
+    assert check_value(name, value, CheckSettings(SIZE, modality_settings=settings)) is None
+    full = apply_crop({name: value}, Crop(0, 0, SIZE, SIZE), SIZE)[name]
+    # the full view: a map as it was; a text as it was, or (det) its boxes through the crop's pixels
+    assert np.array_equal(full, value) if modality.kind == "image" else type(full) is type(value)
+    tile = visualize(name, value, SIZE)
+    assert tile.shape == (SIZE, SIZE, 3) and tile.dtype == np.uint8
+    assert DOMAINS[name].kind == modality.kind
     if modality.kind == "image":
         array = np.asarray(value)
-        assert (array.shape[-1] if array.ndim == 3 else 1) == modality.channels
-        codec = CODECS[name]
+        meta = DatasetMeta.from_json({"modality_settings": {name: settings}} if settings else {}, "test")
+        assert array.shape == modality.shape(SIZE, meta.settings(name))
+        codec = get_codec(name, get_codec(name).settings_for(meta, name))
         assert codec.to_input(array[None], codec.fit(array[None])).shape[1] == codec.in_channels
         assert METRICS[name].primary == modality.metric
+        assert METRICS[name].errors(array[None], array[None])[modality.metric] == pytest.approx(0.0, abs=0.05)
+        assert TrainTokenizersConfig().image_config(name).patch_size >= 1
         assert source_modality(token_name(name)) == name and member_ext(token_name(name)) == "npy"
     else:
-        assert modality.channels == 0
-        assert visualize(name, stored, 32).shape == (32, 32, 3)  # as read from a shard, and as generated
+        assert member_ext(name) in ("txt", "json")
+        assert visualize(name, stored, SIZE).shape == (SIZE, SIZE, 3)  # as read from a shard, and as generated
+    if modality.scoring:
+        family = scorer(name)
+        truth = [stored]
+        assert task_primary(f"rgb-to-{name}")[0] == family.primary
+        assert family.primary in family.stats(truth, truth, [0.0]).whole()
+        assert family.baseline(truth * 2) is not None
 
 
 def test_det_text_round_trips_and_malformed_generated_boxes_are_skipped():

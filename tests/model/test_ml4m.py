@@ -163,19 +163,19 @@ def test_import_names_a_tensor_whose_shape_disagrees_and_a_norm_with_a_bias(tmp_
 def test_domains_we_lack_are_dropped_by_name_and_a_subset_can_be_asked_for(tmp_path):
     export_ml4m(random_model(layers=(1, 1)), tmp_path)
 
-    def add_clip(tensors):
-        tensors["encoder_embeddings.tok_clip@224.token_emb.weight"] = torch.zeros(64, 32)
-        tensors["encoder_embeddings.tok_clip@224.mod_emb"] = torch.zeros(1, 1, 32)
+    def add_imagebind(tensors):
+        tensors["encoder_embeddings.tok_imagebind@224.token_emb.weight"] = torch.zeros(64, 32)
+        tensors["encoder_embeddings.tok_imagebind@224.mod_emb"] = torch.zeros(1, 1, 32)
 
-    _rewrite(tmp_path, tensor_change=add_clip)
+    _rewrite(tmp_path, tensor_change=add_imagebind)
     config = json.loads((tmp_path / "config.json").read_text())
-    _rewrite(tmp_path, config_change={"domains_in": config["domains_in"] + ["tok_clip@224"]})
+    _rewrite(tmp_path, config_change={"domains_in": config["domains_in"] + ["tok_imagebind@224"]})
     model, report = import_ml4m(tmp_path, modalities=["rgb", "caption"], rgb_input="tokens")
     rgb = model.args.modalities[model.args.names.index("rgb")]
     assert set(model.args.names) == {"rgb", "caption"} and not rgb.pixel_input
-    assert "tok_clip@224: no such modality in fourm-kfp" in report.dropped_domains
+    assert "tok_imagebind@224: no such modality in fourm-kfp" in report.dropped_domains
     assert any(d.startswith("rgb@224") for d in report.dropped_domains)
-    assert any(d.startswith("encoder_embeddings.tok_clip@224.token_emb.weight") for d in report.dropped)
+    assert any(d.startswith("encoder_embeddings.tok_imagebind@224.token_emb.weight") for d in report.dropped)
     assert any(d.startswith("decoder_embeddings.tok_depth@224") for d in report.dropped)
     assert "enc_token_embed[rgb]" in report.missing  # the source had rgb only as pixels
 
@@ -192,6 +192,22 @@ def test_export_refuses_what_ml4m_cannot_express_with_every_reason():
     assert not any("canny_edge" in r for r in reasons)
     with pytest.raises(Ml4mError, match="cannot be written in ml-4m's format"):
         export_ml4m(FourM(small), "/nonexistent/never-written")
+
+
+def test_feature_maps_are_exchanged_as_ml4m_s_clip_and_dinov2_tokens_at_their_own_grids(tmp_path):
+    """tok_clip@224 is 14 x 14 (16-px patches), tok_dinov2@224 16 x 16 (DINOv2's 14-px patches)."""
+    features = (ModalitySpec("rgb", "image", 16384, grid=GRID), ModalitySpec("clip", "image", 8192, grid=(14, 14)),
+                ModalitySpec("dinov2", "image", 8192, grid=(16, 16)))
+    args = FourMArgs(features, 1, 1, 32, 2, tie_embeddings=False, context_bias=True)
+    assert ml4m_unexpressible(args) == []
+    wrong = FourMArgs(features[:2] + (ModalitySpec("dinov2", "image", 8192, grid=GRID),), 1, 1, 32, 2)
+    assert any("'dinov2': token grid (14, 14), ml-4m's tok_dinov2@224 is (16, 16)" in r
+               for r in ml4m_unexpressible(wrong))
+    config = export_ml4m(FourM(args), tmp_path)
+    assert config["domains_out"] == ["tok_rgb@224", "tok_clip@224", "tok_dinov2@224"]
+    back, _ = import_ml4m(tmp_path)
+    assert [(s.name, tuple(s.grid)) for s in back.args.modalities] == [("rgb", GRID), ("clip", (14, 14)),
+                                                                         ("dinov2", (16, 16))]
 
 
 def _reference():
@@ -218,7 +234,8 @@ def test_both_directions_against_ml4m_fm():
         for route in variant.values():
             assert route["padded"]["padding"] and not route["full"]["padding"]
             assert all(b["loss_max_abs_diff"] <= 1e-4 for b in route.values())
-    assert "tok_clip@224: no such modality in fourm-kfp" in result["ml4m_to_ours"]["import"]["dropped_domains"]
+    # ml-4m's CLIP feature tokens come in as our clip modality, compared with the rest
+    assert not any(d.startswith("tok_clip@224") for d in result["ml4m_to_ours"]["import"]["dropped_domains"])
 
 
 def _committed_model(uri: str, model: FourM) -> None:

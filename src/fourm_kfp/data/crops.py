@@ -4,16 +4,22 @@ Each sample gets ``n_crops`` crops: crop 0 is the full view, the others random r
 ``scale``, aspect ratio in ``ratio``) that are mirrored with probability ``flip_probability``. Draws are seeded by
 ``(seed, sample key)``, so a rerun gives the same crops byte for byte.
 
-Every modality is cut to the same window and resized back to the image size its own way:
+Every modality is cut to the same window and resized back its own way, the rule its record names (``crop``, a key
+of :data:`CROP_RULES`):
 
-* ``rgb`` (a ``camera_image`` of the modality table) — bilinear (a photo tolerates interpolation);
-* every other image modality (``depth``, ``normal``, ``semseg``, ``edge``, ``canny_edge``, ...) — nearest
-  neighbour: values stay exact and invalid pixels (depth 0, zero normals) never blend into valid ones, class ids and
-  edge bits stay ids and bits;
-* a flip mirrors columns and negates the normals' x component (camera frame, x to the right);
-* ``det`` boxes are mapped into the crop (and mirrored), clipped to it, and dropped when less than
-  ``MIN_VISIBLE`` of their area remains; ``caption`` and the other sequence modalities (whole-image statistics:
-  ``color_palette``, ``metadata``, as 4M leaves them) are kept as they are.
+* ``camera`` (``rgb``) — bilinear (a photo tolerates interpolation);
+* ``nearest`` (``depth``, ``semseg``, ``edge``, ``canny_edge``, ...) — nearest neighbour: values stay exact and
+  invalid pixels (depth 0) never blend into valid ones, class ids and edge bits stay ids and bits;
+* ``normal`` — nearest neighbour, and a flip negates the x component (camera frame, x to the right);
+* ``grid`` (a feature map, ``clip``, ``dinov2``: ``[grid, grid, C]``, not the image's size) — the window scaled to
+  the grid's cells and resized back to the grid by nearest neighbour (each output cell takes the cell under its
+  centre). The teacher saw the whole image, so this approximates the features of the crop by those of the cells it
+  covers (a view of the same scene, not a re-run of the teacher);
+* a flip mirrors columns (every rule's);
+* ``boxes`` (``det``) — boxes mapped into the crop (and mirrored), clipped to it, and dropped when less than
+  ``MIN_VISIBLE`` of their area remains;
+* ``keep`` — ``caption`` and the other sequence modalities (whole-image statistics: ``color_palette``,
+  ``metadata``, as 4M leaves them) as they are.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from PIL import Image
@@ -102,18 +108,36 @@ def crop_det(text: str, crop: Crop, image_size: int) -> str:
     return format_det(boxes, names, image_size, image_size)
 
 
+def _crop_grid(array: np.ndarray, crop: Crop, image_size: int) -> np.ndarray:
+    """A ``[grid, grid, C]`` feature map through ``crop`` (in image pixels): see the module docstring."""
+    grid = array.shape[0]
+    scale = grid / image_size
+    centres = (np.arange(grid) + 0.5) / grid
+    rows = np.clip(np.floor((crop.y0 + centres * crop.height) * scale).astype(np.int64), 0, grid - 1)
+    cols = np.clip(np.floor((crop.x0 + centres * crop.width) * scale).astype(np.int64), 0, grid - 1)
+    out = array[rows][:, cols]
+    return out[:, ::-1] if crop.flip else out
+
+
+def _crop_normal(normal: np.ndarray, crop: Crop, image_size: int) -> np.ndarray:
+    normal = _resize(normal, crop, image_size, bilinear=False)
+    return normal * np.array([-1.0, 1.0, 1.0], np.float32) if crop.flip else normal
+
+
+#: How a crop transforms a modality's value, by the rule its record names: ``(value, crop, image size)`` → value.
+CROP_RULES: dict[str, Callable[[Any, Crop, int], Any]] = {
+    "camera": lambda value, crop, size: _resize(value, crop, size, bilinear=True),
+    "nearest": lambda value, crop, size: _resize(value, crop, size, bilinear=False),
+    "normal": _crop_normal,
+    "grid": _crop_grid,
+    "boxes": crop_det,
+    "keep": lambda value, crop, size: value,
+}
+
+
 def apply_crop(sample: dict[str, Any], crop: Crop, image_size: int) -> dict[str, Any]:
-    """The sample seen through ``crop`` (modalities it lacks stay absent)."""
-    out: dict[str, Any] = {}
-    for modality, value in sample.items():
-        spec = MODALITIES.get(modality)
-        if modality == "normal":
-            normal = _resize(value, crop, image_size, bilinear=False)
-            out[modality] = normal * np.array([-1.0, 1.0, 1.0], np.float32) if crop.flip else normal
-        elif spec is not None and spec.kind == "image":  # a camera image bilinear, every map nearest
-            out[modality] = _resize(value, crop, image_size, bilinear=spec.camera_image)
-        elif modality == "det":
-            out[modality] = crop_det(value, crop, image_size)
-        else:
-            out[modality] = value
+    """The sample seen through ``crop`` (modalities it lacks stay absent; a name outside the modality table is
+    kept as it is)."""
+    out = {m: CROP_RULES[MODALITIES[m].crop](v, crop, image_size) if m in MODALITIES else v
+           for m, v in sample.items()}
     return {k: np.ascontiguousarray(v) if isinstance(v, np.ndarray) else v for k, v in out.items()}

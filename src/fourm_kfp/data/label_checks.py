@@ -17,10 +17,13 @@ det                boxes ``v0=xmin v1=ymin v2=xmax v3=ymax name`` and nothing el
                    (when the labeler has one); not empty (a labeler without boxes for an image returns None)
 caption, …         a non-empty string (a sequence modality)
 color_palette      1 to 7 colours per length, three channels in 0..255
+clip, dinov2       a finite float feature map (no image-size check: its shape is ``[grid, grid, channels]`` of the
+                   labeler's modality settings, both of which it must report)
 =================  ============================================================================================
 
-Any image modality must also have the prepared images' size. A modality without its own check passes those
-generic ones only.
+Any other image modality must also have the prepared images' size
+(:meth:`~fourm_kfp.data.modalities.Modality.shape`). The check of a modality is named by its record (``check``, a
+key of :data:`CHECKS`); an image modality without one passes the shape check only.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from fourm_kfp.data.modalities import COORD_BINS, MAX_SEMSEG_CLASSES, MODALITIES
+from fourm_kfp.data.modalities import COORD_BINS, MAX_FEATURE_MAGNITUDE, MAX_SEMSEG_CLASSES, MODALITIES
 
 
 @dataclass(frozen=True)
@@ -48,9 +51,12 @@ class CheckSettings:
 
 
 def _shape(value: Any, modality: str, settings: CheckSettings) -> str | None:
+    """The shape of an image-size map; a grid-sized one's (a feature map) is its own check's."""
+    spec = MODALITIES[modality]
+    if spec.grid_sized:
+        return None
     array = np.asarray(value)
-    channels = MODALITIES[modality].channels
-    want = (settings.image_size, settings.image_size) + ((channels,) if channels > 1 else ())
+    want = spec.shape(settings.image_size)
     if array.shape != want:
         return f"shape {array.shape}, expected {want}"
     return None
@@ -144,6 +150,24 @@ def _det(value: Any, settings: CheckSettings) -> str | None:
     return None
 
 
+def _features(value: Any, modality: str, settings: CheckSettings) -> str | None:
+    """A feature map: ``[grid, grid, channels]`` of the labeler's settings, finite (float16-storable)."""
+    array = np.asarray(value)
+    want = MODALITIES[modality].shape(settings.image_size, settings.modality_settings)
+    if 0 in want:
+        return (f"the labeler reports no channels and grid of its {modality} feature map (its modality_settings "
+                f"give {dict(settings.modality_settings)}): they size the tokenizer")
+    if array.shape != want:
+        return f"shape {array.shape}, expected [grid, grid, channels] = {want} (the labeler's modality settings)"
+    if not np.issubdtype(array.dtype, np.floating):
+        return f"features of dtype {array.dtype}, expected floats"
+    if not np.isfinite(array).all():
+        return "non-finite feature values"
+    if np.abs(array).max(initial=0.0) > MAX_FEATURE_MAGNITUDE:
+        return f"feature values beyond +-{MAX_FEATURE_MAGNITUDE:g} (a shard stores float16)"
+    return None
+
+
 def _text(value: Any, settings: CheckSettings) -> str | None:
     if isinstance(value, (dict, list)):  # a structured sequence value (metadata), encoded to text by its codec
         return None if value else "an empty value"
@@ -152,15 +176,25 @@ def _text(value: Any, settings: CheckSettings) -> str | None:
     return None
 
 
-#: Modality-specific checks (on top of the image shape check).
-CHECKS: dict[str, Callable[[Any, CheckSettings], str | None]] = {
-    "depth": _depth,
-    "normal": _normal,
-    "semseg": _semseg,
-    "edge": _binary,
-    "canny_edge": _binary,
-    "color_palette": _palette,
-    "det": _det,
+#: A value check: ``(value, modality, settings)`` → None, or the problem in words.
+Check = Callable[[Any, str, CheckSettings], "str | None"]
+
+
+def _plain(check: Callable[[Any, CheckSettings], str | None]) -> Check:
+    """A check that needs no modality name."""
+    return lambda value, modality, settings: check(value, settings)
+
+
+#: The value checks a modality record names (``check``), on top of an image modality's shape check.
+CHECKS: dict[str, Check] = {
+    "depth": _plain(_depth),
+    "normal": _plain(_normal),
+    "semseg": _plain(_semseg),
+    "binary": _plain(_binary),
+    "palette": _plain(_palette),
+    "det": _plain(_det),
+    "text": _plain(_text),
+    "features": _features,
 }
 
 
@@ -171,7 +205,4 @@ def check_value(modality: str, value: Any, settings: CheckSettings) -> str | Non
         problem = _shape(value, modality, settings)
         if problem:
             return problem
-    elif modality not in CHECKS:
-        return _text(value, settings)
-    check = CHECKS.get(modality)
-    return check(value, settings) if check else None
+    return CHECKS[spec.check](value, modality, settings) if spec.check else None

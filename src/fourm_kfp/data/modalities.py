@@ -1,4 +1,5 @@
-"""The modality registry: what each modality is in memory and how it is stored in a shard.
+"""The modality table: one record per modality, what it is in memory, how it is stored in a shard, and how every
+later layer treats it.
 
 A *sample* is a dict ``{modality_name: value}``; a modality a source lacks is simply not in the dict.
 In-memory values (what sources produce and later stages consume):
@@ -24,26 +25,45 @@ color_palette  str when read from a shard: ``v1=k v0=r       ``json`` (4M's pale
                labeler
 metadata       str when read from a shard: ``v1=<id>         ``json`` (4M's metadata JSON: raw numbers
                v0=<bin> ...``; the raw fields from a labeler   by field)
+clip, dinov2   float32 ``[grid, grid, channels]``: a teacher   ``npy`` (float16, :func:`encode_feature_map`)
+               network's patch features (4M-21's
+               ``tok_clip``, ``tok_dinov2``); ``grid`` is the
+               teacher's token grid, not the image size
 =============  ==============================================  ==========================================
 
-The last three come from the label stage's labelers (:mod:`fourm_kfp.labelers`); their text forms are 4M-21's
-(:mod:`fourm_kfp.data.label_formats`).
+The modalities after ``metadata`` come from the label stage's labelers (:mod:`fourm_kfp.labelers`); the text forms
+of ``color_palette`` and ``metadata`` are 4M-21's (:mod:`fourm_kfp.data.label_formats`). A feature map's
+``channels`` and ``grid`` are the dataset's modality settings (:mod:`fourm_kfp.data.vocabularies`), which the
+labeler that made it reports.
 
-:data:`MODALITIES` is the one table of modalities: kind, in-memory channels, file extension and codec, tokenizer
-kind (``vqvae`` per image modality, the shared ``wordpiece`` for text), the primary metric its tokenizer reports,
-and the family of metrics and baseline the evaluate stage scores it with as a generated target (``scoring``). The
-other per-modality registries (tokenizer codecs and metrics in :mod:`fourm_kfp.tokenizers`, visualisers in
-:mod:`fourm_kfp.data.modality_visuals`, pretokenized names in :mod:`fourm_kfp.data.pretokenized`) follow it, and a
-test checks that every modality is fully described. Everything is looked up by name
-(``MODALITIES["depth"].encode(x)``), so stages treat modalities as data rather than ``if`` chains.
+:data:`MODALITIES` is the one table of modalities. A :class:`Modality` record holds everything a modality is:
+
+* on this floor: its kind, in-memory channels and shape (:meth:`Modality.shape`), shard extension and codec, how an
+  aligned crop transforms it (``crop``, a rule of :data:`fourm_kfp.data.crops.CROP_RULES`), whether its values are
+  ids or flags (``discrete``: never interpolated), the dataset settings it takes (``settings``, with their
+  defaults), the data gate's value check (``check``, :data:`fourm_kfp.data.label_checks.CHECKS`) and its
+  visualiser (``visual``, :data:`fourm_kfp.data.modality_visuals.VISUALIZERS`);
+* for the floors above, which hold the code, the *name* of its family there, resolved where it is used (so no
+  import runs up a floor): the tokenizer (``tokenizer``: ``vqvae`` per image modality, the shared ``wordpiece`` for
+  text), an image tokenizer's codec (``codec``, :data:`fourm_kfp.tokenizers.modality_codecs.CODECS`), its error
+  metrics and trivial baseline (``errors``, :data:`fourm_kfp.tokenizers.metrics.ERROR_FAMILIES`) and the primary
+  one (``metric``), the train-tokenizers settings it needs beneath a preset's ``per_modality``
+  (``tokenizer_defaults``), the evaluate stage's scorer family (``scoring``,
+  :data:`fourm_kfp.evaluation.targets.SCORERS`), and its token domain in apple/ml-4m's format (``ml4m``, read by
+  :mod:`fourm_kfp.model.ml4m`).
+
+``tests/data/test_modality_table.py`` checks that every record is complete: each name resolves in its family table
+and each consumer reaches every modality. Everything is looked up by name (``MODALITIES["depth"].encode(x)``), so
+stages treat modalities as data rather than ``if`` chains: a modality coded, checked, drawn and scored like an
+existing one is one record here.
 """
 
 from __future__ import annotations
 
 import io
 import re
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
@@ -64,15 +84,26 @@ MAX_SEMSEG_CLASSES = 65536
 
 
 @dataclass(frozen=True)
-class Modality:
-    """One modality: its kind, its file extension in shards, and its byte codec."""
+class Ml4mDomain:
+    """A modality's token domain in apple/ml-4m's format (its ``fourm/data/modality_info.py`` entry): the name, the
+    vocabulary, an image domain's token grid at 224 px, a text domain's longest text."""
 
     name: str
-    kind: str  # "image" (a pixel grid, tokenized by a VQ-VAE) or "sequence" (text, tokenized by WordPiece)
+    vocab_size: int
+    grid: tuple[int, int] = (14, 14)  # image: 224 px in 16-px patches (DINOv2's 14-px patches: 16 x 16)
+    max_length: int = 0  # sequence: the longest text its embeddings take (ml-4m's ``max_length``)
+
+
+@dataclass(frozen=True)
+class Modality:
+    """One modality: everything it is, in one record (see the module docstring for each field's family table)."""
+
+    name: str
+    kind: str  # "image" (a grid, tokenized by a VQ-VAE) or "sequence" (text, tokenized by WordPiece)
     ext: str
     encode: Callable[[Any], bytes]
     decode: Callable[[bytes], Any]
-    channels: int  # in-memory channels of an image modality (1 = [H, W]); 0 for text
+    channels: int  # in-memory channels of an image modality (1 = [H, W]; 0: its ``channels`` setting); 0 for text
     tokenizer: str  # "vqvae" (one per modality) or "wordpiece" (shared by the sequence modalities)
     metric: str  # primary error metric of its tokenizer ("mse", "abs_rel", ...; lower is better)
     #: how the evaluate stage scores it as a generated target (an ``rgb-to-<name>`` task): the scorer family in
@@ -80,8 +111,43 @@ class Modality:
     scoring: str = ""
     #: a camera picture: a user's file of it (``fourm-kfp generate --from``) may be any image format PIL reads, and
     #: is converted to RGB and resized to the model's image size; a file of any other image modality must be in its
-    #: shard format (``ext``, ``decode``) at the model's size
+    #: shard format (``ext``, ``decode``) at its tokenizer's size
     camera_image: bool = False
+    #: the data gate's value check (:data:`fourm_kfp.data.label_checks.CHECKS`) on top of an image modality's shape
+    #: check; "" = the shape check only
+    check: str = ""
+    #: its visualiser (:data:`fourm_kfp.data.modality_visuals.VISUALIZERS`)
+    visual: str = ""
+    #: how an aligned crop transforms it (:data:`fourm_kfp.data.crops.CROP_RULES`)
+    crop: str = "keep"
+    #: values are class ids or flags: resized by nearest neighbour only, never blended
+    discrete: bool = False
+    #: an image tokenizer's codec family (:data:`fourm_kfp.tokenizers.modality_codecs.CODECS`)
+    codec: str = ""
+    #: an image tokenizer's error metrics and trivial baseline (:data:`fourm_kfp.tokenizers.metrics.ERROR_FAMILIES`)
+    errors: str = ""
+    #: train-tokenizers settings (``ImageTokenizerConfig`` fields) this modality needs, over the preset's shared
+    #: ``image`` section and beneath its ``per_modality`` entry (a feature map: a ViT over patches of one cell)
+    tokenizer_defaults: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    #: the dataset modality settings it takes, with their defaults (``dataset_meta.json``,
+    #: :mod:`fourm_kfp.data.vocabularies`)
+    settings: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    #: its side is the dataset's ``grid`` setting (a teacher's token grid) and its channels the ``channels``
+    #: setting, not the prepared image's size
+    grid_sized: bool = False
+    #: its token domain in ml-4m's format; None: ml-4m has none (such a model cannot be exported)
+    ml4m: Ml4mDomain | None = None
+
+    def shape(self, image_size: int, settings: Mapping[str, Any] | None = None) -> tuple[int, ...]:
+        """The in-memory shape of a value of this image modality: ``[S, S]`` or ``[S, S, C]`` for a map of the
+        prepared images' size ``S``; ``[grid, grid, channels]`` of its ``settings`` (the dataset's, defaults filled
+        in for those not given; 0 where unknown) for a grid-sized one."""
+        if self.kind != "image":
+            raise ValueError(f"modality {self.name!r} is a {self.kind} modality: it has no array shape")
+        given = {**self.settings, **(settings or {})}
+        side = int(given["grid"]) if self.grid_sized else image_size
+        channels = int(given["channels"]) if self.grid_sized else self.channels
+        return (side, side) + ((channels,) if self.grid_sized or channels > 1 else ())
 
 
 def _png_bytes(array: np.ndarray, mode: str | None = None) -> bytes:
@@ -98,7 +164,7 @@ def _png_array(data: bytes) -> np.ndarray:
 def _check(array: Any, name: str, ndim: int, channels: int | None = None) -> np.ndarray:
     array = np.asarray(array)
     if array.ndim != ndim or (channels is not None and array.shape[-1] != channels):
-        want = f"[H, W, {channels}]" if channels else "[H, W]"
+        want = f"[H, W, {channels}]" if channels else "[H, W]" if ndim == 2 else "[H, W, C]"
         raise ValueError(f"modality {name!r}: expected an array of shape {want}, got {array.shape}")
     return array
 
@@ -177,24 +243,79 @@ def decode_text(data: bytes) -> str:
     return data.decode("utf-8")
 
 
+#: The largest magnitude a feature map's shard member holds (float16's largest finite value).
+MAX_FEATURE_MAGNITUDE = float(np.finfo(np.float16).max)
+
+
+def encode_feature_map(features: np.ndarray) -> bytes:
+    """A feature map ``[grid, grid, channels]`` as an ``.npy`` of float16 (format 1.0, C order: the same array
+    gives the same bytes). float16 keeps 11 significant bits: each value is stored to within a relative 2^-11
+    (about 0.05%; values below 6e-5 in magnitude lose relative precision, those below 3e-8 become 0), which moves a
+    feature vector's cosine to the original by less than 1e-6. A non-finite value, or one beyond float16's range
+    (65504), is refused rather than stored as infinity."""
+    features = _check(features, "feature map", 3).astype(np.float32, copy=False)
+    if not np.isfinite(features).all() or np.abs(features).max(initial=0.0) > MAX_FEATURE_MAGNITUDE:
+        raise ValueError(f"feature map: values must be finite and within +-{MAX_FEATURE_MAGNITUDE:g} (float16)")
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.ascontiguousarray(features.astype(np.float16)), version=(1, 0),
+                              allow_pickle=False)
+    return buf.getvalue()
+
+
+def decode_feature_map(data: bytes) -> np.ndarray:
+    """The float32 ``[grid, grid, channels]`` map of :func:`encode_feature_map`'s bytes."""
+    return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False).astype(np.float32)
+
+
+def _feature_map(name: str, domain: Ml4mDomain) -> Modality:
+    """A teacher network's patch features (4M-21's feature-map modalities): a grid-sized float map, tokenized by a
+    VQ-VAE over cells (a ViT, patch 1: ml-4m's feature tokenizers), scored by cosine similarity."""
+    return Modality(name, "image", "npy", encode_feature_map, decode_feature_map, 0, "vqvae", "mse",
+                    scoring="features", check="features", visual="features", crop="grid", codec="features",
+                    errors="features", tokenizer_defaults={"architecture": "vit", "patch_size": 1},
+                    settings={"channels": 0, "grid": 0}, grid_sized=True, ml4m=domain)
+
+
+_TEXT_VOCABULARY = 30000  # ml-4m's shared WordPiece vocabulary
+
 MODALITIES: dict[str, Modality] = {
     m.name: m
     for m in (
-        Modality("rgb", "image", "png", encode_rgb, decode_rgb, 3, "vqvae", "mse", camera_image=True),
-        Modality("depth", "image", "png", encode_depth, decode_depth, 1, "vqvae", "abs_rel", scoring="depth"),
-        Modality("normal", "image", "png", encode_normal, decode_normal, 3, "vqvae", "angle_deg", scoring="normal"),
-        Modality("semseg", "image", "png", encode_semseg, decode_semseg, 1, "vqvae", "pixel_err", scoring="classes"),
-        Modality("edge", "image", "png", encode_edge, decode_edge, 1, "vqvae", "pixel_err"),
+        Modality("rgb", "image", "png", encode_rgb, decode_rgb, 3, "vqvae", "mse", camera_image=True,
+                 visual="rgb", crop="camera", codec="rgb", errors="rgb", ml4m=Ml4mDomain("tok_rgb@224", 16384)),
+        Modality("depth", "image", "png", encode_depth, decode_depth, 1, "vqvae", "abs_rel", scoring="depth",
+                 check="depth", visual="depth", crop="nearest", codec="depth", errors="depth",
+                 settings={"relative": False}, ml4m=Ml4mDomain("tok_depth@224", 8192)),
+        Modality("normal", "image", "png", encode_normal, decode_normal, 3, "vqvae", "angle_deg", scoring="normal",
+                 check="normal", visual="normal", crop="normal", codec="normal", errors="normal",
+                 ml4m=Ml4mDomain("tok_normal@224", 8192)),
+        Modality("semseg", "image", "png", encode_semseg, decode_semseg, 1, "vqvae", "pixel_err", scoring="classes",
+                 check="semseg", visual="semseg", crop="nearest", discrete=True, codec="semseg", errors="classes",
+                 ml4m=Ml4mDomain("tok_semseg@224", 4096)),
+        # occlusion boundaries and creases, exchanged as ml-4m's instance boundaries (SAM edges)
+        Modality("edge", "image", "png", encode_edge, decode_edge, 1, "vqvae", "pixel_err", check="binary",
+                 visual="edge", crop="nearest", discrete=True, codec="edge", errors="binary",
+                 ml4m=Ml4mDomain("tok_sam_edge@224", 8192)),
         Modality("det", "sequence", "txt", encode_text, decode_text, 0, "wordpiece", "unknown_token_rate",
-                 scoring="boxes"),
+                 scoring="boxes", check="det", visual="det", crop="boxes",
+                 ml4m=Ml4mDomain("det", _TEXT_VOCABULARY, max_length=256)),
         Modality("caption", "sequence", "txt", encode_text, decode_text, 0, "wordpiece", "unknown_token_rate",
-                 scoring="caption"),
+                 scoring="caption", check="text", visual="caption",
+                 ml4m=Ml4mDomain("caption", _TEXT_VOCABULARY, max_length=256)),
         # The pseudo-labelled modalities of 4M-21 that the label stage makes from a photo (fourm_kfp.labelers).
-        Modality("canny_edge", "image", "png", encode_edge, decode_edge, 1, "vqvae", "pixel_err", scoring="edges"),
+        Modality("canny_edge", "image", "png", encode_edge, decode_edge, 1, "vqvae", "pixel_err", scoring="edges",
+                 check="binary", visual="edge", crop="nearest", discrete=True, codec="edge", errors="binary",
+                 ml4m=Ml4mDomain("tok_canny_edge@224", 8192)),
         Modality("color_palette", "sequence", "json", encode_palette, decode_palette, 0, "wordpiece",
-                 "unknown_token_rate", scoring="palette"),
+                 "unknown_token_rate", scoring="palette", check="palette", visual="palette",
+                 ml4m=Ml4mDomain("color_palette", _TEXT_VOCABULARY, max_length=23)),
         Modality("metadata", "sequence", "json", encode_metadata, decode_metadata, 0, "wordpiece",
-                 "unknown_token_rate", scoring="metadata"),
+                 "unknown_token_rate", scoring="metadata", check="text", visual="metadata",
+                 ml4m=Ml4mDomain("metadata", _TEXT_VOCABULARY, max_length=40)),
+        # CLIP-B/16's ``ln_post(patch tokens) @ proj`` (512 channels, 14 x 14 at 224 px) and DINOv2-B/14's patch
+        # tokens (768 channels, 16 x 16 at 224 px), or whatever teacher a labeler runs (its channels and grid)
+        _feature_map("clip", Ml4mDomain("tok_clip@224", 8192)),
+        _feature_map("dinov2", Ml4mDomain("tok_dinov2@224", 8192, grid=(16, 16))),
     )
 }
 

@@ -1,7 +1,7 @@
 """Turn any modality value into a square RGB ``uint8`` tile for humans (preview grids, reconstruction grids).
 
-``visualize(modality, value, size, context)`` looks the modality up in :data:`VISUALIZERS` (one small function per
-modality) and returns ``[size, size, 3]`` ``uint8``:
+``visualize(modality, value, size, context)`` looks up the visualiser the modality's record names (``visual``, a key
+of :data:`VISUALIZERS`: one small function per kind of value) and returns ``[size, size, 3]`` ``uint8``:
 
 * ``rgb`` as-is, resized bilinearly (antialiased when shrinking); non-square images are stretched;
 * ``depth`` through a viridis colour map, normalised between the 2nd and 98th percentile of the valid pixels,
@@ -13,9 +13,12 @@ modality) and returns ``[size, size, 3]`` ``uint8``:
 * ``det`` boxes with class names over ``context["rgb"]`` (the rest of the sample) when there is one, else grey;
 * ``caption`` the text word-wrapped onto a light tile, shrinking the font down to a legible minimum and ending
   with an ellipsis when it still does not fit;
-* ``color_palette`` as vertical stripes of its colours; ``metadata`` as ``field bin`` text.
+* ``color_palette`` as vertical stripes of its colours; ``metadata`` as ``field bin`` text;
+* a feature map (``clip``, ``dinov2``) as its first three principal components over the map's cells, each scaled
+  between its 2nd and 98th percentile to a colour channel (similar features, similar colours), cells enlarged by
+  nearest neighbour.
 
-Label-like images (semseg) are resized with nearest neighbour so their colours stay exact.
+Label-like images (semseg) and feature maps are resized with nearest neighbour so their colours stay exact.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from fourm_kfp.data.label_formats import metadata_bins, palette_text, parse_metadata_text, parse_palette_text
-from fourm_kfp.data.modalities import CLASS_NAMES, COORD_BINS, parse_det
+from fourm_kfp.data.modalities import CLASS_NAMES, COORD_BINS, MODALITIES, parse_det
 
 #: Viridis sampled at 9 evenly spaced points; :func:`colormap` interpolates between them.
 _VIRIDIS = np.array(
@@ -252,6 +255,23 @@ def _metadata(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
     return text_tile("; ".join(f"{name.replace('_', ' ')} {b}" for name, b in bins.items()) or "no fields", size)
 
 
+def _features(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
+    """A feature map ``[grid, grid, C]``: its three principal components as colours (module docstring)."""
+    features = np.nan_to_num(np.asarray(value, np.float64))
+    cells = features.reshape(-1, features.shape[-1])
+    centred = cells - cells.mean(0)
+    _, _, axes = np.linalg.svd(centred, full_matrices=False)
+    axes = axes[:3] * np.sign(axes[:3][np.arange(len(axes[:3])), np.abs(axes[:3]).argmax(1)])[:, None]
+    components = centred @ axes.T  # each axis signed by its largest loading: the data fixes it, not the solver
+    colours = np.zeros((len(cells), 3))
+    for c in range(components.shape[1]):
+        lo, hi = np.percentile(components[:, c], (2, 98))
+        colours[:, c] = np.clip((components[:, c] - lo) / (hi - lo), 0, 1) if hi > lo else 0.5
+    tile = np.round(colours * 255).astype(np.uint8).reshape(features.shape[:-1] + (3,))
+    return _fit(tile, size, labels=True)
+
+
+#: The visualisers a modality record names (``visual``).
 VISUALIZERS: dict[str, Visualizer] = {
     "rgb": _rgb,
     "depth": _depth,
@@ -260,16 +280,14 @@ VISUALIZERS: dict[str, Visualizer] = {
     "edge": _edge,
     "det": _det,
     "caption": _caption,
-    "canny_edge": _edge,
-    "color_palette": _palette,
+    "palette": _palette,
     "metadata": _metadata,
+    "features": _features,
 }
 
 
 def visualize(modality: str, value: Any, size: int, context: Mapping[str, Any] | None = None) -> np.ndarray:
     """``value`` of ``modality`` → an RGB ``uint8 [size, size, 3]`` tile; ``context`` is the rest of the sample."""
-    try:
-        visualizer = VISUALIZERS[modality]
-    except KeyError:
-        raise KeyError(f"no visualizer for modality {modality!r}; known: {', '.join(VISUALIZERS)}") from None
-    return visualizer(value, size, context or {})
+    if modality not in MODALITIES:
+        raise KeyError(f"no visualizer for modality {modality!r}; known: {', '.join(MODALITIES)}")
+    return VISUALIZERS[MODALITIES[modality].visual](value, size, context or {})

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from fourm_kfp.data.modalities import SEQUENCE_MODALITIES
+from fourm_kfp.data.modalities import MODALITIES, SEQUENCE_MODALITIES
 
 INDEX_FILE = "pretokenized.json"
 CROP = "crop"
@@ -64,10 +64,10 @@ def member_ext(name: str) -> str:
     """The member extension of a pretokenized modality (see the table above)."""
     if name.startswith(TOKEN_PREFIX) or name == "rgb":
         return "npy"
-    if name in ("det", CROP):
+    if name == CROP:
         return "json"
-    if name in SEQUENCE_MODALITIES:
-        return "txt"
+    if name in SEQUENCE_MODALITIES:  # a text a crop changes (det's boxes) is kept per crop
+        return "txt" if MODALITIES[name].crop == "keep" else "json"
     raise KeyError(f"unknown pretokenized modality {name!r}")
 
 

@@ -8,19 +8,21 @@ A dataset layer may hold :data:`META_FILE` (``dataset_meta.json``) at its root::
 * ``vocabularies``: per class-valued modality, its class names in id order (a semseg id indexes its list, up to
   ``MAX_SEMSEG_CLASSES``; a det box names one of its entries, a single word);
 * ``modality_settings``: per modality, how its stored values are to be read (:data:`SETTINGS` lists the known
-  settings and their defaults; ``depth.relative``: a teacher's relative depth, which the depth tokenizer
-  standardises per image, where metric depth is metres).
+  settings and their defaults, from the modality records; ``depth.relative``: a teacher's relative depth, which the
+  depth tokenizer standardises per image, where metric depth is metres; a feature map's ``channels`` and token
+  ``grid``, e.g. ``{"clip": {"channels": 512, "grid": 14}}``, 0 meaning unknown).
 
 Both sections are optional, and so is every entry: what a dataset does not name has the defaults, the synthetic
 scenes' ``CLASS_NAMES`` for semseg and ``OBJECT_CLASSES`` for det (:data:`DEFAULT_VOCABULARIES`), metric depth.
 prepare-data writes no file (its sources have the defaults); the label stage writes one when a labeler has a
-vocabulary or relative depth, merged over the file of the layer below it (:meth:`DatasetMeta.merged`), so reading
-the dataset as one store (a :class:`~fourm_kfp.storage.LayeredStore`: the top layer holding the file wins) sees
-every entry. :func:`read_dataset_meta` reads and checks it; a bad entry fails naming the file and the modality.
+vocabulary or modality settings (relative depth, a feature map's size), merged over the file of the layer below it
+(:meth:`DatasetMeta.merged`), so reading the dataset as one store (a :class:`~fourm_kfp.storage.LayeredStore`: the
+top layer holding the file wins) sees every entry. :func:`read_dataset_meta` reads and checks it; a bad entry fails
+naming the file and the modality.
 
-Downstream, train-tokenizers sizes the semseg tokenizer by the vocabulary and records the vocabularies that differ
-from the defaults in its bundle (:mod:`fourm_kfp.tokenizers.bundle`), where the evaluation and ``fourm-kfp
-generate`` read them back with the model.
+Downstream, train-tokenizers sizes the semseg tokenizer by the vocabulary (and a feature map's by its channels and
+grid) and records the vocabularies that differ from the defaults in its bundle (:mod:`fourm_kfp.tokenizers.bundle`),
+where the evaluation and ``fourm-kfp generate`` read them back with the model.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from fourm_kfp.storage import Store
 META_FILE = "dataset_meta.json"
 #: The vocabularies of a dataset that names none: the synthetic scenes'.
 DEFAULT_VOCABULARIES: dict[str, tuple[str, ...]] = {"semseg": CLASS_NAMES, "det": OBJECT_CLASSES}
-#: The modality settings a dataset may give, with their defaults.
-SETTINGS: dict[str, dict[str, Any]] = {"depth": {"relative": False}}
+#: The modality settings a dataset may give, with their defaults: each modality record's ``settings``
+#: (:data:`~fourm_kfp.data.modalities.MODALITIES`).
+SETTINGS: dict[str, dict[str, Any]] = {name: dict(m.settings) for name, m in MODALITIES.items() if m.settings}
 _SECTIONS = ("vocabularies", "modality_settings")
 
 
@@ -136,6 +139,10 @@ class DatasetMeta:
     def custom_vocabularies(self) -> dict[str, list[str]]:
         """The dataset's vocabularies that differ from the defaults (what a tokenizer bundle records)."""
         return {m: list(v) for m, v in sorted(self.vocabularies.items()) if v != DEFAULT_VOCABULARIES.get(m)}
+
+    def settings(self, modality: str) -> dict[str, Any]:
+        """Every setting of ``modality``: the dataset's, else the defaults (:data:`SETTINGS`; empty: it takes none)."""
+        return {**SETTINGS.get(modality, {}), **self.modality_settings.get(modality, {})}
 
     def setting(self, modality: str, name: str) -> Any:
         """A modality setting: the dataset's, else its default (:data:`SETTINGS`)."""

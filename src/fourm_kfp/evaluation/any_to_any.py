@@ -5,7 +5,9 @@ string, ...) into tokens with the tokenizers the model was trained with, generat
 :class:`~fourm_kfp.model.generation.Generator` (one after another, each added to the inputs: a chain), and decodes
 generated tokens back to arrays and text. :func:`read_input` and :func:`write_output` are the file side used by
 ``fourm-kfp generate --model URI --from rgb=photo.png --to depth,caption --out DIR``, whose ``generate.json`` names
-the classes of a generated semseg map from the model's vocabulary (its tokenizer bundle's).
+the classes of a generated semseg map from the model's vocabulary (its tokenizer bundle's). A feature map (``clip``,
+``dinov2``) is written as its shard member (``clip.npy``, float16 ``[grid, grid, channels]``) and a picture of its
+principal components, and read back in that format.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ class AnyToAny:
                           if s.pixel_input and s.name in self.tokenizers.image}
         self.generator = Generator(self.model, sentinels, pixel_decoders)
         self.specs = self.generator.specs
-        image = [n for n, s in self.specs.items() if s.kind == "image"]
+        image = [n for n, s in self.specs.items() if s.kind == "image" and not get_modality(n).grid_sized]
+        #: the side of the model's image-size maps (rgb, depth, ...; a feature map has its grid: :meth:`side`)
         self.image_size = self.tokenizers.image[image[0]].config.image_size if image else 0
         #: the class vocabularies the model's tokenizers were trained with (semseg ids, det names)
         self.vocabularies = self.tokenizers.vocabularies
@@ -52,6 +55,10 @@ class AnyToAny:
     @property
     def modalities(self) -> list[str]:
         return list(self.specs)
+
+    def side(self, modality: str) -> int:
+        """The side of an image modality's values, its tokenizer's: the model's image size, a feature map's grid."""
+        return self.tokenizers.image[modality].config.image_size
 
     def snapshot_steps(self) -> list[int]:
         """Steps of the model's weight snapshots (``train.snapshot_every``)."""
@@ -131,8 +138,9 @@ class AnyToAny:
 
 def read_input(modality: str, value: str, image_size: int) -> Any:
     """A ``--from`` value: a text file or the text itself for a sequence modality; for an image modality a file,
-    any picture resized to the model's size for a camera image (``camera_image`` in the modality table), else the
-    modality's shard format at the model's size."""
+    any picture resized to ``image_size`` for a camera image (``camera_image`` in the modality table), else the
+    modality's shard format with sides of ``image_size`` (:meth:`AnyToAny.side`: the model's image size, a feature
+    map's grid)."""
     info = get_modality(modality)
     path = Path(value)
     if info.kind == "sequence":
@@ -145,8 +153,10 @@ def read_input(modality: str, value: str, image_size: int) -> Any:
             image = image.resize((image_size, image_size), Image.BICUBIC)
         return np.asarray(image)
     array = info.decode(path.read_bytes())
-    if array.shape[0] != image_size:
-        raise ValueError(f"--from {modality}={value}: {array.shape[0]} px, the model needs {image_size} px")
+    if array.shape[:2] != (image_size, image_size):
+        unit = "cells" if info.grid_sized else "px"
+        raise ValueError(f"--from {modality}={value}: {array.shape[0]} x {array.shape[1]} {unit}, the model needs "
+                         f"{image_size} x {image_size} {unit}")
     return array
 
 
@@ -178,7 +188,8 @@ def run_generate(model_uri: str, inputs: Mapping[str, str], targets: Sequence[st
     unknown = sorted((set(inputs) | set(targets)) - set(engine.modalities))
     if unknown:
         raise ValueError(f"the model at {model_uri} has no modality {unknown}; it knows {engine.modalities}")
-    sample = {name: read_input(name, value, engine.image_size) for name, value in inputs.items()}
+    sample = {name: read_input(name, value, engine.side(name) if name in engine.tokenizers.image else 0)
+              for name, value in inputs.items()}
     [generated] = engine.generate([sample], targets, sampling, seed)
     written = {name: [str(p) for p in write_output(Path(out_dir), name, value)] for name, value in generated.items()}
     summary = {"model": model_uri, "inputs": dict(inputs), "targets": list(targets), "written": written,

@@ -7,12 +7,14 @@ task            metrics                                                         
 rgb-to-depth    ``abs_rel``, ``rmse`` (metres), ``delta1`` (max ratio < 1.25)                ``abs_rel`` ↓
 rgb-to-normal   ``mean_angle_deg``, ``within_11_25`` (fraction of pixels)                    ``mean_angle_deg`` ↓
 rgb-to-semseg   ``miou`` (classes in truth or prediction), ``pixel_accuracy``                ``miou`` ↑
+rgb-to-clip     ``cosine`` (mean over cells of the feature vectors' cosine), ``mse``        ``cosine`` ↑
+(``dinov2``)    (per value, the features' units)
 ==============  ===========================================================================  =======================
 
 Each ``*_stats`` function returns the per-scene statistics (:class:`~.scene_stats.SummedStats`) and each
 ``*_metrics`` / :func:`semseg_miou` the whole set's metrics as a dict of floats. The primary metrics and their
 direction (↑ higher is better, ↓ lower) come from the scorer families (:mod:`fourm_kfp.evaluation.targets`); the
-trivial baselines (mean depth or normal map, majority class map) are the tokenizer reports' ones in
+trivial baselines (mean depth, normal or feature map, majority class map) are the tokenizer reports' ones in
 :mod:`fourm_kfp.tokenizers.metrics`.
 
 Invalid pixels: the synthetic renderer gives sky (a ray that misses the 25 m ground disc and every object) depth 0
@@ -30,6 +32,7 @@ import numpy as np
 from fourm_kfp.data.modalities import MAX_DEPTH_M
 from fourm_kfp.data.vocabularies import DEFAULT_VOCABULARIES
 from fourm_kfp.evaluation.scene_stats import SummedStats, ratio
+from fourm_kfp.tokenizers.metrics import cosine_similarity
 
 #: Predicted depths are clamped to at least this (metres) so that ratios stay finite.
 MIN_DEPTH_M = 1e-3
@@ -135,6 +138,23 @@ def semseg_stats(pred: np.ndarray, true: np.ndarray, num_classes: int = _DEFAULT
     confusion = np.bincount(flat.ravel(), minlength=n * len(cells)).reshape(n, len(cells))
     columns = [f"{c // num_classes},{c % num_classes}" for c in cells.tolist()]
     return SummedStats("semseg", columns, confusion, semseg_finish)
+
+
+def features_finish(t: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"cosine": ratio(t["cosine"], t["cells"]), "mse": ratio(t["squared_error"], t["values"])}
+
+
+def feature_stats(pred: np.ndarray, true: np.ndarray) -> SummedStats:
+    """Feature maps ``[N, g, g, C]``: per scene the summed cosine of predicted and true feature vectors over the
+    cells (a zero vector scores 0) and the summed squared error; ``cosine`` (mean over cells) and ``mse``."""
+    pred, true = np.asarray(pred, np.float64), np.asarray(true, np.float64)
+    if pred.shape != true.shape:
+        raise ValueError(f"feature_stats: predicted maps {pred.shape}, true maps {true.shape}")
+    n = len(true)
+    cosine = cosine_similarity(pred, true).reshape(n, -1)
+    squared = ((pred - true) ** 2).reshape(n, -1)
+    sums = np.stack([cosine.sum(1), np.full(n, cosine.shape[1]), squared.sum(1), np.full(n, squared.shape[1])], 1)
+    return SummedStats("features", ("cosine", "cells", "squared_error", "values"), sums, features_finish)
 
 
 def semseg_miou(pred: np.ndarray, true: np.ndarray, num_classes: int = _DEFAULT_CLASSES) -> dict[str, float]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from fourm_kfp.evaluation.caption_metrics import caption_finish
-from fourm_kfp.evaluation.dense_metrics import depth_finish, normal_finish, semseg_finish
+from fourm_kfp.evaluation.dense_metrics import depth_finish, features_finish, normal_finish, semseg_finish
 from fourm_kfp.evaluation.detection_metrics import DetectionStats
 from fourm_kfp.evaluation.label_metrics import edges_finish, metadata_finish, palette_finish
 from fourm_kfp.evaluation.masked_modeling_stats import masked_finish
@@ -22,7 +22,7 @@ from fourm_kfp.evaluation.scene_stats import Finish, SceneStats, SummedStats
 FINISH_BY_KIND: dict[str, Finish] = {
     "depth": depth_finish, "normal": normal_finish, "semseg": semseg_finish, "f1": caption_finish,
     "set_f1": f1_precision_recall_finish, "masked": masked_finish, "edges": edges_finish,
-    "palette": palette_finish, "metadata": metadata_finish}
+    "palette": palette_finish, "metadata": metadata_finish, "features": features_finish}
 
 
 def read_scene_stats(doc: Mapping[str, Any]) -> SceneStats:

@@ -21,11 +21,13 @@ caption    ``object_f1`` ↑ (``word_f1`` on real captions), others    the most 
 edges      ``edge_f1_1px`` ↑, precision/recall, ``pixel_err``        the best per-pixel frequency map
 palette    ``delta_e`` ↓ (CIELAB), ``well_formed_rate``              the medoid training palette
 metadata   ``bin_error`` ↓, ``exact_bin_accuracy``, others           each field's median training bin
+features   ``cosine`` ↑ (mean over cells), ``mse``                   the mean training feature map
 =========  ========================================================  ======================================
 
-The last three score 4M-21's pseudo-labelled modalities (``canny_edge``, ``color_palette``, ``metadata``); their
-definitions are in :mod:`.label_metrics`. ``edges`` fits any 0/1 map, but the synthetic ``edge`` has no
-``scoring``: giving it one would add a task to the synthetic presets' evaluation.
+``edges``, ``palette`` and ``metadata`` score 4M-21's pseudo-labelled modalities (``canny_edge``,
+``color_palette``, ``metadata``; their definitions are in :mod:`.label_metrics`), ``features`` its teachers' feature
+maps (``clip``, ``dinov2``: :func:`.dense_metrics.feature_stats`). ``edges`` fits any 0/1 map, but the synthetic
+``edge`` has no ``scoring``: giving it one would add a task to the synthetic presets' evaluation.
 
 ``caption-to-rgb`` is the one chained task: its image is scored through the semseg the model reads off it
 (:data:`CHAINED_TASKS`, :mod:`.shape_presence`). Whether one score beats another is the margin rule of
@@ -45,7 +47,7 @@ from fourm_kfp.config.fourm_config import CAPTION_TO_RGB
 from fourm_kfp.data.modalities import get_modality, parse_det
 from fourm_kfp.data.vocabularies import DEFAULT_VOCABULARIES
 from fourm_kfp.evaluation.caption_metrics import caption_primary, caption_stats
-from fourm_kfp.evaluation.dense_metrics import depth_stats, normal_stats, semseg_stats
+from fourm_kfp.evaluation.dense_metrics import depth_stats, feature_stats, normal_stats, semseg_stats
 from fourm_kfp.evaluation.detection_metrics import box_stats, parse_generated_det
 from fourm_kfp.evaluation.label_metrics import (
     best_frequency_map,
@@ -56,7 +58,7 @@ from fourm_kfp.evaluation.label_metrics import (
     palette_stats,
 )
 from fourm_kfp.evaluation.scene_stats import SceneStats
-from fourm_kfp.tokenizers.metrics import majority_map, mean_depth, mean_normal
+from fourm_kfp.tokenizers.metrics import majority_map, mean_depth, mean_feature_map, mean_normal
 
 H = TypeVar("H", bound=Hashable)
 
@@ -136,6 +138,8 @@ SCORERS: dict[str, Scorer] = {
                     lambda train: best_frequency_map(np.stack(train))),
     "palette": Scorer("delta_e", False, lambda p, t, _: palette_stats(p, t), medoid_palette),
     "metadata": Scorer("bin_error", False, lambda p, t, _: metadata_stats(p, t), median_metadata),
+    "features": Scorer("cosine", True, lambda p, t, _: feature_stats(np.stack(p), np.stack(t)),
+                       lambda train: mean_feature_map(np.stack(train))),
 }
 
 @dataclass(frozen=True)

@@ -30,9 +30,6 @@ from PIL import Image
 from fourm_kfp.data.modalities import get_modality, well_formed_det
 from fourm_kfp.labelers.base import LabelBatch, Labeler, LabelerError, LabelerSetup, check_labels
 
-#: Image modalities whose values are ids or flags: resized with nearest neighbour.
-_DISCRETE = {"semseg", "edge", "canny_edge"}
-
 
 def _resize(value: np.ndarray, size: int, discrete: bool) -> np.ndarray:
     if value.shape[0] == size:
@@ -86,9 +83,9 @@ class FourMModelLabeler(Labeler):
         inputs = [{"rgb": _resize(np.asarray(image, np.uint8), size, False)} for image in batch.images]
         outputs = self.engine.generate(inputs, [self.modality], self.sampling, batch_size=max(len(inputs), 1))
         values = [out[self.modality] for out in outputs]
-        if get_modality(self.modality).kind == "image":
-            values = [_resize(np.asarray(v), image.shape[0], self.modality in _DISCRETE)
-                      for v, image in zip(values, batch.images)]
+        spec = get_modality(self.modality)
+        if spec.kind == "image" and not spec.grid_sized:  # a feature map stays at its grid
+            values = [_resize(np.asarray(v), image.shape[0], spec.discrete) for v, image in zip(values, batch.images)]
         elif self.modality == "det":  # generated text: only its well-formed boxes, none = no label
             values = [well_formed_det(v, self.classes) or None for v in values]
         return check_labels(self, batch, values)

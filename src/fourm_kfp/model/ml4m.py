@@ -25,11 +25,12 @@ per-domain ``mod_emb`` [1, 1, D]                       a row of ``modality_embed
 ``pos_emb`` buffers, LayerNorm ``bias`` buffers        computed (checked on import, written on export)
 =====================================================  =============================================================
 
-Modalities: ours ↔ ml-4m's 224-px domains (:data:`DOMAINS`); our ``edge`` (occlusion boundaries and creases) is
-exchanged as ml-4m's ``tok_sam_edge@224``, instance boundaries. A model that cannot be written exactly (a grid or
-vocabulary ml-4m's domain does not have, a modality it lacks, a text longer than its positions) is refused with the
-reasons (:func:`ml4m_unexpressible`); importing refuses anything that is not a ``*_swiglu_nobias`` trunk, names every
-key it has no place for, and lists the domains it drops.
+Modalities: ours ↔ ml-4m's 224-px domains (:data:`DOMAINS`, from each modality record's ``ml4m`` entry); our ``edge``
+(occlusion boundaries and creases) is exchanged as ml-4m's ``tok_sam_edge@224``, instance boundaries; ``clip`` and
+``dinov2`` as ``tok_clip@224`` (14 x 14 tokens) and ``tok_dinov2@224`` (16 x 16: DINOv2's 14-px patches). A model
+that cannot be written exactly (a grid or vocabulary ml-4m's domain does not have, a modality it lacks, a text longer
+than its positions) is refused with the reasons (:func:`ml4m_unexpressible`); importing refuses anything that is not
+a ``*_swiglu_nobias`` trunk, names every key it has no place for, and lists the domains it drops.
 
 An exported folder also holds ``fourm-kfp.json`` (what the model is, in our terms: its card), which ml-4m ignores.
 """
@@ -49,6 +50,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from fourm_kfp.batch import ModalitySpec
+from fourm_kfp.data.modalities import MODALITIES
 from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.layers import sincos_1d, sincos_2d
 from fourm_kfp.storage import Store, file_store, open_store
@@ -68,27 +70,20 @@ POSITION_ATOL = 1e-4
 
 @dataclass(frozen=True)
 class Domain:
-    """One of ml-4m's token domains (``fourm/data/modality_info.py``)."""
+    """One of ml-4m's token domains (``fourm/data/modality_info.py``): a modality record's ``ml4m`` entry with the
+    modality's kind."""
 
     name: str
     kind: str  # "image" | "sequence"
     vocab_size: int
     max_length: int = 0  # sequence: the longest text its embeddings take (ml-4m's ``max_length``)
+    grid: tuple[int, int] = GRID  # image: its token grid at 224 px
 
 
 #: our modality -> ml-4m's token domain
-DOMAINS: dict[str, Domain] = {
-    "rgb": Domain("tok_rgb@224", "image", 16384),
-    "depth": Domain("tok_depth@224", "image", 8192),
-    "normal": Domain("tok_normal@224", "image", 8192),
-    "semseg": Domain("tok_semseg@224", "image", 4096),
-    "edge": Domain("tok_sam_edge@224", "image", 8192),
-    "canny_edge": Domain("tok_canny_edge@224", "image", 8192),
-    "caption": Domain("caption", "sequence", 30000, 256),
-    "det": Domain("det", "sequence", 30000, 256),
-    "color_palette": Domain("color_palette", "sequence", 30000, 23),
-    "metadata": Domain("metadata", "sequence", 30000, 40),
-}
+DOMAINS: dict[str, Domain] = {name: Domain(m.ml4m.name, m.kind, m.ml4m.vocab_size, m.ml4m.max_length,
+                                           tuple(m.ml4m.grid))
+                              for name, m in MODALITIES.items() if m.ml4m is not None}
 _BY_DOMAIN = {d.name: name for name, d in DOMAINS.items()}
 
 #: the trunk ml-4m's ``*_swiglu_nobias`` models have: config field -> value
@@ -136,9 +131,9 @@ def ml4m_unexpressible(args: FourMArgs) -> list[str]:
         if spec.vocab_size != domain.vocab_size:
             reasons.append(f"modality {spec.name!r}: vocabulary {spec.vocab_size}, ml-4m's {domain.name} has "
                            f"{domain.vocab_size}")
-        if spec.kind == "image" and tuple(spec.grid) != GRID:
+        if spec.kind == "image" and tuple(spec.grid) != domain.grid:
             reasons.append(f"modality {spec.name!r}: token grid {tuple(spec.grid)}, ml-4m's {domain.name} is "
-                           f"{GRID} ({IMAGE_SIZE} px in {PATCH_SIZE}-px patches)")
+                           f"{domain.grid} (at {IMAGE_SIZE} px)")
         if spec.kind == "sequence" and spec.max_length > domain.max_length:
             reasons.append(f"modality {spec.name!r}: {spec.max_length} text positions, ml-4m's {domain.name} has "
                            f"{domain.max_length}")
@@ -380,7 +375,7 @@ def import_ml4m(source: str | Path, modalities: Sequence[str] | None = None,
         domain = DOMAINS[name]
         if domain.kind == "image":
             pixel = name == "rgb" and pixels
-            specs.append(ModalitySpec(name, "image", domain.vocab_size, grid=GRID, pixel_input=pixel,
+            specs.append(ModalitySpec(name, "image", domain.vocab_size, grid=domain.grid, pixel_input=pixel,
                                       patch_size=PATCH_SIZE if pixel else 0,
                                       pixel_normalisation="imagenet" if pixel else "symmetric"))
         else:

@@ -12,8 +12,9 @@ In one process on a CPU with several cores, the image tokenizers train side by s
 cores split among them (:mod:`fourm_kfp.tokenizers.parallel_training`).
 
 The dataset's class vocabularies and modality settings (:mod:`fourm_kfp.data.vocabularies`) shape the tokenizers:
-the semseg tokenizer has one channel per class of the vocabulary, a relative depth is standardised per image (each
-saved as its codec's settings), the text tokenizer keeps the class names whole, and the index records the
+the semseg tokenizer has one channel per class of the vocabulary, a relative depth is standardised per image, a
+feature map's tokenizer (``clip``, ``dinov2``) has its channels and one token per cell of its grid (each saved as
+its codec's settings), the text tokenizer keeps the class names whole, and the index records the
 vocabularies that differ from the defaults, for the stages that read the model back.
 """
 
@@ -35,6 +36,7 @@ import torch
 from fourm_kfp import distributed
 from fourm_kfp.contract import ExternalSource, StageContext, StageResult
 from fourm_kfp.data.dataset_report import render_preview_grid
+from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.hardware import training_nondeterminism
 from fourm_kfp.data.shard_stream import (MissingModalityError, available_modalities, iter_split, iter_texts,
                                          shard_indices)
@@ -108,11 +110,13 @@ def _train_image_tokenizer(ctx: StageContext, meta: DatasetMeta, modality: str,
     cfg = ctx.config.train_tokenizers
     data = ctx.dataset
     settings = cfg.image_config(modality)
-    codec_settings = get_codec(modality).settings_for(meta)  # the vocabulary's classes, relative depth
+    # the vocabulary's classes, relative depth, a feature map's channels and grid
+    codec_settings = get_codec(modality).settings_for(meta, modality)
     reference = _bounded(data, "train", modality, MAX_FIT_IMAGES, cfg.seed)  # normalisation and baseline
     val = _bounded(data, "val", modality, cfg.max_val_images or MAX_VAL_IMAGES)
+    side = get_modality(modality).shape(ctx.config.data.image_size, meta.settings(modality))[0]  # a feature map's grid
     config = VQVAEConfig.for_modality(
-        modality, codec_settings, image_size=ctx.config.data.image_size, patch_size=settings.patch_size,
+        modality, codec_settings, image_size=side, patch_size=settings.patch_size,
         architecture=settings.architecture, hidden_dim=settings.hidden_dim, depth=settings.depth,
         heads=settings.heads, codebook_size=settings.codebook_size, code_dim=settings.code_dim,
         ema_decay=settings.ema_decay, beta=settings.beta,

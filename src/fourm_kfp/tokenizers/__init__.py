@@ -1,9 +1,9 @@
 """Modality tokenizers: every modality becomes a sequence of discrete tokens.
 
-* Image-like modalities (rgb, depth, normal, semseg, edge) use a VQ-VAE (:mod:`.vqvae`) with an EMA, cosine-
-  similarity codebook (:mod:`.vector_quantizer`). How a modality's in-memory arrays become network inputs, which
-  loss fits it and how decoder outputs become arrays again lives in the codec registry (:mod:`.modality_codecs`);
-  per-modality error metrics and trivial baselines in :mod:`.metrics`.
+* Image-like modalities (rgb, depth, normal, semseg, edge, ...; a teacher's feature map, clip and dinov2, too) use a
+  VQ-VAE (:mod:`.vqvae`) with an EMA, cosine-similarity codebook (:mod:`.vector_quantizer`). How a modality's
+  in-memory arrays become network inputs, which loss fits it and how decoder outputs become arrays again lives in
+  the codec registry (:mod:`.modality_codecs`); per-modality error metrics and trivial baselines in :mod:`.metrics`.
 * Sequence modalities (det, caption) share one WordPiece tokenizer (:mod:`.text_tokenizer`) whose vocabulary
   holds the coordinate tokens ``v0=0`` .. ``v3=999``, the class names and 4M's span-masking sentinels.
 * :mod:`.training` trains a VQ-VAE (single process or DDP) and evaluates it against a trivial baseline;

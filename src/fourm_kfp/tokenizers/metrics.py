@@ -2,20 +2,23 @@
 
 Metrics compare in-memory arrays (a reconstruction vs the original), so they measure the whole round trip
 array → tokens → array. The baseline predicts one fixed image for every sample: the per-pixel mean of the
-training set (rgb; depth and normal over valid pixels) or the per-pixel majority class (semseg, edge).
-``primary`` names the error (lower is better) that :func:`~fourm_kfp.tokenizers.training.evaluate_tokenizer`
-divides by the baseline's to report ``error_ratio``.
+training set (rgb; depth and normal over valid pixels; a feature map's per-cell mean) or the per-pixel majority
+class (semseg, edge). ``primary`` names the error (lower is better, the modality record's ``metric``) that
+:func:`~fourm_kfp.tokenizers.training.evaluate_tokenizer` divides by the baseline's to report ``error_ratio``.
 
-=========  ===================================================================  ==============
-modality   errors                                                               primary
-=========  ===================================================================  ==============
-rgb        ``mse`` (0..255 units), ``psnr`` (dB)                                 ``mse``
-depth      ``abs_rel``, ``rmse`` (metres) on valid pixels; ``valid_acc``           ``abs_rel``
-normal     ``angle_deg`` (mean angular error) on valid pixels; ``valid_acc``       ``angle_deg``
-semseg     ``pixel_acc``, ``miou``, ``pixel_err`` (= 1 - pixel_acc)                  ``pixel_err``
-edge       ``pixel_acc``, ``miou`` (edge / no-edge), ``pixel_err``                   ``pixel_err``
-canny_edge as edge                                                                    ``pixel_err``
-=========  ===================================================================  ==============
+A modality's record names its family of errors and baseline (``errors``, a key of :data:`ERROR_FAMILIES`);
+:data:`METRICS` gives each image modality its family's with the record's primary error.
+
+=========  ============================  =================================================================
+family     modalities                    errors
+=========  ============================  =================================================================
+rgb        rgb                           ``mse`` (0..255 units), ``psnr`` (dB)
+depth      depth                         ``abs_rel``, ``rmse`` (metres) on valid pixels; ``valid_acc``
+normal     normal                        ``angle_deg`` (mean angular error) on valid pixels; ``valid_acc``
+classes    semseg                        ``pixel_acc``, ``miou``, ``pixel_err`` (= 1 - pixel_acc)
+binary     edge, canny_edge              ``pixel_acc``, ``miou`` (edge / no-edge), ``pixel_err``
+features   clip, dinov2                  ``mse`` (the features' units), ``cosine`` (mean over cells)
+=========  ============================  =================================================================
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from fourm_kfp.data.modalities import MAX_SEMSEG_CLASSES, get_modality
+from fourm_kfp.data.modalities import MAX_SEMSEG_CLASSES, MODALITIES, get_modality
 from fourm_kfp.data.vocabularies import DEFAULT_VOCABULARIES
 
 
@@ -70,6 +73,23 @@ def _class_errors(num_classes: int) -> Callable[[np.ndarray, np.ndarray], dict[s
     return errors
 
 
+def cosine_similarity(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
+    """The cosine of the feature vectors ``[..., C]`` cell by cell (``[...]``); 0 where either is the zero vector."""
+    pred, true = np.asarray(pred, np.float64), np.asarray(true, np.float64)
+    norms = np.linalg.norm(pred, axis=-1) * np.linalg.norm(true, axis=-1)
+    return np.divide(np.sum(pred * true, axis=-1), norms, out=np.zeros(norms.shape), where=norms > 0)
+
+
+def feature_errors(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
+    squared = (np.asarray(pred, np.float64) - np.asarray(true, np.float64)) ** 2
+    return {"mse": float(squared.mean()), "cosine": float(cosine_similarity(pred, true).mean())}
+
+
+def mean_feature_map(train: np.ndarray) -> np.ndarray:
+    """Training feature maps ``[N, g, g, C]`` → their mean map (float32)."""
+    return np.asarray(train, np.float64).mean(0).astype(np.float32)
+
+
 def mean_image(train: np.ndarray) -> np.ndarray:
     return np.round(train.astype(np.float64).mean(0)).astype(train.dtype)
 
@@ -106,13 +126,17 @@ def majority_map(num_classes: int) -> Callable[[np.ndarray], np.ndarray]:
     return baseline
 
 
+Errors = Callable[[np.ndarray, np.ndarray], dict[str, float]]  # (reconstructions, originals) -> errors
+Baseline = Callable[[np.ndarray], np.ndarray]  # training arrays -> the one prediction for every sample
+
+
 @dataclass(frozen=True)
 class ModalityMetrics:
     """Error metrics of a modality, its trivial baseline (training arrays → one prediction) and primary error."""
 
     name: str
-    errors: Callable[[np.ndarray, np.ndarray], dict[str, float]]
-    baseline: Callable[[np.ndarray], np.ndarray]
+    errors: Errors
+    baseline: Baseline
 
     @property
     def primary(self) -> str:
@@ -120,12 +144,17 @@ class ModalityMetrics:
         return get_modality(self.name).metric
 
 
-METRICS: dict[str, ModalityMetrics] = {m.name: m for m in (
-    ModalityMetrics("rgb", rgb_errors, mean_image),
-    ModalityMetrics("depth", depth_errors, mean_depth),
-    ModalityMetrics("normal", normal_errors, mean_normal),
+#: The families of errors and baselines a modality record names (``errors``): ``(errors, baseline)``.
+ERROR_FAMILIES: dict[str, tuple[Errors, Baseline]] = {
+    "rgb": (rgb_errors, mean_image),
+    "depth": (depth_errors, mean_depth),
+    "normal": (normal_errors, mean_normal),
     # the semseg vocabulary is the dataset's: its errors and baseline take whatever ids the maps hold
-    ModalityMetrics("semseg", _class_errors(len(DEFAULT_VOCABULARIES["semseg"])), majority_map(MAX_SEMSEG_CLASSES)),
-    ModalityMetrics("edge", _class_errors(2), majority_map(2)),
-    ModalityMetrics("canny_edge", _class_errors(2), majority_map(2)),
-)}
+    "classes": (_class_errors(len(DEFAULT_VOCABULARIES["semseg"])), majority_map(MAX_SEMSEG_CLASSES)),
+    "binary": (_class_errors(2), majority_map(2)),
+    "features": (feature_errors, mean_feature_map),
+}
+
+#: Every image modality's metrics: its record's family.
+METRICS: dict[str, ModalityMetrics] = {name: ModalityMetrics(name, *ERROR_FAMILIES[m.errors])
+                                       for name, m in MODALITIES.items() if m.errors}

@@ -1,8 +1,9 @@
 """Per-modality codecs between in-memory arrays (:mod:`fourm_kfp.data.modalities`) and VQ-VAE tensors.
 
-A codec says, for one image-like modality, how a batch of in-memory arrays becomes the network input
-``[B, in_channels, H, W]``, which reconstruction loss fits the decoder output ``[B, out_channels, H, W]``, and
-how that output becomes in-memory arrays again. The network input is also the reconstruction target.
+A codec says, for the image-like modalities whose record names it (``codec``, a key of :data:`CODECS`), how a batch
+of in-memory arrays becomes the network input ``[B, in_channels, H, W]``, which reconstruction loss fits the decoder
+output ``[B, out_channels, H, W]``, and how that output becomes in-memory arrays again. The network input is also the
+reconstruction target.
 
 ==========  ==============================================  ==============================================
 modality    input channels                                  output channels → arrays; loss
@@ -15,8 +16,10 @@ normal      3: unit vectors, zero where invalid              4: vector + validit
                                                             (1 - cosine) on valid pixels + BCE on validity
 semseg      one-hot over the vocabulary's classes             class logits → ids (uint8; uint16 above 256
                                                             classes); cross-entropy
-edge        1: 0/1                                          1 logit → uint8 0/1; BCE
-canny_edge  as edge                                         as edge
+edge        1: 0/1 (``edge``, ``canny_edge``)              1 logit → uint8 0/1; BCE
+features    C: a feature map ``[g, g, C]`` (``clip``,         C → float32 ``[g, g, C]`` (un-standardised);
+            ``dinov2``) standardised per channel with the    MSE on the standardised features
+            training maps' mean and std
 ==========  ==============================================  ==============================================
 
 Normalisation statistics come from training data (:func:`fit_normalisation`, on up to 512 images),
@@ -27,7 +30,9 @@ What a codec takes from the dataset (:mod:`fourm_kfp.data.vocabularies`) are its
 (:meth:`ImageCodec.settings_for`): semseg's ``classes`` (the vocabulary's size, when not the six synthetic
 classes) and depth's ``relative`` (a teacher's relative depth). They are saved with the tokenizer
 (``VQVAEConfig.codec_settings``), and :func:`get_codec` builds the codec they describe; a codec without settings
-(every tokenizer saved before settings existed) is the default one: six classes, metric depth.
+(every tokenizer saved before settings existed) is the default one: six classes, metric depth. A feature map's
+codec always has its settings, ``channels`` and ``grid`` (the labeler's, which the dataset records): they give its
+channel count and its tokenizer's grid (patch 1: one token per cell of the teacher's grid).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fourm_kfp.data.modalities import class_id_dtype
+from fourm_kfp.data.modalities import MODALITIES, class_id_dtype, get_modality
 from fourm_kfp.data.vocabularies import DEFAULT_VOCABULARIES, DatasetMeta
 
 Stats = dict[str, list[float]]
@@ -65,8 +70,9 @@ class ImageCodec:
         """Normalisation statistics from a sample of training arrays ``[N, H, W(, C)]``."""
         return {}
 
-    def settings_for(self, meta: DatasetMeta) -> dict[str, Any]:
-        """What this codec takes from a dataset's vocabularies and modality settings (empty: the default codec)."""
+    def settings_for(self, meta: DatasetMeta, modality: str | None = None) -> dict[str, Any]:
+        """What this codec takes from a dataset's vocabularies and modality settings for ``modality`` (default: the
+        codec's own name; empty: the default codec)."""
         return {}
 
     def configured(self, settings: Mapping[str, Any]) -> "ImageCodec":
@@ -139,8 +145,8 @@ class DepthCodec(ImageCodec):
     def __init__(self, relative: bool = False) -> None:
         self.relative = relative
 
-    def settings_for(self, meta: DatasetMeta) -> dict[str, Any]:
-        return {"relative": True} if meta.setting("depth", "relative") else {}
+    def settings_for(self, meta: DatasetMeta, modality: str | None = None) -> dict[str, Any]:
+        return {"relative": True} if meta.setting(modality or self.name, "relative") else {}
 
     def configured(self, settings: Mapping[str, Any]) -> "DepthCodec":
         _check_settings(self, settings, {"relative"})
@@ -209,8 +215,8 @@ class SemsegCodec(ImageCodec):
         self.id_dtype = class_id_dtype(classes)
         self.in_channels = self.out_channels = classes
 
-    def settings_for(self, meta: DatasetMeta) -> dict[str, Any]:
-        classes = len(meta.vocabulary("semseg"))
+    def settings_for(self, meta: DatasetMeta, modality: str | None = None) -> dict[str, Any]:
+        classes = len(meta.vocabulary(modality or self.name))
         return {"classes": classes} if classes != self.DEFAULT_CLASSES else {}
 
     def configured(self, settings: Mapping[str, Any]) -> "SemsegCodec":
@@ -248,14 +254,51 @@ class EdgeCodec(ImageCodec):
         return (out[:, 0] > 0).to(torch.uint8).cpu().numpy()
 
 
-class CannyEdgeCodec(EdgeCodec):
-    """Canny edges of a photo: binary like ``edge``, and coded the same way."""
+class FeatureCodec(ImageCodec):
+    """A teacher's feature map ``[B, g, g, C]``: ``channels`` in and out, standardised per channel (the mean and
+    standard deviation of the training maps' cells, the std at least 1e-6), fitted by MSE on that scale."""
 
-    name = "canny_edge"
+    name = "features"
+
+    def __init__(self, channels: int = 0) -> None:
+        self.in_channels = self.out_channels = channels
+
+    def settings_for(self, meta: DatasetMeta, modality: str | None = None) -> dict[str, Any]:
+        if modality is None:
+            raise ValueError("the features codec reads the settings of a named modality (clip, dinov2, ...)")
+        settings = {name: meta.setting(modality, name) for name in ("channels", "grid")}
+        if min(settings.values()) <= 0:
+            raise ValueError(f"{modality}: the dataset's modality_settings give no channels and grid of its feature "
+                             f"map ({settings}); the labeler that made it reports them (dataset_meta.json)")
+        return settings
+
+    def configured(self, settings: Mapping[str, Any]) -> "FeatureCodec":
+        _check_settings(self, settings, {"channels", "grid"})
+        return FeatureCodec(int(settings.get("channels", 0)))
+
+    def fit(self, arrays: np.ndarray) -> Stats:
+        cells = np.asarray(arrays, dtype=np.float64).reshape(-1, np.shape(arrays)[-1])
+        return {"mean": cells.mean(0).tolist(), "std": np.maximum(cells.std(0), 1e-6).tolist()}
+
+    def _mean_std(self, stats: Stats, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        return tuple(torch.tensor(stats[k], device=device).view(1, -1, 1, 1) for k in ("mean", "std"))
+
+    def to_input(self, arrays, stats, device=None):
+        x = _tensor(arrays, device).float().permute(0, 3, 1, 2)
+        mean, std = self._mean_std(stats, x.device)
+        return (x - mean) / std
+
+    def loss(self, out, x, stats):
+        return F.mse_loss(out, x)
+
+    def to_arrays(self, out, stats):
+        mean, std = self._mean_std(stats, out.device)
+        return (out.float() * std + mean).permute(0, 2, 3, 1).cpu().numpy().astype(np.float32)
 
 
+#: The codec families a modality record names (``codec``), each with its default settings.
 CODECS: dict[str, ImageCodec] = {c.name: c for c in (RGBCodec(), DepthCodec(), NormalCodec(), SemsegCodec(),
-                                                     EdgeCodec(), CannyEdgeCodec())}
+                                                     EdgeCodec(), FeatureCodec())}
 
 
 def _check_settings(codec: ImageCodec, settings: Mapping[str, Any], known: set[str]) -> None:
@@ -265,12 +308,13 @@ def _check_settings(codec: ImageCodec, settings: Mapping[str, Any], known: set[s
 
 
 def get_codec(modality: str, settings: Mapping[str, Any] | None = None) -> ImageCodec:
-    """The codec of an image-like modality, with ``settings`` (:meth:`ImageCodec.settings_for`; none: the default
-    codec); a clear error lists the known ones."""
-    try:
-        codec = CODECS[modality]
-    except KeyError:
-        raise KeyError(f"no image tokenizer codec for {modality!r}; known: {', '.join(CODECS)}") from None
+    """The codec of an image-like modality (the family its record names), with ``settings``
+    (:meth:`ImageCodec.settings_for`; none: the default codec); a clear error lists the modalities that have one."""
+    family = get_modality(modality).codec
+    if not family:
+        known = [name for name, m in MODALITIES.items() if m.codec]
+        raise KeyError(f"no image tokenizer codec for {modality!r}; known: {', '.join(known)}")
+    codec = CODECS[family]
     return codec.configured(settings) if settings else codec
 
 

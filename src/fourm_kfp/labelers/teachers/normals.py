@@ -93,6 +93,11 @@ class NormalTeacher(TransformersTeacher):
         return check_labels(self, batch, [unit_normals((2.0 * e - 1.0) * OMNIDATA_TO_CAMERA) for e in encoded])
 
 
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    norm = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return np.divide(vectors, norm, out=np.zeros_like(vectors), where=norm > 0)
+
+
 def normals_from_depth(depth: np.ndarray, fov_deg: float) -> np.ndarray:
     """Unit normals ``[H, W, 3]`` (x right, y up, z towards the camera) of the surface a depth map ``[H, W]``
     describes, seen by a pinhole camera of horizontal field of view ``fov_deg``; zero where depth is invalid."""
@@ -102,8 +107,8 @@ def normals_from_depth(depth: np.ndarray, fov_deg: float) -> np.ndarray:
     v, u = np.mgrid[0:height, 0:width].astype(np.float64)
     # Back-projected points in the camera frame of the image (x right, y down, z away from the camera).
     points = np.stack([(u - (width - 1) / 2.0) * depth / focal, (v - (height - 1) / 2.0) * depth / focal, depth], -1)
-    d_u = np.gradient(points, axis=1)
-    d_v = np.gradient(points, axis=0)
+    d_u = _unit(np.gradient(points, axis=1))  # unit tangents: the cross product's length is the sine of their
+    d_v = _unit(np.gradient(points, axis=0))  # angle, whatever the depth's scale
     facing = np.cross(d_v, d_u)  # towards the camera: z < 0 in this frame
     camera = facing * np.array([1.0, -1.0, -1.0])  # -> x right, y up, z towards the camera
     positive = depth > 0
