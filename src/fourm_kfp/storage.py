@@ -294,6 +294,21 @@ class S3Store(Store):
         stat = self._call("stat", key, lambda: self.client.stat_object(self.bucket, self._key(key)))
         return f"{stat.size}-{stat.etag}-{stat.last_modified.isoformat() if stat.last_modified else ''}"
 
+    def list_etags(self, prefix: str = "") -> list[tuple[str, int, str]]:
+        """``(key, size, ETag)`` of every object below ``prefix``, sorted by key, from the listing alone: the ETag
+        changes with the bytes (an MD5 of them, or of the parts of a multipart upload), not with the upload time."""
+        full = self._key(prefix)
+        if full and prefix and not full.endswith("/"):
+            full += "/"
+        strip = len(self.prefix) + 1 if self.prefix else 0
+
+        def listing() -> list[tuple[str, int, str]]:
+            objects = self.client.list_objects(self.bucket, prefix=full or None, recursive=True)
+            return sorted((obj.object_name[strip:], obj.size, (obj.etag or "").strip('"'))
+                          for obj in objects if not obj.is_dir)
+
+        return self._call("list", prefix, listing)
+
     def get_bytes(self, key: str) -> bytes:
         def get() -> bytes:
             response = self.client.get_object(self.bucket, self._key(key))

@@ -54,16 +54,23 @@ def test_an_s3_folder_is_fetched_once_into_the_cache_and_again_when_an_object_ch
         store.put_file(path.name, path)
     uri = store.uri_of()
     local, digest = resolve_weights("folder", uri, "w")
-    assert digest == folder_digest(dpt)
+    assert digest.startswith("s3-etags:") and weights_digest("folder", uri, "w") == digest
+    assert folder_digest(local) == folder_digest(dpt)  # the same bytes
     assert sorted(p.name for p in Path(local).iterdir()) == sorted(p.name for p in dpt.iterdir())
     stamp = (tmp_path / "cache").rglob("folder.versions.json").__next__()
     before = stamp.stat().st_mtime_ns
     assert resolve_weights("folder", uri, "w") == (local, digest) and stamp.stat().st_mtime_ns == before
-    store.put_bytes("README.md", b"a model card")
+    store.put_file("model.safetensors", dpt / "model.safetensors")  # the same bytes again: the same digest
+    assert weights_digest("folder", uri, "w") == digest
+    weights = bytearray((dpt / "model.safetensors").read_bytes())
+    weights[-1] ^= 1  # one bit of the weights, the size unchanged: another digest, fetched again
+    store.put_bytes("model.safetensors", bytes(weights))
     again, moved = resolve_weights("folder", uri, "w")
     assert again == local and moved != digest and stamp.stat().st_mtime_ns != before
+    assert (Path(local) / "model.safetensors").read_bytes() == bytes(weights)
+    store.put_file("model.safetensors", dpt / "model.safetensors")
     labeler = build_labeler("hf_depth", DEPTH, uri)
-    assert labeler.identity()["weights"] == moved and labeler.label(_photo())[0].shape == (64, 64)
+    assert labeler.identity()["weights"] == digest and labeler.label(_photo())[0].shape == (64, 64)
     with pytest.raises(LabelerError, match="does not exist or is empty"):
         resolve_weights("folder", f"{s3_uri}/teachers/none", "w")
 

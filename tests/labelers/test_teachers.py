@@ -279,7 +279,8 @@ def test_other_weights_give_other_labels_and_another_identity(folders, photos, t
 def test_teachers_are_built_with_no_network(folders, photos, monkeypatch):
     from fourm_kfp.labelers.teachers import loading
 
-    loading.load_teacher.cache_clear()
+    for cache in (loading.load_processor, loading.load_model_config, loading.load_model):
+        cache.cache_clear()
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"a network connection was attempted: {args}")
@@ -288,6 +289,17 @@ def test_teachers_are_built_with_no_network(folders, photos, monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
     for name in ("hf_depth", "hf_semseg", "hf_det", "hf_caption", "hf_normal", "hf_clip", "hf_dinov2"):
         assert _teacher(folders, name).label(photos)
+
+
+def test_building_a_teacher_reads_its_configs_and_loads_the_network_only_when_it_labels(folders, photos):
+    from fourm_kfp.labelers.teachers import loading
+
+    loading.load_model.cache_clear()
+    teacher = _teacher(folders, "hf_clip")
+    assert teacher.modality_settings == {"channels": 24, "grid": 4}  # from the configs alone
+    assert loading.load_model.cache_info().currsize == 0
+    teacher.label(photos)
+    assert loading.load_model.cache_info().currsize == 1
 
 
 def test_params_are_checked_naming_the_labeler(folders):

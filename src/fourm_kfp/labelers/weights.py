@@ -9,12 +9,15 @@ kind        ``weights``                                          digest (in the 
 ``file``    one file: a local path or ``s3://`` URI (a           ``sha256:`` of the file
             plug-in's checkpoint)
 ``folder``  a model folder as transformers' ``save_pretrained``  ``sha256:`` over every file's relative path and
-            writes it: a local folder, an ``s3://`` prefix, or    sha256; for ``hf://``: ``hf:<repo>@<commit>``,
-            ``hf://<repo>@<40-hex commit>``                       the commit that names the bytes
+            writes it: a local folder, an ``s3://`` prefix, or    sha256; for ``s3://``: ``s3-etags:`` over each
+            ``hf://<repo>@<40-hex commit>``                       object's key, size and ETag, from the listing;
+                                                                 for ``hf://``: ``hf:<repo>@<commit>``
 ``model``   a committed pretrain output of this pipeline         its manifest's payload digest
 ==========  ===================================================  ==================================================
 
-Every remote source is copied to a local cache once per worker (``FOURM_LABELER_CACHE``, else a folder under the
+Every step of a run computes the label stage's address, so a folder's digest costs no download: a local folder's
+file digests are remembered by path, size and modification time; an ``s3://`` folder's come from its listing; an
+``hf://`` folder's is its commit. Every remote source is copied to a local cache once per worker (``FOURM_LABELER_CACHE``, else a folder under the
 system's temp dir) and read from there: an ``s3://`` file or folder again only when an object's version (size, ETag,
 time) changed; an ``hf://`` folder through ``huggingface_hub``'s own cache layout under it, only the files a
 transformers folder needs (:data:`HF_FILES`), and never with ``HF_HUB_OFFLINE`` set, which then reads the cache
@@ -58,12 +61,41 @@ def file_digest(path: str | os.PathLike) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def _remembered_digest(path: Path) -> str:
+    """:func:`file_digest` of a local file, remembered in the cache by its path, size and modification time."""
+    stat = path.stat()
+    memo = cache_dir() / "digests" / (hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24] + ".json")
+    stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    try:
+        known = json.loads(memo.read_text())
+        if {k: known.get(k) for k in stamp} == stamp:
+            return known["digest"]
+    except (OSError, ValueError, KeyError):
+        pass
+    digest = file_digest(path)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**stamp, "digest": digest}))
+    os.replace(tmp, memo)
+    return digest
+
+
 def folder_digest(path: str | os.PathLike) -> str:
     """``sha256:<hex>`` of a folder: over each file's path relative to it and its own digest, in path order (a
     renamed, added, removed or changed file changes it; the folder's own place and the files' times do not)."""
     root = Path(path)
-    listing = [(p.relative_to(root).as_posix(), file_digest(p)) for p in sorted(root.rglob("*")) if p.is_file()]
+    listing = [(p.relative_to(root).as_posix(), _remembered_digest(p)) for p in sorted(root.rglob("*"))
+               if p.is_file()]
     return "sha256:" + hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+
+
+def s3_folder_digest(uri: str, where: str) -> str:
+    """``s3-etags:<hex>`` of an ``s3://`` folder: over each object's key, size and ETag, from its listing (no
+    download); an empty or missing folder is an error naming ``where``."""
+    listing = open_store(uri).list_etags()
+    if not listing:
+        raise LabelerError(f"{where}: weights folder {uri} does not exist or is empty")
+    return "s3-etags:" + hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
 def _cached(uri: str) -> Path:
@@ -151,8 +183,8 @@ def fetch_folder(uri: str, where: str) -> tuple[str, str]:
     if uri.startswith(HF_PREFIX):
         return _fetch_hf(uri, where), folder_weights_digest(uri, where)
     if is_s3_uri(uri):
-        path = _fetch_s3_folder(uri, where)
-        return path, folder_digest(path)
+        digest = s3_folder_digest(uri, where)
+        return _fetch_s3_folder(uri, where), digest
     path = Path(uri).expanduser()
     if not path.is_dir():
         raise LabelerError(f"{where}: weights folder {uri} does not exist")
@@ -178,11 +210,12 @@ def check_local_folder(uri: str, source: str, where: str) -> None:
 
 
 def folder_weights_digest(uri: str, where: str) -> str:
-    """The digest of a model folder without fetching it when the address alone names its bytes (``hf://``: the
-    commit); otherwise :func:`fetch_folder`'s."""
+    """The digest of a model folder without fetching it (see the module docstring): :func:`fetch_folder`'s."""
     if uri.startswith(HF_PREFIX):
         repo, commit = parse_hf_uri(uri, where)
         return f"hf:{repo}@{commit}"
+    if is_s3_uri(uri):
+        return s3_folder_digest(uri, where)
     return fetch_folder(uri, where)[1]
 
 

@@ -38,7 +38,7 @@ class FeatureMapTeacher(TransformersTeacher):
 
     def __init__(self, setup: LabelerSetup) -> None:
         super().__init__(setup)
-        vision = self.model.config
+        vision = self.model_config
         side = processed_size(self.processor)
         if side % vision.patch_size:
             raise LabelerError(f"labeler {self.name!r}: the processor's {side} px input is not whole patches of "
@@ -76,7 +76,7 @@ class ClipFeatures(FeatureMapTeacher):
     model_class: ClassVar[str] = "CLIPVisionModelWithProjection"
 
     def feature_channels(self, vision: Any) -> int:
-        return int(self.model.visual_projection.out_features)
+        return int(vision.projection_dim)
 
     def patch_features(self, outputs: Any) -> Any:
         vision = self.model.vision_model

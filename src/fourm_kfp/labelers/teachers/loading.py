@@ -3,7 +3,7 @@
 :class:`TransformersTeacher` is the base of the built-in teachers. Its weights are a folder as ``save_pretrained``
 writes it (the config, safetensors weights, the pre-processor's and tokenizer's files), fetched and hashed by
 :mod:`fourm_kfp.labelers.weights`; the network and its pre-processor are built from that folder alone
-(``local_files_only``: nothing is looked up on a hub), once per process and device (:func:`load_teacher`), shared by
+(``local_files_only``: nothing is looked up on a hub), once per process and device (:func:`load_model`), shared by
 every labeler that reads the same folder. A folder whose config names a backbone by name instead of holding its
 config is refused (:func:`check_folder`): transformers would resolve the name on the hub or through timm.
 
@@ -57,26 +57,49 @@ def check_folder(folder: str, where: str) -> dict[str, Any]:
     return config
 
 
-@functools.lru_cache(maxsize=8)
-def load_teacher(folder: str, digest: str | None, model_class: str | type, processor_class: str, device: str
-                 ) -> tuple[Any, Any]:
-    """``(processor, model)`` of the folder, the model in eval mode on ``device``; one per process (``digest``
-    keys the cache, so changed weights load again). ``model_class`` is a transformers class's name, or a class."""
+def _quiet_transformers() -> Any:
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    model_cls = getattr(transformers, model_class) if isinstance(model_class, str) else model_class
-    processor = getattr(transformers, processor_class).from_pretrained(folder, local_files_only=True)
-    model = model_cls.from_pretrained(folder, local_files_only=True)
-    return processor, model.eval().to(device)
+    return transformers
+
+
+def _model_class(model_class: str | type) -> Any:
+    return getattr(_quiet_transformers(), model_class) if isinstance(model_class, str) else model_class
+
+
+@functools.lru_cache(maxsize=8)
+def load_processor(folder: str, digest: str | None, processor_class: str) -> Any:
+    """The folder's pre-processor (and tokenizer), one per process (``digest`` keys the cache)."""
+    return getattr(_quiet_transformers(), processor_class).from_pretrained(folder, local_files_only=True)
+
+
+@functools.lru_cache(maxsize=8)
+def load_model_config(folder: str, digest: str | None, model_class: str | type) -> Any:
+    """The config object the model class builds from the folder (no weights read): for a vision tower inside a
+    whole CLIP folder, the tower's."""
+    transformers = _quiet_transformers()
+    config_class = getattr(_model_class(model_class), "config_class", None) or transformers.AutoConfig
+    return config_class.from_pretrained(folder, local_files_only=True)
+
+
+@functools.lru_cache(maxsize=8)
+def load_model(folder: str, digest: str | None, model_class: str | type, device: str) -> Any:
+    """The folder's network in eval mode on ``device``, one per process and device (``digest`` keys the cache, so
+    changed weights load again). ``model_class`` is a transformers class's name, or a class."""
+    model = _model_class(model_class).from_pretrained(folder, local_files_only=True)
+    return model.eval().to(device)
 
 
 class TransformersTeacher(Labeler):
     """A built-in teacher read from a transformers model folder (see the module docstring). Subclasses set
     ``model_class`` / ``processor_class`` (transformers' names), or choose them from the folder's config in
-    :meth:`classes_for` (which may give a model class of its own), and implement :meth:`predict` and :meth:`label`. Every teacher takes
-    the param ``bf16`` (default true: bf16 autocast on a GPU; fp32 on the CPU always)."""
+    :meth:`classes_for` (which may give a model class of its own), and implement :meth:`predict` and
+    :meth:`label`. Every teacher takes the param ``bf16`` (default true: bf16 autocast on a GPU; fp32 on the CPU
+    always). Building one reads the folder's configs and pre-processor only; the network loads when it is first
+    used, so a step that only needs a teacher's vocabulary or settings (the label stage's collect step) never
+    loads it."""
 
     needs_weights: ClassVar[bool] = True
     wants_accelerator: ClassVar[bool] = True
@@ -88,16 +111,28 @@ class TransformersTeacher(Labeler):
         super().__init__(setup)
         if not isinstance(self.params["bf16"], bool):
             raise LabelerError(f"labeler {self.name!r}: param 'bf16' must be true or false, got {self.params['bf16']!r}")
-        folder = str(setup.weights_path)
-        self.config = check_folder(folder, f"labeler {self.name!r}")
-        model_class, processor_class = self.classes_for(self.config)
-        try:
-            self.processor, self.model = load_teacher(folder, setup.weights_digest, model_class, processor_class,
-                                                      setup.device)
-        except (OSError, ValueError, KeyError, ImportError) as exc:
-            raise LabelerError(f"labeler {self.name!r}: cannot load {model_class} from {folder}: "
-                               f"{type(exc).__name__}: {exc}") from None
+        self.folder = str(setup.weights_path)
+        self.config = check_folder(self.folder, f"labeler {self.name!r}")
+        self._model_class, processor_class = self.classes_for(self.config)
         self.device = setup.device
+        with self._loading(processor_class):
+            self.processor = load_processor(self.folder, setup.weights_digest, processor_class)
+            self.model_config = load_model_config(self.folder, setup.weights_digest, self._model_class)
+
+    @contextlib.contextmanager
+    def _loading(self, what: Any) -> Iterator[None]:
+        try:
+            yield
+        except (OSError, ValueError, KeyError, ImportError, AttributeError) as exc:
+            name = getattr(what, "__name__", what)
+            raise LabelerError(f"labeler {self.name!r}: cannot load {name} from {self.folder}: "
+                               f"{type(exc).__name__}: {exc}") from None
+
+    @property
+    def model(self) -> Any:
+        """The network, loaded on first use."""
+        with self._loading(self._model_class):
+            return load_model(self.folder, self.setup.weights_digest, self._model_class, self.device)
 
     def classes_for(self, config: Mapping[str, Any]) -> tuple[str | type, str]:
         """The model class (a transformers name, or a class) and processor class name that read this folder."""
