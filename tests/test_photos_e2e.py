@@ -1,6 +1,6 @@
 """The ``photos`` preset end to end through kfp.local, on a few of the real photographs scikit-image ships:
 prepare-data → label (canny, palette, metadata, a team's own depth network as a plug-in, normals derived from its
-depth, transformers teachers of semseg and boxes read from model folders, and a model of this pipeline as the teacher
+depth, transformers teachers of semseg, boxes and CLIP feature maps read from model folders, and a model of this pipeline as the teacher
 of captions, with two label workers) → tokenizers → pretokenize → pretrain →
 evaluate, whose report says the ground truth of the labelled modalities is a labeler's.
 
@@ -30,7 +30,10 @@ from tests.teacher_models import SEG_CLASSES, save_teacher
 pytestmark = pytest.mark.slow
 
 PHOTOS = "[astronaut.png, chelsea.png, coffee.png, rocket.jpg, retina.jpg, motorcycle_left.png, camera.png]"
-MODALITIES = "[rgb, caption, canny_edge, color_palette, metadata, depth, normal, semseg, det]"
+MODALITIES = "[rgb, caption, canny_edge, color_palette, metadata, depth, normal, semseg, det, clip]"
+_HALF = "{" + ", ".join(f"{m}: 0.5" for m in MODALITIES.strip("[]").split(", ")) + "}"
+ALPHAS = (f"[{{name: all-to-all, weight: 1.0, input_alphas: {_HALF}, target_alphas: {_HALF}}}, "
+          f"{{name: rgb-to-all, weight: 1.0, input_alphas: {{rgb: 1.0}}, target_alphas: {_HALF}}}]")
 EXAMPLE_SRC = Path(__file__).resolve().parents[1] / "examples" / "fourm-kfp-tiny-depth" / "src"
 TINY_DEPTH = "fourm_kfp_tiny_depth:TinyDepthLabeler"
 
@@ -51,10 +54,12 @@ def test_photos_preset_labels_real_photos_and_trains_on_them(fresh_smoke_run, tm
     teacher = next(s["output_uri"] for s in fresh_smoke_run["stages"] if s["name"] == "pretrain")
     semseg = save_teacher("hf_semseg", tmp_path / "mask2former", 64)
     boxes = save_teacher("hf_det", tmp_path / "rt-detr", 64)
+    clip = save_teacher("hf_clip", tmp_path / "clip", 64)
     labelers = (f"[{{name: canny_edge}}, {{name: color_palette}}, {{name: metadata}}, "
                 f"{{name: tiny_depth, weights: '{tmp_path / 'tiny-depth.pt'}'}}, {{name: normal_from_depth}}, "
                 f"{{name: hf_semseg, weights: '{semseg}'}}, "
                 f"{{name: hf_det, weights: '{boxes}', params: {{threshold: 0.3, max_boxes: 3}}}}, "
+                f"{{name: hf_clip, weights: '{clip}'}}, "
                 f"{{name: fourm_model, weights: '{teacher}', params: {{modality: caption}}}}]")
     summary_path = tmp_path / "summary.json"
     args = [CLI, "run", "--preset", "photos", "--root", str(tmp_path / "run"), "--summary", str(summary_path),
@@ -62,8 +67,8 @@ def test_photos_preset_labels_real_photos_and_trains_on_them(fresh_smoke_run, tm
             "--set", f"prepare_data.include={PHOTOS}", "--set", "prepare_data.val_fraction=0.3",
             "--set", f"label.labelers={labelers}",
             "--set", f"data.modalities={MODALITIES}", "--set", f"data.input_modalities={MODALITIES}",
-            "--set", f"data.target_modalities={MODALITIES}",
-            "--set", "train_tokenizers.image_modalities=[rgb, depth, normal, semseg, canny_edge]",
+            "--set", f"data.target_modalities={MODALITIES}", "--set", f"alphas.mixture={ALPHAS}",
+            "--set", "train_tokenizers.image_modalities=[rgb, depth, normal, semseg, canny_edge, clip]",
             "--set", "train_tokenizers.image.steps=3", "--set", "pretokenize.n_crops=2", "--set", "train.steps=3",
             "--set", "evaluate.num_samples=2", "--set", "evaluate.baseline_samples=4"]
     started = time.monotonic()
@@ -79,7 +84,7 @@ def test_photos_preset_labels_real_photos_and_trains_on_them(fresh_smoke_run, tm
     made = {m: who["name"] for m, who in manifest["counts"]["labelers"].items()}
     assert made == {"canny_edge": "canny_edge", "color_palette": "color_palette", "metadata": "metadata",
                     "depth": "tiny_depth", "normal": "normal_from_depth", "semseg": "hf_semseg", "det": "hf_det",
-                    "caption": "fourm_model"}
+                    "clip": "hf_clip", "caption": "fourm_model"}
     who = manifest["counts"]["labelers"]
     assert who["caption"]["weights"] == read_manifest(open_store(teacher))[0][
         "payload_digest"]  # a model teacher's identity is its committed payload, a file's its sha256, a folder's
@@ -88,22 +93,25 @@ def test_photos_preset_labels_real_photos_and_trains_on_them(fresh_smoke_run, tm
     assert who["normal"]["weights"] is None  # derived from the depth labels, no weights of its own
     meta = json.loads(label.get_bytes("dataset_meta.json"))  # the teachers' vocabularies travel with the data
     assert meta["vocabularies"]["semseg"] == list(SEG_CLASSES) and "traffic_light" in meta["vocabularies"]["det"]
+    assert meta["modality_settings"]["clip"] == {"channels": 24, "grid": 4}  # the CLIP tower's projection, patches
     assert "reports/label_preview.png" in label.list("reports")
 
     # Every photo has every modality, its rgb the photo's centre crop, its labels from this very photo.
     dataset = LayeredStore([open_store(stages["prepare-data"]["output_uri"]), label])
-    read = ["rgb", "depth", "normal", "semseg", "metadata"]
+    read = ["rgb", "depth", "normal", "semseg", "metadata", "clip"]
     samples = [s for split in ("train", "val") for _, s in iter_split(dataset, split, read)]
     assert len(samples) == 7 and all(set(s) == set(read) for s in samples)
     assert all(s["depth"].shape == (64, 64) and np.isfinite(s["depth"]).all() for s in samples)
     assert all(s["normal"].shape == (64, 64, 3) and s["semseg"].max() < len(SEG_CLASSES) for s in samples)
+    assert all(s["clip"].shape == (4, 4, 24) for s in samples)
     assert len({s["metadata"] for s in samples}) == 7  # statistics of seven different photos
 
     evaluation = open_store(stages["evaluate"]["output_uri"])
     report = evaluation.get_text("reports/evaluation_report.md")
     assert "ground truth of these modalities is a labeler's output" in report and "depth: tiny_depth v1" in report
     result = json.loads(evaluation.get_bytes("evaluation.json"))
-    assert {t["task"] for t in result["tasks"]} >= {"rgb-to-depth", "rgb-to-canny_edge", "rgb-to-metadata"}
+    assert {t["task"] for t in result["tasks"]} >= {"rgb-to-depth", "rgb-to-canny_edge", "rgb-to-metadata",
+                                                   "rgb-to-clip"}
 
     # MLflow records, per modality, which labeler made it.
     tracking = summary["mlflow"]["tracking_uri"]

@@ -17,7 +17,7 @@ from fourm_kfp.contract import run_stage, run_stage_part
 from fourm_kfp.contract.addressing import stage_address
 from fourm_kfp.contract.manifest import MANIFEST_NAME, payload_files, read_manifest
 from fourm_kfp.data.label_formats import parse_metadata_text
-from fourm_kfp.data.shard_stream import iter_split, shard_indices
+from fourm_kfp.data.shard_stream import available_modalities, iter_split, shard_indices
 from fourm_kfp.data.shard_writer import keys_key
 from fourm_kfp.labelers.base import LabelBatch
 from fourm_kfp.labelers.registry import build_labeler
@@ -232,3 +232,27 @@ def test_a_preset_teacher_that_is_not_committed_is_an_error_naming_the_run_to_ma
                                           r"model, which is not committed at .*/pretrain/[0-9a-f]{16}: run "
                                           r"`fourm-kfp run --preset smoke` first"):
         _label(config, tmp_path / "run")
+
+
+def test_a_captioner_labels_only_the_photos_that_came_without_text(photos, tmp_path):
+    """A teacher that fills gaps (hf_caption) runs although the photos came with captions, and generates a caption
+    only for those without one: every photo ends with a caption, its own where it had one."""
+    from tests.teacher_models import save_teacher
+
+    for i in (1, 4, 7):
+        (photos / f"img{i}.txt").unlink()
+    blip = save_teacher("hf_caption", tmp_path / "blip", 64)
+    labelers = f"[{{name: hf_caption, weights: '{blip}', params: {{max_new_tokens: 5}}}}]"
+    config = _config(photos, labelers, "data.image_size=64")
+    uri = _label(config, tmp_path / "run")
+    report = json.loads(open_store(uri).get_bytes("reports/label_report.json"))
+    assert report["not_run"] == [] and report["labelers"]["caption"]["name"] == "hf_caption"
+    layer = open_store(uri)
+    written = {key: s["caption"] for split in ("train", "val") if "caption" in available_modalities(layer, split)
+               for key, s in iter_split(layer, split, ["caption"]) if "caption" in s}
+    assert sorted(written) == [f"img{i}" for i in range(10)] and all(written.values())
+    assert all(written[f"img{i}"] == f"a photo number {i}" for i in range(10) if i not in (1, 4, 7))
+    assert all(not written[f"img{i}"].startswith("a photo number") for i in (1, 4, 7))  # generated
+    captions = {key: s["caption"] for split in ("train", "val")
+                for key, s in iter_split(_dataset(config, tmp_path / "run"), split, ["caption"])}
+    assert captions == written  # the dataset read as one: every photo has its caption

@@ -103,7 +103,7 @@ class Labeler:
     #: which must be made by a labeler listed before it
     reads: ClassVar[tuple[str, ...]] = ()
     #: True: it runs even where the prepared data holds its modality, and labels only the samples that lack it
-    #: (returning None for the others, whose own values stand): a captioner for photos without text
+    #: (returning the others' own values, unchanged): a captioner for photos without text
     fills_gaps: ClassVar[bool] = False
     #: a depth labeler whose depth is relative (a monocular teacher's): the gate checks only that it is finite
     relative_depth: bool = False

@@ -5,8 +5,9 @@
 (default none: text the caption starts from, as BLIP's conditional captioning takes; it stays in the caption),
 ``max_new_tokens`` (default 30), ``num_beams`` (default 1: greedy), ``bf16`` (default true). Decoding is greedy or
 beam search, never sampled, so captions are deterministic. The labeler runs even where the prepared data holds
-captions (:attr:`~fourm_kfp.labelers.base.Labeler.fills_gaps`): a photo with its own caption gets None from it, and
-its own text stands.
+captions (:attr:`~fourm_kfp.labelers.base.Labeler.fills_gaps`): a photo with its own caption gets that text back,
+unchanged (the label layer's captions of a shard replace the prepared data's when the dataset is read as one, so they
+must hold every photo's), and only the others are captioned.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class CaptionTeacher(TransformersTeacher):
 
     def label(self, batch: LabelBatch) -> list[Any]:
         lacking = [i for i, caption in enumerate(batch.captions) if not caption]
-        values: list[Any] = [None] * len(batch)
+        values: list[Any] = list(batch.captions)
         if lacking:
             made = self.predict(LabelBatch(tuple(batch.keys[i] for i in lacking),
                                            tuple(batch.images[i] for i in lacking)))
