@@ -5,6 +5,7 @@ moves the stages it changes, and none moves anything at its default."""
 
 from __future__ import annotations
 
+import os
 import json
 from pathlib import Path
 
@@ -29,7 +30,8 @@ from fourm_kfp.tokenizers.text_tokenizer import (TextTokenizerError, read_text_t
                                                  special_token_ids, text_sentinels, train_text_tokenizer)
 from fourm_kfp.train.build import TrainingInputs, masking_args, modality_specs, model_args
 
-ML4M_TOKENIZER = Path("/tmp/ml-4m/fourm/utils/tokenizer/trained/text_tokenizer_4m_wordpiece_30k.json")
+#: ml-4m's WordPiece in the checkout ``FOURM_REFERENCE`` names (the other ml-4m tests' variable)
+ML4M_TOKENIZER = "fourm/utils/tokenizer/trained/text_tokenizer_4m_wordpiece_30k.json"
 TEXTS = ["a small red cube left of a large blue sphere", "a green cylinder", "two yellow cubes on a grey floor"]
 
 
@@ -165,9 +167,12 @@ def test_ml4m_conventions_keep_a_long_text_within_the_model_length(text_tokenize
 
 
 def test_ml4m_tokenizer_json_loads_as_our_text_tokenizer():
-    if not ML4M_TOKENIZER.is_file():
-        pytest.skip(f"no ml-4m checkout at {ML4M_TOKENIZER}")
-    tok, digest = read_text_tokenizer(str(ML4M_TOKENIZER))
+    checkout = os.environ.get("FOURM_REFERENCE")
+    if not checkout:
+        pytest.skip("FOURM_REFERENCE (an apple/ml-4m checkout) is not set")
+    path = Path(checkout) / ML4M_TOKENIZER
+    assert path.is_file(), f"FOURM_REFERENCE={checkout} is no ml-4m checkout: {path} is missing"
+    tok, digest = read_text_tokenizer(str(path))
     specials = special_token_ids(tok)
     assert [specials[t] for t in ("[PAD]", "[UNK]", "[SOS]", "[EOS]", "[S_0]", "[S_1]")] == [0, 1, 2, 3, 4, 5]
     assert text_sentinels(specials, "ml4m")[:2] == (specials["[S_1]"], specials["[S_2]"])

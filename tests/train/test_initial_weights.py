@@ -6,12 +6,14 @@ checkpoint, ml-4m) is read and reported."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import types
 from dataclasses import replace
 
 import pytest
 import torch
+from safetensors import safe_open
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from fourm_kfp.batch import ModalitySpec
@@ -176,7 +178,8 @@ def test_an_ml4m_source_is_converted_to_the_targets_modalities_and_its_dropped_k
         calls.append((uri, tuple(modalities)))
         return source, types.SimpleNamespace(dropped=["decoder_embeddings.sam_instance: not a modality here"],
                                              dropped_domains=["tok_clip@224: no such modality"],
-                                             missing=["dec_token_embed[normal]", "decoder.0.norm1.weight"])
+                                             missing=["dec_token_embed[normal]", "decoder.0.norm1.weight"],
+                                             dropped_parameters=77)
 
     monkeypatch.setattr("fourm_kfp.model.ml4m.import_ml4m", import_ml4m)
     folder = tmp_path / "fm"
@@ -188,6 +191,7 @@ def test_an_ml4m_source_is_converted_to_the_targets_modalities_and_its_dropped_k
     assert torch.equal(rows(target, "enc_token_embed", "normal"), rows(source, "enc_token_embed", "normal"))
     assert report.dropped[-2:] == ["tok_clip@224: no such modality",
                                    "decoder_embeddings.sam_instance: not a modality here"]
+    assert report.dropped_parameters >= 77  # the import's dropped scalars are counted with the mapping's own
     assert {"dec_token_embed[normal]: not in the source", "decoder.0.norm1.weight: not in the source"} <= set(
         report.new)
     assert torch.equal(rows(target, "dec_token_embed", "normal"), rows(build(TARGET, 1), "dec_token_embed", "normal"))
@@ -211,6 +215,13 @@ def test_an_exported_ml4m_folder_initialises_the_shared_modalities(tmp_path):
         report.new)
     assert "head[caption]: this model's head is its dec_token_embed (tie_embeddings)" in report.dropped
     assert any(entry.startswith("decoder_embeddings.tok_depth@224.token_emb.weight") for entry in report.dropped)
+    # every dropped scalar of the file is counted: depth's whole domain and the untied caption and rgb heads
+    with safe_open(str(tmp_path / "fm" / "model.safetensors"), framework="pt") as f:
+        sizes = {k: f.get_slice(k).get_shape() for k in f.keys()}
+    dropped_keys = {entry.split(": ")[0] for entry in report.dropped} & set(sizes)
+    assert any(k.startswith("decoder_embeddings.tok_depth@224.") for k in dropped_keys)
+    from_file = sum(math.prod(sizes[k]) for k in dropped_keys)
+    assert from_file >= 2 * 8192 * 32 and report.dropped_parameters >= from_file
 
 
 def test_a_source_of_no_known_kind_or_an_unreadable_one_is_a_config_error(tmp_path):

@@ -112,10 +112,12 @@ class Ml4mImport:
     dropped: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     dropped_domains: list[str] = field(default_factory=list)
+    #: scalars of the source's tensors that were dropped (those of dropped domains included)
+    dropped_parameters: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "imported": self.imported, "dropped": self.dropped, "missing": self.missing,
-                "dropped_domains": self.dropped_domains}
+                "dropped_domains": self.dropped_domains, "dropped_parameters": self.dropped_parameters}
 
 
 # -- what can be written --------------------------------------------------------------------------------------------
@@ -259,7 +261,8 @@ def ml4m_state(model: FourM) -> dict[str, torch.Tensor]:
         else:
             enc = f"encoder_embeddings.{domain.name}"
             state[f"{enc}.token_emb.weight"] = ours["enc_token_embed.weight"][_rows(model, "enc", index)].clone()
-            state[f"{enc}.mod_emb"] = mod_emb.clone()
+            # the encoder's mod_emb is the decoder's (share_modality_embeddings): ml-4m's save_pretrained writes the
+            # shared tensor once, under the decoder's name, and FM.from_pretrained(strict=True) expects just that
             state[f"{enc}.pos_emb"] = _positions(spec, dim)
     return {k: v.contiguous() for k, v in state.items()}
 
@@ -489,6 +492,7 @@ def _load(model: FourM, tensors: dict[str, torch.Tensor], report: Ml4mImport, so
     model.load_state_dict(state)
     report.imported = sorted(used)
     report.dropped = [f"{key}: {why}" for key, why in sorted(dropped.items())]
+    report.dropped_parameters = sum(tensors[key].numel() for key in dropped)
     report.missing = _missing(model, filled)
 
 

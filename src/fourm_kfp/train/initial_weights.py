@@ -252,6 +252,7 @@ def _from_ml4m(target: FourM, uri: str) -> InitReport:
         raise ConfigError(f"train.init_from: {exc}") from None
     report = map_weights(source, target, InitReport(uri, "ml-4m"), untrained=imported.missing)
     report.dropped += imported.dropped_domains + imported.dropped
+    report.dropped_parameters += imported.dropped_parameters
     return report
 
 
