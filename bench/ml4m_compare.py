@@ -6,8 +6,9 @@ patches (``rgb@224``) and as tokens (``tok_rgb@224``, 16384), depth (``tok_depth
 weights, the context bias, the mask token, modality embeddings, output heads apart from the input tables), fp32.
 
 * **ours → ml-4m**: our model is exported (:func:`~fourm_kfp.model.ml4m.export_ml4m`) and loaded by
-  ``FM.from_pretrained(folder)`` and by the safetensors-metadata route (``fourm.utils.load_safetensors`` then
-  ``FM(config).load_state_dict``, strict); both must give our logits (max |Δ| per token ≤ 1e-5). Two variants:
+  ``FM.from_pretrained(folder, strict=True)`` and by the safetensors-metadata route (``fourm.utils.load_safetensors`` then
+  ``FM(config).load_state_dict``: nothing unexpected, nothing missing but a shared embedding's second name); both
+  must give our logits (max |Δ| per token ≤ 1e-5). Two variants:
   ``ml4m_layout`` (our ml-4m switches on: context bias, rgb@224's own modality embedding, untied heads) and
   ``defaults`` (tied heads, no context bias, one rgb embedding); both read ImageNet-normalised pixels, as ml-4m's
   data pipeline gives them (a model reading [-1, 1] pixels is refused by the export).
@@ -201,10 +202,16 @@ def ours_to_ml4m(ref, variant: str) -> dict:
     model = our_model(variant)
     with tempfile.TemporaryDirectory(prefix="ml4m-out-") as folder:
         export_ml4m(model, folder)
-        by_folder = ref.fm.FM.from_pretrained(folder).eval()
+        by_folder = ref.fm.FM.from_pretrained(folder, strict=True).eval()
         ckpt, config = ref.checkpoint.load_safetensors(str(Path(folder) / "model.safetensors"))
         by_file = ref.fm.FM(config=config)
-        by_file.load_state_dict(ckpt)  # strict: every key FM has, no other
+        # A shared modality embedding is in the file once, under the decoder's name, as ml-4m's save_pretrained
+        # writes it: loading that name fills the encoder's too (one parameter), so the encoder's alias is the only
+        # key allowed missing, and nothing may be unexpected.
+        missing, unexpected = by_file.load_state_dict(ckpt, strict=False)
+        aliases = {k.replace("decoder_embeddings.", "encoder_embeddings.", 1) for k in ckpt if k.endswith(".mod_emb")}
+        if unexpected or set(missing) - aliases:
+            raise AssertionError(f"ml-4m's FM: unexpected {unexpected}, missing {sorted(set(missing) - aliases)}")
         by_file.eval()
         return {"from_pretrained": compare_pair(model, by_folder, model.args.modalities),
                 "load_safetensors": compare_pair(model, by_file, model.args.modalities)}
