@@ -7,10 +7,13 @@ A folder is ``config.json`` (the constructor arguments) beside ``model.safetenso
 * :mod:`.quantizers`: the lucid VQ (cosine-similarity codebooks) and Memcodes;
 * :mod:`.vqvae`: the encoder every tokenizer shares (:class:`~.vqvae.VQEncoder`, ``encode(x) -> codes``,
   ``tokens_to_embedding``) and the VQ-VAE (:class:`~.vqvae.VQVAE`, ``decode_tokens(codes)``);
+* :mod:`.unet`, :mod:`.sampling`, :mod:`.divae`: the diffusion decoders (rgb, depth, normal, edge): ml-4m's
+  patched UNet predicting x0, sampled on diffusers' DDPM or DDIM scheduler set to ml-4m's schedule (the folder's
+  ``scheduler``, ml-4m's default DDPM), 25 steps by default, 10 for edges;
 * :mod:`.conventions`: each modality's input as ml-4m's transforms make it (rgb, depth, normals, semseg ids,
   CLIP / DINOv2 feature maps).
 
-``bench/ml4m_tokenizer_compare.py`` checks the port against codes and reconstructions made by ml-4m's own code
+``bench/ml4m_tokenizer_compare.py`` and ``bench/ml4m_divae_compare.py`` check the port against codes and reconstructions made by ml-4m's own code
 (``tests/tokenizers/ml4m_reference/``).
 """
 

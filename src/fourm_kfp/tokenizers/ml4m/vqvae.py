@@ -233,6 +233,7 @@ def load_vqvae(source: str | Path | TokenizerFolder) -> VQVAE:
     folder = source if isinstance(source, TokenizerFolder) else read_folder(source)
     kind = _config_of(folder).kind
     if kind != "vqvae":
+        hint = "; load it with fourm_kfp.tokenizers.ml4m.divae.load_divae" if kind == "divae" else ""
         raise TokenizerFolderError(f"{folder.uri}: a {kind} tokenizer, not a VQ-VAE (dec_type "
-                                   f"{folder.config.get('dec_type')!r})")
+                                   f"{folder.config.get('dec_type')!r}){hint}")
     return _build(VQVAE, folder)

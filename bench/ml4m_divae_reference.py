@@ -1,0 +1,258 @@
+"""apple/ml-4m's own DiVAE tokenizers (random weights, scaled down) and their decodes, for the port to match.
+
+Runs in ml-4m's environment, not ours (ml-4m's code needs diffusers 0.20 and huggingface_hub <= 0.24)::
+
+    bash bench/ml4m_env.sh     # .venv-ml4m; or any env with torch, diffusers==0.20.0, huggingface_hub<=0.24, einops,
+                               # numpy<2, safetensors
+    FOURM_REFERENCE=/tmp/ml-4m .venv-ml4m/bin/python bench/ml4m_divae_reference.py
+
+For each tokenizer (rgb, depth, edge) it builds ml-4m's ``DiVAE`` with the published configurations' settings
+(ViT encoder with a tanh post-MLP, lucid cosine VQ with 32-dim codes, the patched UNet decoder predicting x0,
+1000 linear-beta training steps with zero terminal SNR, thresholding) at a size a CPU test can run: an encoder
+and a decoder preset registered here (:data:`SCALED_PRESETS`, written into the manifest; the port's preset
+tables hold the same names and sizes), 64-px images (4x4 codes), a smaller codebook. Weights are random; the
+decoder's zero-initialised output convolutions are re-drawn so the decode depends on every layer. It saves each
+tokenizer with ml-4m's
+``save_pretrained`` (``config.json`` + ``model.safetensors``) under ``tests/tokenizers/ml4m_reference/divae_<name>/``
+and beside it ``reference.safetensors``: the input images, the codes ml-4m's encoder gives them, and ml-4m's decodes
+of those codes (``decode_tokens`` with its own DDPM pipeline, and with its DDIM scheduler in ``trailing`` mode), with
+the demos' step counts (25; 10 for edges) from a seeded generator. ``manifest.json`` says what made them.
+
+ml-4m's packages are registered without running ``fourm/__init__``-level imports it does not need here
+(``fourm.utils``' data pipeline): ``fourm.utils`` gets ``to_2tuple`` and ``denormalize`` from ``fourm/utils/misc.py``
+when torchvision imports, else equivalents defined below (the manifest says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "tokenizers" / "ml4m_reference"
+
+#: the scaled-down presets the reference tokenizers name (ml-4m has ``vit_b_enc`` and ``unet_patched``); the port
+#: holds the same ones (``fourm_kfp.tokenizers.ml4m.vit.PRESETS["tiny"]``, ``unet.UNET_PRESETS``)
+SCALED_PRESETS = {
+    "enc_type": {"vit_tiny_enc": {"dim_tokens": 16, "depth": 2, "num_heads": 2, "mlp_ratio": 4.0}},
+    "dec_type": {
+        "unet_patched_tiny": {
+            "patch_size": 4, "model_channels": 32, "num_res_blocks": 0, "attention_resolutions": [2],
+            "channel_mult": [1, 1],
+        }
+    },
+}
+
+#: name -> (channels, codebook size, demo steps, seed); the published ones: rgb 3 ch / 16384, depth and edge 1 ch / 8192
+TOKENIZERS = {
+    "rgb": (3, 512, 25, 0),
+    "depth": (1, 256, 25, 1),
+    "edge": (1, 256, 10, 2),
+}
+IMAGE_SIZE = 64
+BATCH = 2
+
+#: the settings 4M-21's DiVAE tokenizers were trained with (cfgs/default/tokenization/divae/*_224-448_predx0.yaml,
+#: run_training_divae.py's defaults for what those leave out)
+PUBLISHED = dict(
+    patch_size=16, post_mlp=True, quant_type="lucid", latent_dim=32, norm_codes=True, norm_latents=False,
+    num_train_timesteps=1000, prediction_type="sample", beta_schedule="linear", thresholding=True,
+    zero_terminal_snr=True, cls_free_guidance_dropout=0.0, undo_std=False,
+)
+
+
+def _utils_module(path: Path) -> str:
+    """``fourm.utils`` with what ``fourm.vq`` imports from it; returns where those came from."""
+    utils = types.ModuleType("fourm.utils")
+    utils.__path__ = [str(path / "fourm" / "utils")]
+    sys.modules["fourm.utils"] = utils
+    try:
+        misc = importlib.import_module("fourm.utils.misc")
+        utils.to_2tuple, utils.denormalize = misc.to_2tuple, misc.denormalize
+        return "fourm/utils/misc.py"
+    except Exception:  # noqa: BLE001 - no usable torchvision (absent, or a build whose ops cannot load)
+        # equivalents: neither is on the decode path, but both are imported
+        def to_2tuple(x):
+            return tuple(x) if isinstance(x, (list, tuple)) else (x, x)
+
+        def denormalize(img, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
+            mean_t = torch.tensor(mean, dtype=img.dtype).view(-1, 1, 1)
+            std_t = torch.tensor(std, dtype=img.dtype).view(-1, 1, 1)
+            return img * std_t + mean_t
+
+        utils.to_2tuple, utils.denormalize = to_2tuple, denormalize
+        return "stand-ins (torchvision not importable)"
+
+
+def load_ml4m(path: Path) -> types.SimpleNamespace:
+    fourm = types.ModuleType("fourm")
+    fourm.__path__ = [str(path / "fourm")]
+    sys.modules["fourm"] = fourm
+    utils_from = _utils_module(path)
+    vqvae = importlib.import_module("fourm.vq.vqvae")
+    vit_models = importlib.import_module("fourm.vq.models.vit_models")
+    unet = importlib.import_module("fourm.vq.models.unet.unet")
+    scheduling = importlib.import_module("fourm.vq.scheduling")
+
+    enc = SCALED_PRESETS["enc_type"]["vit_tiny_enc"]
+    dec = SCALED_PRESETS["dec_type"]["unet_patched_tiny"]
+
+    def vit_tiny_enc(in_channels, patch_size, resolution, patch_proj=True, post_mlp=False, **kwargs):
+        return vit_models.ViTEncoder(
+            in_channels=in_channels, patch_size=patch_size, resolution=resolution, dim_tokens=enc["dim_tokens"],
+            depth=enc["depth"], num_heads=enc["num_heads"], mlp_ratio=enc["mlp_ratio"], qkv_bias=True,
+            patch_proj=patch_proj, post_mlp=post_mlp,
+        )
+
+    def unet_patched_tiny(**kwargs):
+        return unet.PatchedUNetCondCat(
+            patch_size=dec["patch_size"], model_channels=dec["model_channels"], num_res_blocks=dec["num_res_blocks"],
+            attention_resolutions=list(dec["attention_resolutions"]), channel_mult=tuple(dec["channel_mult"]), **kwargs
+        )
+
+    vit_models.vit_tiny_enc = vit_tiny_enc
+    unet.unet_patched_tiny = unet_patched_tiny
+    return types.SimpleNamespace(vqvae=vqvae, scheduling=scheduling, utils_from=utils_from)
+
+
+def redraw_decoder(decoder: torch.nn.Module, generator: torch.Generator) -> None:
+    """Random values for every decoder parameter (ml-4m zero-initialises its output convolutions)."""
+    with torch.no_grad():
+        for name, param in decoder.named_parameters():
+            if param.ndim == 1:
+                base = 1.0 if name.endswith("weight") else 0.0  # GroupNorm scales near 1, biases near 0
+                param.copy_(base + 0.1 * torch.randn(param.shape, generator=generator))
+            else:
+                fan_in = param[0].numel()
+                param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(fan_in))
+
+
+def build(ml4m, name: str) -> tuple[torch.nn.Module, dict]:
+    channels, codebook_size, _, seed = TOKENIZERS[name]
+    config = dict(
+        PUBLISHED, image_size=IMAGE_SIZE, n_channels=channels, enc_type="vit_tiny_enc", dec_type="unet_patched_tiny",
+        codebook_size=codebook_size, sync_codebook=False,
+    )
+    torch.manual_seed(seed)
+    model = ml4m.vqvae.DiVAE(**config)
+    redraw_decoder(model.decoder, torch.Generator().manual_seed(1000 + seed))
+    return model.eval(), config
+
+
+def ddim_scheduler(ml4m, config: dict):
+    return ml4m.scheduling.DDIMScheduler(
+        num_train_timesteps=config["num_train_timesteps"], thresholding=config["thresholding"],
+        clip_sample=config.get("clip_sample", False), beta_schedule=config["beta_schedule"],
+        prediction_type=config["prediction_type"], zero_terminal_snr=config["zero_terminal_snr"],
+    )
+
+
+def environment() -> dict:
+    versions = {"python": platform.python_version()}
+    for module in ("torch", "diffusers", "huggingface_hub", "einops", "numpy", "safetensors"):
+        try:
+            versions[module] = importlib.import_module(module).__version__
+        except ImportError:
+            versions[module] = None
+    versions["executable"] = interpreter()
+    return versions
+
+
+#: the ml-4m commit these references were made from, when the checkout is an archive without git metadata
+ML4M_COMMIT = "cda590faa3b9f022c28537193d3e1650527646a3"
+
+
+def ml4m_commit(path: Path) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("FOURM_REFERENCE_COMMIT", ML4M_COMMIT)
+
+
+def interpreter() -> str:
+    """The Python that runs this, relative to the repository when it lives there (``.venv-ml4m/bin/python``)."""
+    exe = Path(sys.executable)
+    try:
+        return str(exe.relative_to(ROOT))
+    except ValueError:
+        return str(exe)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reference", default=os.environ.get("FOURM_REFERENCE", "/tmp/ml-4m"))
+    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--only", nargs="*", default=sorted(TOKENIZERS))
+    args = parser.parse_args()
+    from safetensors.torch import save_file
+
+    path = Path(args.reference)
+    ml4m = load_ml4m(path)
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    for name in args.only:
+        model, config = build(ml4m, name)
+        channels, _, steps, seed = TOKENIZERS[name]
+        folder = Path(args.out) / f"divae_{name}"
+        folder.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(folder, config=config)
+        reloaded = ml4m.vqvae.DiVAE.from_pretrained(str(folder)).eval()  # what a user of the folder gets
+
+        images = torch.rand(BATCH, channels, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(seed))
+        images = images * 2 - 1
+        with torch.no_grad():
+            codes = reloaded.tokenize(images)
+            noise_seed = 100 + seed
+            ddpm = reloaded.decode_tokens(codes, timesteps=steps, generator=torch.Generator().manual_seed(noise_seed),
+                                          image_size=IMAGE_SIZE, verbose=False)
+            ddim = reloaded.decode_tokens(codes, timesteps=steps, scheduler=ddim_scheduler(ml4m, config),
+                                          generator=torch.Generator().manual_seed(noise_seed), image_size=IMAGE_SIZE,
+                                          verbose=False, scheduler_timesteps_mode="trailing")
+        save_file(
+            {"images": images.contiguous(), "codes": codes.contiguous(), "decode_ddpm": ddpm.contiguous(),
+             "decode_ddim": ddim.contiguous()},
+            str(folder / "reference.safetensors"),
+        )
+        manifest = {
+            "what": f"ml-4m's DiVAE ({name}), random weights, scaled down; its codes and decodes",
+            "ml4m_commit": ml4m_commit(path),
+            "command": f"FOURM_REFERENCE={args.reference} {interpreter()} bench/ml4m_divae_reference.py",
+            "environment": environment(),
+            "fourm_utils_from": ml4m.utils_from,
+            "scaled_presets": SCALED_PRESETS,
+            "published_shapes": {"rgb": "vit_b_enc + unet_patched, 16384 codes, 3 channels",
+                                 "depth": "vit_b_enc + unet_patched, 8192 codes, 1 channel",
+                                 "edge": "vit_b_enc + unet_patched, 8192 codes, 1 channel"}[name],
+            "image_size": IMAGE_SIZE,
+            "steps": steps,
+            "noise_seed": noise_seed,
+            "decodes": {
+                "decode_ddpm": "model.decode_tokens(codes, timesteps=steps, image_size=image_size, "
+                               "generator=torch.Generator().manual_seed(noise_seed)): the DiVAE's own pipeline "
+                               "(scheduler 'ddpm', its default)",
+                "decode_ddim": "the same with scheduler=fourm.vq.scheduling.DDIMScheduler(<the config's schedule>), "
+                               "scheduler_timesteps_mode='trailing'",
+                "noise": "not stored: torch.randn(shape, generator=torch.Generator().manual_seed(noise_seed)) is "
+                         "the pipelines' first draw (the DDPM steps then draw theirs from the same generator)",
+            },
+            "images": f"torch.rand(B, C, H, W, generator=manual_seed({seed})) * 2 - 1",
+            "codes": "model.tokenize(images)",
+        }
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        size = sum(p.stat().st_size for p in folder.iterdir())
+        print(f"{name}: {folder} ({size / 1e6:.2f} MB), codes {tuple(codes.shape)}, decode range "
+              f"[{ddpm.min():.3f}, {ddpm.max():.3f}]")
+
+
+if __name__ == "__main__":
+    main()
