@@ -341,6 +341,11 @@ class TrainTokenizersConfig:
                                           "text_tokenizer_4m_wordpiece_30k.json) used as it is instead of training "
                                           "one; text_vocab_size and num_sentinels then do not apply",
                                       omit_at_default=True)
+    from_ml4m: dict[str, str] = option({}, "image modalities whose tokenizer is apple/ml-4m's instead of one trained "
+                                       "here: {<modality>: <tokenizer folder>} (config.json + model.safetensors, "
+                                       "local or s3://, e.g. EPFL-VILAB/4M_tokenizers_semseg_4k_224-448 downloaded); "
+                                       "the folder is copied into the bundle, its digest is part of the address",
+                                       omit_at_default=True)
     seed: int = option(0, "training seed")
     recon_samples: int = option(6, "samples in the reconstruction grid", versioned=False, min=1, max=32)
 
@@ -352,6 +357,12 @@ class TrainTokenizersConfig:
         wrong += [m for m in self.text_modalities if m not in SEQUENCE_MODALITIES]
         if wrong:
             raise ValueError(f"image_modalities must be image modalities and text_modalities sequence ones: {wrong}")
+        for modality, folder in self.from_ml4m.items():
+            if modality not in self.image_modalities:
+                raise ValueError(f"from_ml4m.{modality}: {modality!r} is not one of image_modalities "
+                                 f"{list(self.image_modalities)}")
+            if not folder.strip():
+                raise ValueError(f"from_ml4m.{modality}: an empty folder")
         for modality in self.per_modality:
             self.image_config(modality)  # validate the overrides now, at load time
 

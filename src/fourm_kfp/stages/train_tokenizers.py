@@ -8,6 +8,12 @@ on the sequence modalities (captions, det strings, ...) or takes an existing one
 (``train_tokenizers.text_tokenizer_from``: ml-4m's, say), and writes the bundle that
 :func:`fourm_kfp.tokenizers.bundle.load_tokenizers` reads back, plus a report and a reconstruction grid.
 
+A modality named in ``train_tokenizers.from_ml4m`` is not trained: its tokenizer is apple/ml-4m's, read from the
+folder named there (:mod:`fourm_kfp.tokenizers.ml4m.adapter`: the conventions between our arrays and its inputs,
+the side it runs at). The folder's two files are copied into the bundle as they are (so the bundle stands alone, as
+with our own tokenizers), the index records its source, digest and config, the report its reconstruction error on
+the val images beside the same baseline, and the folder's digest is part of the stage's address.
+
 In one process on a CPU with several cores, the image tokenizers train side by side in forked worker processes, the
 cores split among them (:mod:`fourm_kfp.tokenizers.parallel_training`).
 
@@ -41,7 +47,12 @@ from fourm_kfp.hardware import training_nondeterminism
 from fourm_kfp.data.shard_stream import (MissingModalityError, available_modalities, iter_split, iter_texts,
                                          shard_indices)
 from fourm_kfp.data.vocabularies import DatasetMeta, read_dataset_meta
+from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import INDEX_FILE, TEXT_FILE, VOCABULARIES, image_key
+from fourm_kfp.tokenizers.ml4m.adapter import describe, folder_digest, index_entry, load_ml4m_tokenizer
+from fourm_kfp.tokenizers.ml4m.folder import CONFIG as ML4M_CONFIG
+from fourm_kfp.tokenizers.ml4m.folder import WEIGHTS as ML4M_WEIGHTS
+from fourm_kfp.tokenizers.ml4m.folder import TokenizerFolderError, read_folder
 from fourm_kfp.tokenizers.modality_codecs import MAX_FIT_IMAGES, fit_normalisation, get_codec
 from fourm_kfp.tokenizers.parallel_training import train_image_tokenizers
 from fourm_kfp.tokenizers.saved_tokenizer import save_image_tokenizer
@@ -135,6 +146,35 @@ def _train_image_tokenizer(ctx: StageContext, meta: DatasetMeta, modality: str,
     return model, metrics, {"val": val[: cfg.recon_samples], "summary": summary, "timing": timing}
 
 
+def _where(modality: str) -> str:
+    return f"train_tokenizers.from_ml4m.{modality}"
+
+
+def _ml4m_tokenizer(ctx: StageContext, meta: DatasetMeta, modality: str, device: str) -> tuple[Any, dict, dict]:
+    """apple/ml-4m's tokenizer of ``modality`` from its folder (``train_tokenizers.from_ml4m``), evaluated on the
+    val images as a trained one is; the extra dict holds its index entry and the folder's digest."""
+    cfg = ctx.config.train_tokenizers
+    data = ctx.dataset
+    uri = cfg.from_ml4m[modality]
+    try:
+        folder = read_folder(uri)
+    except TokenizerFolderError as exc:
+        raise TokenizerFolderError(f"{_where(modality)}: {exc}") from None
+    settings = get_codec(modality).settings_for(meta, modality)
+    if get_modality(modality).codec == "semseg":  # the vocabulary's size, whether or not it is the default
+        settings = {"classes": len(meta.vocabulary(modality))}
+    side = get_modality(modality).shape(ctx.config.data.image_size, meta.settings(modality))[0]
+    config = describe(folder, modality, side, settings, _where(modality))
+    model = load_ml4m_tokenizer(folder, config, device=device)
+    reference = _bounded(data, "train", modality, MAX_FIT_IMAGES, cfg.seed)  # the baseline
+    val = _bounded(data, "val", modality, cfg.max_val_images or MAX_VAL_IMAGES)
+    metrics = evaluate_tokenizer(model, val, reference)
+    log.info("train-tokenizers: %s is ml-4m's tokenizer at %s (%s, digest %s), not trained", modality, uri,
+             config.family, folder.digest[:12])
+    summary = index_entry(folder, uri, config)
+    return model, metrics, {"val": val[: cfg.recon_samples], "summary": summary, "ml4m_digest": folder.digest}
+
+
 def _training_samples(cfg: Any, modality: str) -> int:
     """Samples the modality's tokenizer trains on (steps x batch): side by side, the largest start first."""
     settings = cfg.image_config(modality)
@@ -165,22 +205,32 @@ def run(ctx: StageContext) -> StageResult:
     if missing:
         log.info("train-tokenizers: the dataset has no %s; no tokenizer for them", missing)
 
-    models, metrics, examples, index_image, timings = {}, {}, {}, {}, {}
-    trained = train_image_tokenizers(partial(_train_image_tokenizer, ctx, meta), image_modalities, device,
+    models, metrics, examples, index_image, timings, sources = {}, {}, {}, {}, {}, []
+    from_ml4m = [m for m in image_modalities if m in cfg.from_ml4m]
+    trained = train_image_tokenizers(partial(_train_image_tokenizer, ctx, meta),
+                                     [m for m in image_modalities if m not in from_ml4m], device,
                                      partial(_training_samples, cfg))
-    for modality, (model, modality_metrics, extra) in trained.items():
+    trained.update({m: _ml4m_tokenizer(ctx, meta, m, device) for m in from_ml4m})
+    for modality in image_modalities:
+        model, modality_metrics, extra = trained[modality]
         models[modality], examples[modality] = model, extra["val"]
         metrics[modality] = modality_metrics
         index_image[modality] = extra["summary"]
-        timings.update({f"{modality}.{k}": v for k, v in extra["timing"].items()})
-        if ctx.is_primary:
-            with tempfile.TemporaryDirectory() as tmp:
-                folder = save_image_tokenizer(model, Path(tmp) / modality)
-                for path in sorted(folder.iterdir()):
-                    ctx.output.put_file(image_key(modality, path.name), path)
+        timings.update({f"{modality}.{k}": v for k, v in extra.get("timing", {}).items()})
+        if not ctx.is_primary:
+            continue
+        if "ml4m_digest" in extra:  # ml-4m's: its folder's files as they are
+            sources.append(ExternalSource(f"ml4m_tokenizer.{modality}", cfg.from_ml4m[modality],
+                                          extra["ml4m_digest"]))
+            _copy_folder(ctx, modality, cfg.from_ml4m[modality], extra["ml4m_digest"])
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = save_image_tokenizer(model, Path(tmp) / modality)
+            for path in sorted(folder.iterdir()):
+                ctx.output.put_file(image_key(modality, path.name), path)
 
     text_modalities = [m for m in cfg.text_modalities if m in present]
-    text_metrics, index_text, sources = {}, None, []
+    text_metrics, index_text = {}, None
     if text_modalities and ctx.is_primary:
         if cfg.text_tokenizer_from:  # used as it is
             tok, digest = read_text_tokenizer(cfg.text_tokenizer_from)
@@ -199,6 +249,8 @@ def run(ctx: StageContext) -> StageResult:
                       "special_tokens": special_token_ids(tok, cfg.text_tokenizer_from or "the text tokenizer")}
 
     report = {"image": metrics, "text": text_metrics, "skipped_modalities": missing}
+    if from_ml4m:
+        report["ml4m"] = {m: {k: index_image[m][k] for k in ("source", "digest", "family")} for m in from_ml4m}
     if ctx.is_primary:
         index = {"image": index_image, "text": index_text, "image_size": ctx.config.data.image_size}
         if meta.custom_vocabularies:  # the defaults are left out: a synthetic dataset's index is as it was
@@ -215,9 +267,32 @@ def run(ctx: StageContext) -> StageResult:
     return StageResult(counts=counts, metrics=flat, sources=sources, nondeterminism=training_nondeterminism(device))
 
 
+def _copy_folder(ctx: StageContext, modality: str, uri: str, digest: str) -> None:
+    """The ml-4m folder's two files into the bundle, as they are; they must still be what was read (``digest``)."""
+    source = open_store(uri.rstrip("/"))
+    with tempfile.TemporaryDirectory(prefix="fourm-ml4m-copy-") as tmp:
+        for name in (ML4M_CONFIG, ML4M_WEIGHTS):
+            source.get_file(name, Path(tmp) / name)
+        if folder_digest(tmp) != digest:
+            raise TokenizerFolderError(f"{_where(modality)}: {uri} changed while the stage read it")
+        for name in (ML4M_CONFIG, ML4M_WEIGHTS):
+            ctx.output.put_file(image_key(modality, name), Path(tmp) / name)
+
+
 def source_fingerprint(config: Any) -> str | None:
-    """What the address covers of ``train_tokenizers.text_tokenizer_from`` beyond its URI: the file's digest (a
-    missing or unusable file fails here, naming it, before anything runs); None when the text tokenizer is trained."""
-    uri = config.train_tokenizers.text_tokenizer_from
-    return read_text_tokenizer(uri)[1] if uri else None
+    """What the address covers of the tokenizers read from outside beyond their URIs: the digest of
+    ``train_tokenizers.text_tokenizer_from``'s file and of each ``from_ml4m`` folder (a missing or unusable file
+    fails here, naming the setting, before anything runs); None when every tokenizer is trained. With no ml-4m
+    folder it is the text tokenizer's digest alone, as before ``from_ml4m`` existed."""
+    cfg = config.train_tokenizers
+    text = read_text_tokenizer(cfg.text_tokenizer_from)[1] if cfg.text_tokenizer_from else None
+    if not cfg.from_ml4m:
+        return text
+    folders = {}
+    for modality, uri in sorted(cfg.from_ml4m.items()):
+        try:
+            folders[modality] = folder_digest(uri)
+        except TokenizerFolderError as exc:
+            raise TokenizerFolderError(f"{_where(modality)}: {exc}") from None
+    return json.dumps({"text_tokenizer": text, "ml4m": folders}, sort_keys=True)
 

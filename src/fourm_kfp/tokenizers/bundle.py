@@ -6,6 +6,9 @@ Layout under the stage's output prefix::
                                           and the dataset's class vocabularies where not the defaults
     image/<modality>/config.json          VQ-VAE config with normalisation statistics
     image/<modality>/model.safetensors    weights (no pickles)
+                                          (an ml-4m tokenizer, ``train_tokenizers.from_ml4m``: its folder's two
+                                          files as they are; the index's entry says ``"kind": "ml4m"`` and
+                                          records the source, the digest and the config)
     text/tokenizer.json                   the WordPiece tokenizer's own JSON
 
 :func:`load_tokenizers` rebuilds every tokenizer from that URI (local or S3); later stages use
@@ -27,6 +30,9 @@ from tokenizers import Tokenizer
 from fourm_kfp.contract.manifest import require_manifest
 from fourm_kfp.data.vocabularies import DatasetMeta
 from fourm_kfp.storage import Store, open_store
+from fourm_kfp.tokenizers.ml4m.adapter import KIND as ML4M_KIND
+from fourm_kfp.tokenizers.ml4m.adapter import Ml4mTokenizer, config_of_entry, load_ml4m_tokenizer
+from fourm_kfp.tokenizers.ml4m.folder import TokenizerFolderError, read_folder
 from fourm_kfp.tokenizers.saved_tokenizer import CONFIG_FILE, WEIGHTS_FILE, load_image_tokenizer
 from fourm_kfp.tokenizers.text_tokenizer import load_text_tokenizer
 from fourm_kfp.tokenizers.vqvae import VQVAE
@@ -41,7 +47,7 @@ VOCABULARIES = "vocabularies"
 class TokenizerBundle:
     uri: str
     index: dict[str, Any]
-    image: dict[str, VQVAE]
+    image: dict[str, VQVAE | Ml4mTokenizer]
     text: Tokenizer | None
 
     @property
@@ -56,6 +62,15 @@ def image_key(modality: str, name: str) -> str:
     return f"image/{modality}/{name}"
 
 
+def _load_ml4m(store: Store, modality: str, entry: dict[str, Any], folder: Path, device: str) -> Ml4mTokenizer:
+    """The ml-4m tokenizer copied under ``image/<modality>/``; its files must still have the recorded digest."""
+    copied = read_folder(folder)
+    if copied.digest != entry["digest"]:
+        raise TokenizerFolderError(f"{store.uri_of(image_key(modality, ''))}: the ml-4m tokenizer's files have "
+                                   f"digest {copied.digest}, {INDEX_FILE} records {entry['digest']}")
+    return load_ml4m_tokenizer(copied, config_of_entry(modality, entry), device=device)
+
+
 def load_tokenizers(uri: str | Store, device: str = "cpu") -> TokenizerBundle:
     """Every tokenizer of a committed train-tokenizers output, in eval mode on ``device``."""
     store = open_store(uri) if isinstance(uri, str) else uri
@@ -67,7 +82,11 @@ def load_tokenizers(uri: str | Store, device: str = "cpu") -> TokenizerBundle:
             folder = Path(tmp) / modality
             for name in (CONFIG_FILE, WEIGHTS_FILE):
                 store.get_file(image_key(modality, name), folder / name)
-            image[modality] = load_image_tokenizer(folder, device=device)
+            entry = index["image"][modality]
+            if entry.get("kind") == ML4M_KIND:  # ml-4m's folder, copied as it is
+                image[modality] = _load_ml4m(store, modality, entry, folder, device)
+            else:
+                image[modality] = load_image_tokenizer(folder, device=device)
         text = None
         if index.get("text"):
             store.get_file(TEXT_FILE, Path(tmp) / "tokenizer.json")

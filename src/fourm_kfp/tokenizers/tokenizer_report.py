@@ -55,6 +55,9 @@ def report_markdown(report: dict[str, Any]) -> str:
         lines += [f"Text tokenizer: vocabulary {int(text['vocab_size'])}, unknown-token rate on val captions "
                   f"{100 * text['unknown_token_rate']:.2f}%, {text['mean_tokens_per_text']:.1f} tokens per caption.",
                   ""]
+    for modality, source in report.get("ml4m", {}).items():
+        lines += [f"{modality}: apple/ml-4m's tokenizer ({source['family']}) from `{source['source']}`, folder digest "
+                  f"`{source['digest'][:16]}`, not trained here.", ""]
     if report.get("skipped_modalities"):
         lines += [f"No tokenizer for {', '.join(report['skipped_modalities'])}: the dataset lacks them.", ""]
     checks = target_checks(report)
