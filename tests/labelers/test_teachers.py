@@ -324,3 +324,22 @@ def test_a_folder_naming_its_backbone_by_name_is_refused(tmp_path):
         build_labeler("hf_det", {}, str(folder))
     with pytest.raises(LabelerError, match="holds no config.json"):
         build_labeler("hf_det", {}, str(tmp_path))
+
+
+def test_mask2former_maps_in_fewer_operations_equal_transformers_post_processing():
+    """On outputs with many classes and boundaries (random logits), not only the tiny network's."""
+    import types
+
+    import torch
+    from transformers import Mask2FormerImageProcessor
+
+    from fourm_kfp.labelers.teachers.segmentation import mask2former_semantic_maps
+
+    generator = torch.Generator().manual_seed(0)
+    outputs = types.SimpleNamespace(class_queries_logits=torch.randn(2, 20, 134, generator=generator) * 3,
+                                    masks_queries_logits=torch.randn(2, 20, 16, 16, generator=generator) * 4)
+    theirs = Mask2FormerImageProcessor().post_process_semantic_segmentation(outputs, target_sizes=[(56, 56)] * 2)
+    ours = mask2former_semantic_maps(outputs, (56, 56))
+    for mine, reference in zip(ours, theirs):
+        assert len(reference.unique()) > 5
+        assert torch.equal(mine, reference)
