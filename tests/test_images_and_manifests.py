@@ -532,6 +532,17 @@ def test_images_install_the_teachers_extra_where_the_label_stage_runs(flavour):
     assert "teachers" in (match.group("extras") or "").split(","), match.group(0)
 
 
+@pytest.mark.parametrize("flavour", sorted(DOCKERFILES))
+def test_images_install_the_ml4m_extra_for_ml4m_tokenizers(flavour):
+    """Every stage that encodes or decodes with an ml-4m tokenizer (train-tokenizers, pretokenize, evaluate) may meet
+    a DiVAE folder, which samples with diffusers: both images install the ``ml4m`` extra."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("diffusers==") for r in extras["ml4m"])
+    [match] = [m for keyword, args in _dockerfile(DOCKERFILES[flavour]) if keyword == "RUN"
+               for m in [PACKAGE_INSTALL.search(args)] if m]
+    assert "ml4m" in (match.group("extras") or "").split(","), match.group(0)
+
+
 def _plugin_step(flavour: str) -> tuple[str, str, str]:
     """(the plug-in RUN's shell, the COPY destination of images/plugins/, the WORKDIR both run in)."""
     instructions = _dockerfile(DOCKERFILES[flavour])
