@@ -15,6 +15,24 @@ def test_committed_pipeline_yaml_is_current(tmp_path):
     assert fresh == committed.read_text(), "pipelines/fourm_pretrain.yaml is stale: run `make compile` and commit it"
 
 
+def test_every_stage_of_the_table_has_its_force_and_a_fan_out_stage_its_width_parameter(tmp_path):
+    """A stage added to the stage table gets its `<stage>_force` parameter (and `<stage>_width` when it fans out)
+    in the compiled pipeline, as the KFP UI shows them; no other stage has a width."""
+    from fourm_kfp.stages import STAGES
+
+    spec, _ = yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text())
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    widths = {name for name in params if name.endswith("_width")}
+    expected_widths = set()
+    for name, stage in STAGES.items():
+        param = name.replace("-", "_")
+        assert params.get(f"{param}_force", {}).get("parameterType") == "BOOLEAN", f"{param}_force"
+        if stage.run_part is not None:
+            expected_widths.add(f"{param}_width")
+            assert params[f"{param}_width"]["parameterType"] == "NUMBER_INTEGER", f"{param}_width"
+    assert widths == expected_widths
+
+
 def test_pipeline_parameters_are_flat_and_documented(tmp_path):
     import re
 
