@@ -25,26 +25,35 @@ def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def _readme_own_images_commands() -> list[list[str]]:
-    """The README's "Your own images" commands, each as its words (continuation lines joined, comments dropped)."""
-    text = README.read_text()
-    block = text.split("## Your own images", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    return [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    """The README's "Your own images" fourm-kfp commands, each as its words up to a pipe (continuation lines
+    joined, comments dropped), from every bash block of the section before its first subsection."""
+    section = README.read_text().split("## Your own images", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    commands = []
+    for block in section.split("```bash")[1:]:
+        for line in block.split("```", 1)[0].replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words and words[0] == ".venv/bin/fourm-kfp":
+                commands.append(words[:words.index("|")] if "|" in words else words)
+    return commands
 
 
 def test_readme_own_images_commands_parse_and_read_a_folder_as_written(tmp_path):
     from fourm_kfp.cli import build_parser
 
     commands = _readme_own_images_commands()
-    assert [c[:4] for c in commands] == [[".venv/bin/fourm-kfp", "run", "--preset", p] for p in
-                                         ("demo", "photos", "photos")]
+    assert [c[1:4] for c in commands] == [["teachers", "--preset", "photos-4m21"],
+                                          ["run", "--preset", "photos-4m21"], ["run", "--preset", "demo"],
+                                          ["run", "--preset", "photos"]]
     for words in commands:
         build_parser().parse_args(words[1:])  # exits non-zero on a flag the CLI does not have
-    # The last one, on a folder of photos: its --set overrides, through prepare-data of the photos preset.
+    # The run on a team's folder: its --set overrides, through prepare-data of the photos-4m21 preset (which needs
+    # no teacher folder: the labels come a stage later).
     photos = tmp_path / "my photos"  # a folder name with a space: overrides travel as a list, never re-split
     write_photo_folder(photos, good=12)
-    sets = [w.replace("/data/photos", str(photos)) for i, w in enumerate(commands[2]) if commands[2][i - 1] == "--set"]
+    own = commands[1]
+    sets = [w.replace("/data/photos", str(photos)) for i, w in enumerate(own) if own[i - 1] == "--set"]
     assert any(s.startswith("prepare_data.source_uri=") for s in sets)
-    args = ["stage", "prepare-data", "--preset", "photos", "--root", str(tmp_path / "run")]
+    args = ["stage", "prepare-data", "--preset", "photos-4m21", "--root", str(tmp_path / "run")]
     proc = _cli(*args, *[w for s in sets for w in ("--set", s)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     outcome = json.loads(proc.stdout)

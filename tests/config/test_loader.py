@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 
 from pathlib import Path
@@ -120,7 +121,7 @@ def test_unknown_preset_lists_the_available_ones():
 
 
 def _external_sources(preset: str, folder: Path) -> list[str]:
-    """Overrides pointing a preset's outside files (``finetune-4m``'s ml-4m model and tokenizer) at stand-ins, which
+    """Overrides pointing a preset's outside files (``finetune-4m``'s ml-4m model and tokenizers) at stand-ins, which
     the addresses read (their listing and digest); ``photos-4m21``'s teacher folders (relative to the working
     directory, which the caller makes ``folder``) made as stand-ins."""
     from fourm_kfp.tokenizers.text_tokenizer import save_text_tokenizer, train_text_tokenizer
@@ -138,6 +139,12 @@ def _external_sources(preset: str, folder: Path) -> list[str]:
     if config.train_tokenizers.text_tokenizer_from:
         save_text_tokenizer(train_text_tokenizer(["a red cube", "a blue ball"], 64, 4), folder / "text.json")
         overrides.append(f"train_tokenizers.text_tokenizer_from={folder / 'text.json'}")
+    for modality in config.train_tokenizers.from_ml4m:  # ml-4m tokenizer folders: the address reads their digests
+        stand_in = folder / "ml4m_tokenizers" / modality
+        stand_in.mkdir(parents=True)
+        (stand_in / "config.json").write_text(json.dumps({"codebook_size": 8}))
+        (stand_in / "model.safetensors").write_bytes(modality.encode())
+        overrides.append(f"train_tokenizers.from_ml4m.{modality}={stand_in}")
     return overrides
 
 

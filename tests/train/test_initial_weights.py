@@ -260,6 +260,12 @@ def test_the_pretrain_stage_starts_from_another_runs_model_and_reports_it(tmp_pa
     assert counts["init_imported_parameters"] + counts["init_new_parameters"] == counts["parameters"]
     assert second.metrics["init_new_parameters"] == init["new_parameters"]
     assert "## Initialised from" in out.get_text("reports/pretrain_report.md")
+    # the same tokenizers as the source was trained with: every table's rows imported and meaningful
+    tables = init["token_tables"]
+    assert set(tables) == set(json.loads(open_store(first.output_uri).get_bytes("model/model.json"))["modalities"])
+    assert all(t["imported"] and t["meaningful"] is True and "reason" not in t for t in tables.values()), tables
+    assert tables["rgb"]["tokenizer"].startswith("fourm-kfp:") and tables["caption"]["tokenizer"].startswith(
+        "fourm-kfp:")
     # the second run's first validation sees the first run's last weights
     before = json.loads(open_store(first.output_uri).get_bytes("reports/pretrain_report.json"))["modalities"]
     after = json.loads(out.get_bytes("reports/pretrain_report.json"))["modalities"]

@@ -67,7 +67,7 @@ def run(ctx: StageContext) -> StageResult:
 
     torch.manual_seed(train.seed)
     model = FourM(args).to(device)
-    init = load_initial_weights(model, train.init_from) if train.init_from else None
+    init = load_initial_weights(model, train.init_from, inputs.tokenizers_uri) if train.init_from else None
     trunk = parallelize(model, mode=train.parallelism if world > 1 else "none",
                         activation_checkpointing=train.activation_checkpointing, compile=train.compile,
                         param_dtype=dtype)

@@ -23,7 +23,9 @@ A checkpoint holds tensors without the modality list they were trained on, so it
 tables whole or not at all.
 
 Whatever is not taken stays as this model was initialised. :class:`InitReport` says what was imported, what is new
-(with why) and what of the source was dropped (with why), and counts the scalars of each.
+(with why) and what of the source was dropped (with why), and counts the scalars of each; given the run's tokenizer
+bundle, its ``token_tables`` say per modality whether the token rows were imported *and* mean something here (the
+tokenizer is the one they were trained against: :mod:`.token_tables`).
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ from typing import Any
 import torch
 
 from fourm_kfp.config.schema import ConfigError
+from fourm_kfp.errors import UserError
 from fourm_kfp.model import ml4m
 from fourm_kfp.model.fourm import FourM
-from fourm_kfp.model.saved_model import CARD, load_model
+from fourm_kfp.contract.manifest import MANIFEST_NAME
+from fourm_kfp.model.saved_model import MODEL_CARD, load_model
 from fourm_kfp.storage import file_store, open_store
 from fourm_kfp.train.checkpoint import Checkpoint, find_checkpoint, load_checkpoint
 
@@ -52,6 +56,10 @@ log = logging.getLogger("fourm_kfp.train")
 TABLES = {"enc_token_embed.weight": "enc_token_embed", "dec_token_embed.weight": "dec_token_embed",
           "head.weight": "head", "modality_embed.weight": "modality_embed"}
 _TIED = "this model's head is its dec_token_embed (tie_embeddings)"
+#: What ``reports/init_report.json`` says; part of an init_from run's address (2: ``token_tables``).
+REPORT_VERSION = 2
+#: The tables whose rows are a modality's token ids (its tokenizer's codes).
+TOKEN_ROWS = ("enc_token_embed", "dec_token_embed", "head")
 
 
 @dataclass
@@ -70,9 +78,17 @@ class InitReport:
     imported_parameters: int = 0
     new_parameters: int = 0
     dropped_parameters: int = 0
+    #: per modality: its token rows imported, and whether they are meaningful here (:mod:`.token_tables`)
+    token_tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: per modality of this model: the token tables whose rows were imported, the source's vocabulary, why not
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        report = asdict(self)
+        del report["rows"]
+        if not self.token_tables:
+            del report["token_tables"]
+        return report
 
     def counts(self) -> dict[str, int]:
         """The stage's manifest counts (and, as floats, its metrics)."""
@@ -99,34 +115,52 @@ class InitReport:
         self.dropped_parameters += source.numel()
 
 
-def load_initial_weights(model: FourM, uri: str) -> InitReport:
+def load_initial_weights(model: FourM, uri: str, tokenizers_uri: str | None = None) -> InitReport:
     """``train.init_from``: copy into ``model`` what fits of the model at ``uri`` (see the module docstring);
-    returns the report (also logged in one line)."""
+    returns the report (also logged in one line). ``tokenizers_uri``: the run's tokenizer bundle, which the report's
+    ``token_tables`` judge the imported rows against (none without it)."""
+    source_tokenizers: str | None = None
     if uri.endswith(".safetensors"):
         report = _from_ml4m(model, uri)
     else:
         store = open_store(uri)
-        if store.exists(CARD):
-            source, _ = load_model(store)
+        if store.exists(MODEL_CARD):
+            source, card = load_model(store)
+            source_tokenizers = card.get("tokenizers_uri")
             report = map_weights(source, model, InitReport(uri, "pretrain output"))
         elif _is_ml4m(store):
             report = _from_ml4m(model, uri)
         else:
             ckpt = find_checkpoint(store) or find_checkpoint(store.child("checkpoints"))
             if ckpt is None:
-                raise ConfigError(f"train.init_from: {uri} is neither a pretrain output ({CARD}), an ml-4m model "
-                                  "(config.json with domains_in, or a .safetensors file) nor a checkpoint")
+                raise ConfigError(f"train.init_from: {uri} is neither a pretrain output ({MODEL_CARD}), an ml-4m "
+                                  f"model ({ml4m.CONFIG} with domains_in, or a .safetensors file) nor a checkpoint")
             report = map_weights(_checkpoint_state(ckpt), model, InitReport(ckpt.uri, "checkpoint"))
+    if tokenizers_uri is not None:
+        report.token_tables = _token_tables(report, tokenizers_uri, source_tokenizers)
     log.info(report.summary())
     return report
+
+
+def _token_tables(report: InitReport, tokenizers_uri: str, source_tokenizers: str | None) -> dict[str, Any]:
+    from fourm_kfp.train.token_tables import bundle_tokenizers, judge
+
+    source, error = None, "the source's model card names no tokenizers"
+    if source_tokenizers:
+        try:
+            source = bundle_tokenizers(source_tokenizers)
+        except (OSError, ValueError, KeyError, UserError) as exc:
+            error = f"{source_tokenizers}: {exc}"
+    return judge(report.rows, report.kind, bundle_tokenizers(tokenizers_uri), source, error)
 
 
 def source_fingerprint(uri: str) -> str:
     """What the pretrain address covers of ``train.init_from`` beyond its URI: the listing (keys and sizes) of the
     source, plus its small descriptive files (a pretrain output's manifest, an ml-4m ``config.json``), so a folder
     whose contents changed under the same URI gets a new address without reading its weights. A source that is not
-    there fails here, naming the field."""
-    digest = hashlib.sha256()
+    there fails here, naming the field. It also holds :data:`REPORT_VERSION`: a run started from a source writes
+    ``reports/init_report.json``, so a change of what that says moves those runs' addresses (and no others)."""
+    digest = hashlib.sha256(f"init report {REPORT_VERSION}\n".encode())
     if uri.endswith(".safetensors"):
         store, name = file_store(uri)
         if not name or not store.exists(name):
@@ -139,7 +173,7 @@ def source_fingerprint(uri: str) -> str:
         raise ConfigError(f"train.init_from: {uri} does not exist or is empty")
     for key, size in listing:
         digest.update(f"{key}\t{size}\n".encode())
-    for key in ("_MANIFEST.json", ml4m.CONFIG):
+    for key in (MANIFEST_NAME, ml4m.CONFIG):
         if store.exists(key):
             digest.update(store.get_bytes(key))
     return digest.hexdigest()
@@ -151,6 +185,7 @@ def map_weights(source: FourM | dict[str, torch.Tensor], target: FourM, report: 
     recording every tensor in ``report``. ``untrained``: the source's entries (names as in the report) that hold
     only its own fresh initialisation (what an ml-4m import found nothing for): treated as not in the source."""
     own, untrained = target.state_dict(), set(untrained)
+    report.rows = {spec.name: {"tables": [], "source_vocab": None, "reason": ""} for spec in target.args.modalities}
     if isinstance(source, FourM):
         _map_tables(source, target, report, untrained)
         state = source.state_dict()
@@ -161,12 +196,21 @@ def map_weights(source: FourM | dict[str, torch.Tensor], target: FourM, report: 
     for key in tensors:
         from_key = "dec_token_embed.weight" if key == "head.weight" and key not in state else key
         if from_key not in state or from_key in untrained:
-            report._new(key, own[key], "not in the source")
+            reason = "not in the source"
+            report._new(key, own[key], reason)
         elif state[from_key].shape != own[key].shape:
             shapes = list(state[from_key].shape), list(own[key].shape)
-            report._new(key, own[key], f"shape {shapes[0]} in the source, {shapes[1]} here")
+            reason = f"shape {shapes[0]} in the source, {shapes[1]} here"
+            report._new(key, own[key], reason)
         else:
+            reason = ""
             report._import(key, own[key], state[from_key], from_key)
+        if TABLES.get(key) in TOKEN_ROWS:  # a bare state dict's table: every modality's rows or none
+            for rows in report.rows.values():
+                if reason:
+                    rows["reason"] = rows["reason"] or f"{TABLES[key]}: {reason}"
+                else:
+                    rows["tables"].append(TABLES[key])
     for key in others:
         if key not in own and key not in untrained:
             report._drop(key, state[key], _TIED if key == "head.weight" else "not in this model")
@@ -176,6 +220,9 @@ def map_weights(source: FourM | dict[str, torch.Tensor], target: FourM, report: 
 def _map_tables(source: FourM, target: FourM, report: InitReport, untrained: set[str]) -> None:
     """The per-modality rows of the embedding tables and the head."""
     src, dst = _blocks(source), _blocks(target)
+    for spec in source.args.modalities:
+        if spec.name in report.rows:
+            report.rows[spec.name]["source_vocab"] = spec.vocab_size
     src_pixel = {m.name for m in source.args.modalities if m.pixel_input}
     dst_pixel = {m.name for m in target.args.modalities if m.pixel_input}
     for role in dict.fromkeys(TABLES.values()):
@@ -188,18 +235,22 @@ def _map_tables(source: FourM, target: FourM, report: InitReport, untrained: set
             continue
         from_role = role if role in src else "dec_token_embed"  # a separate head from a tied source
         for name, rows in dst[role].items():
-            label = f"{role}[{name}]"
+            label, why = f"{role}[{name}]", ""
             if role == "enc_token_embed" and name in dst_pixel:
                 report._new(label, rows, f"a placeholder row ({name} enters as pixel patches): never read, never "
                                          "imported")
             elif name not in src[from_role] or f"{from_role}[{name}]" in untrained:
-                report._new(label, rows, "not in the source")
+                report._new(label, rows, why := "not in the source")
             elif role == "enc_token_embed" and name in src_pixel:
                 report._new(label, rows, f"the source reads {name} as pixel patches: it has no token rows")
-            elif reason := _mismatch(src[from_role][name], rows, role != "modality_embed"):
-                report._new(label, rows, reason)
+            elif why := _mismatch(src[from_role][name], rows, role != "modality_embed"):
+                report._new(label, rows, why)
             else:
                 report._import(label, rows, src[from_role][name], f"{from_role}[{name}]")
+                if role in TOKEN_ROWS:
+                    report.rows[name]["tables"].append(role)
+            if why and role in TOKEN_ROWS and not report.rows[name]["reason"]:
+                report.rows[name]["reason"] = f"{role}: {why}"
         for name, rows in src.get(role, {}).items():
             if f"{role}[{name}]" in untrained:
                 continue
@@ -236,12 +287,12 @@ def _mismatch(source: torch.Tensor, target: torch.Tensor, vocab: bool) -> str:
 
 
 def _is_ml4m(store) -> bool:
-    if not store.exists("config.json"):
+    if not store.exists(ml4m.CONFIG):
         return False
     try:
-        config = json.loads(store.get_bytes("config.json"))
+        config = json.loads(store.get_bytes(ml4m.CONFIG))
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"train.init_from: {store.uri_of('config.json')} is not JSON: {exc}") from None
+        raise ConfigError(f"train.init_from: {store.uri_of(ml4m.CONFIG)} is not JSON: {exc}") from None
     return isinstance(config, dict) and "domains_in" in config
 
 

@@ -73,6 +73,14 @@ def report_markdown(report: dict[str, Any], init: InitReport | None = None) -> s
             more = f" and {len(entries) - INIT_LINES} more" if len(entries) > INIT_LINES else ""
             shown = "; ".join(f"`{entry}`" for entry in entries[:INIT_LINES]) or "none"
             lines.append(f"- {title} ({len(entries)}): {shown}{more}")
+        if init.token_tables:  # whether the imported token rows mean anything with this run's tokenizers
+            by = {}
+            for name, entry in init.token_tables.items():
+                state = ("meaningful" if entry["meaningful"] else "unknown" if entry["meaningful"] is None
+                         else "not meaningful") if entry["imported"] else "not imported"
+                by.setdefault(state, []).append(name if state == "meaningful" else
+                                                f"{name} ({entry.get('reason', '')})")
+            lines.append("- token tables: " + "; ".join(f"{state}: {', '.join(names)}" for state, names in by.items()))
     return "\n".join(lines) + "\n"
 
 
