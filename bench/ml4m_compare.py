@@ -49,7 +49,7 @@ from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
 from fourm_kfp.model.fourm import FourM, FourMArgs
-from fourm_kfp.model.ml4m import DOMAINS, PIXEL_DOMAIN, export_ml4m, import_ml4m, ml4m_config
+from fourm_kfp.model.ml4m import CONFIG, DOMAINS, PIXEL_DOMAIN, export_ml4m, import_ml4m, ml4m_config
 
 from bench_output import emit
 from ml4m_reference import STAND_INS, load_reference, ml4m_batch, reference_path
@@ -231,7 +231,7 @@ def ml4m_to_ours(ref) -> dict:
     fm.eval()
     with tempfile.TemporaryDirectory(prefix="ml4m-in-") as folder:
         fm.save_pretrained(folder)
-        saved = sorted(k for k in json.loads((Path(folder) / "config.json").read_text()))
+        saved = sorted(k for k in json.loads((Path(folder) / CONFIG).read_text()))
         model, report = import_ml4m(folder)
     result = compare_pair(model, fm, model.args.modalities)
     result["import"] = {"imported_keys": len(report.imported), "dropped": report.dropped,

@@ -20,6 +20,7 @@ def evaluate(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
     from collections import namedtuple
 
     from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_stage_component, with_stage_overrides
+    from fourm_kfp.stages import GATE_FILE
     from fourm_kfp.storage import open_store
 
     overrides = with_stage_overrides(config_overrides, stage_overrides)
@@ -28,6 +29,6 @@ def evaluate(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
                                   input_uris={"pretrain": model_uri, "pretokenize": pretokenized_uri,
                                               "train-tokenizers": tokenizers_uri, **dataset_uris(dataset)},
                                   report_path=report.path, metrics=metrics, html_path=report_html.path)
-    gate = json.loads(open_store(outcome.output_uri).get_bytes("gate.json"))
+    gate = json.loads(open_store(outcome.output_uri).get_bytes(GATE_FILE))
     return namedtuple("Outputs", ["output_uri", "promoted", "gate", "result"])(
         outcome.output_uri, bool(gate.get("promoted", False)), json.dumps(gate), json.dumps(outcome.to_dict()))

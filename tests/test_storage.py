@@ -60,7 +60,7 @@ def test_local_writes_are_atomic(tmp_path):
 
 
 def test_transient_errors_are_retried_then_reported(monkeypatch):
-    monkeypatch.setattr(storage.time, "sleep", lambda s: None)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
     calls = []
 
     def flaky():
@@ -93,7 +93,7 @@ def test_server_errors_without_an_s3_body_are_retried(monkeypatch):
     503 page."""
     from minio.error import InvalidResponseError
 
-    monkeypatch.setattr(storage.time, "sleep", lambda s: None)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
     internal = InvalidResponseError(500, "text/xml; charset=utf-8", "<Error><Code>InternalError</Code></Error>")
     assert storage.is_transient(internal)
     assert storage.is_transient(InvalidResponseError(503, "text/html", "<html>busy</html>"))

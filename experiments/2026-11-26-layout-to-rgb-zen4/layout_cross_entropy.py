@@ -7,7 +7,7 @@ import sys, json, time
 from pathlib import Path
 import numpy as np, torch
 from fourm_kfp.masking.multimodal_masking import MaskedSample, MaskingArgs, collate
-from fourm_kfp.stages.run_outputs import open_run_outputs
+from fourm_kfp.pipeline_runs.run_outputs import open_run_outputs
 
 preset, root, n_scenes = sys.argv[1], sys.argv[2], int(sys.argv[3])
 run = open_run_outputs(preset, root, scenes=n_scenes)

@@ -6,7 +6,7 @@ p(rgb token | semseg token) fitted on half the scenes.
 import sys
 from collections import Counter
 import numpy as np
-from fourm_kfp.stages.run_outputs import open_run_outputs
+from fourm_kfp.pipeline_runs.run_outputs import open_run_outputs
 preset, root, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 scenes = open_run_outputs(preset, root, scenes=n).scenes
 rgb = np.stack([np.asarray(t).reshape(-1) for t in scenes.tokens["rgb"]])

@@ -236,9 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _widths(args: argparse.Namespace) -> dict[str, int]:
     """The ``<stage>_width`` pipeline parameters of the fan-out stages, from ``--<stage>-width``."""
+    from fourm_kfp.contract.spec import param_prefix
     from fourm_kfp.stages import STAGES
 
-    return {f"{name.replace('-', '_')}_width": getattr(args, f"{name.replace('-', '_')}_width")
+    return {f"{param_prefix(name)}_width": getattr(args, f"{param_prefix(name)}_width")
             for name, spec in STAGES.items() if spec.run_part is not None}
 
 

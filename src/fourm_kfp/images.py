@@ -21,7 +21,9 @@ IMAGE_TAG = os.environ.get(IMAGE_TAG_ENV) or __version__
 if not IMAGE_TAG_PATTERN.fullmatch(IMAGE_TAG):
     raise ValueError(f"${IMAGE_TAG_ENV}={IMAGE_TAG!r} is not a Docker image tag ([A-Za-z0-9_][A-Za-z0-9_.-]*, "
                      "at most 128 characters)")
-#: CPU stages: prepare-data, pretokenize, evaluate, and the lineage bookkeeping steps.
+#: The steps that need no accelerator: prepare-data (its workers and its collect step), the collect steps of label and
+#: pretokenize, the fan-out and pod-placement steps, and the lineage bookkeeping steps.
 CPU_IMAGE = f"{REGISTRY}/fourm-kfp-python:{IMAGE_TAG}"
-#: GPU stages: train-tokenizers, pretrain.
+#: The steps that may run on an accelerator (torch with CUDA): the label and pretokenize workers, train-tokenizers,
+#: pretrain and evaluate, and the PyTorchJob / TrainJob / TorchX jobs a step launches.
 GPU_IMAGE = f"{REGISTRY}/fourm-kfp-python-gpu:{IMAGE_TAG}"

@@ -17,6 +17,7 @@ from fourm_kfp.data.dataset_report import (
     render_preview_grid,
     report_markdown,
 )
+from fourm_kfp.data.label_formats import metadata_readings, metadata_text
 from fourm_kfp.data.modalities import CLASS_NAMES
 from fourm_kfp.data.modality_visuals import (
     SEMSEG_PALETTE,
@@ -173,6 +174,21 @@ def test_caption_tile_wraps_and_truncates():
     assert (tile < 100).any()  # there is ink
     font = get_font(11)
     assert all(font.getlength(line) <= 80 for line in wrap_text("a red sphere left of a blue cube", font, 80))
+
+
+def test_metadata_reads_as_fields_in_their_units_not_bins():
+    """The metadata tile shows what a person reads: a shard's text (bins) as the raw values each bin holds, a
+    labeler's raw numbers as they are; never a bin id as if it were pixels."""
+    raw = {"original_width": 430, "original_height": 640, "caption_n_words": 4, "brightness": 131.7, "entropy": 7.63}
+    assert metadata_readings(raw) == ["original width 430 px", "original height 640 px", "caption 4 words",
+                                      "brightness 131.7 of 255", "entropy 7.63 bits"]
+    text = metadata_text(raw)
+    assert text.startswith("v1=0 v0=13 ")  # the bin a shard holds: 430 // 32
+    assert metadata_readings(text) == ["original width 416 to 447 px", "original height 640 to 671 px",
+                                       "caption 4 words", "brightness 130 to 135 of 255", "entropy 7.55 to 7.76 bits"]
+    assert metadata_readings({"bins": {"original_width": 999, "brightness": 49}}) == [
+        "original width >=31968 px", "brightness >=255 of 255"]  # the last bins hold what was clipped
+    assert visualize("metadata", text, 96).shape == (96, 96, 3)
 
 
 def test_unknown_modality_is_a_clear_error():

@@ -16,10 +16,10 @@ from PIL import Image
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract import run_stage, run_stage_part
 from fourm_kfp.contract.manifest import MANIFEST_NAME, payload_files
+from fourm_kfp.contract.shard_jobs import IncompleteShardsError
 from fourm_kfp.data.ingest import TooManyBadSamplesError
 from fourm_kfp.data.shard_stream import available_modalities, iter_source_info, shard_indices
 from fourm_kfp.stages import get_stage
-from fourm_kfp.stages.prepare_data import IncompleteShardsError
 from fourm_kfp.storage import open_store
 from tests.photos import make_tar, write_photo_folder
 

@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from fourm_kfp.config.schema import ConfigError
+from fourm_kfp.contract.spec import param_prefix
 
 #: Where a job stage trains (``<stage>_launcher``): in its own pod, or in a multi-node job it creates and follows
 #: (a Kubeflow Training Operator PyTorchJob, or a Kubeflow Trainer v2 TrainJob).
@@ -69,11 +70,6 @@ RESTARTS = 3
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
-
-
-def param_prefix(stage: str) -> str:
-    """The prefix of a stage's pipeline parameters: ``train_tokenizers`` for ``train-tokenizers``."""
-    return stage.replace("-", "_")
 
 
 def check_launcher(launcher: str, stage: str, jobs_only: bool = False) -> str:

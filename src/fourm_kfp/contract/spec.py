@@ -1,14 +1,17 @@
-"""What a stage is: a :class:`StageSpec` (name, function, declared config, upstream specs) and what it returns.
+"""What a stage is: a :class:`StageSpec` (name, body, declared config, upstream specs) and what it returns.
 
-Each stage module declares its spec next to its function::
+The pipeline's specs are one table, :mod:`fourm_kfp.stages` (``stages/__init__.py``), each naming its body by
+module, so reading the table imports no body::
 
-    SPEC = StageSpec(name="train-tokenizers", run=run, config_keys=("data.image_size", "train_tokenizers"),
-                     upstream=(prepare_data.SPEC,))
+    TRAIN_TOKENIZERS = StageSpec(name="train-tokenizers", run=_body("train_tokenizers"),
+                                 config_keys=("data.image_size", "train_tokenizers"), upstream=DATASET, ...)
 
 A stage reads only the declared config keys (see :mod:`.guarded_config`) and the committed outputs of its
 upstream stages, and writes into its own content-addressed output. A stage that fans out (``run_part``) is run
 as ``parts`` workers, each writing its own share, then ``run`` collects; such a stage is usually ``resumable``:
-its output prefix is not cleared before it runs, so a restarted worker keeps what was already committed.
+its output prefix is not cleared before it runs, so a restarted worker keeps what was already committed
+(:mod:`.shard_jobs` for a stage whose share is output shards). :func:`param_prefix` names a stage's pipeline
+parameters.
 """
 
 from __future__ import annotations
@@ -19,6 +22,12 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from fourm_kfp.config.fourm_config import FourMConfig
     from fourm_kfp.contract.context import StageContext
+
+
+def param_prefix(stage: str) -> str:
+    """The prefix of a stage's pipeline parameters (``<prefix>_width``, ``<prefix>_force``, ``<prefix>_launcher``,
+    ...): ``train_tokenizers`` for ``train-tokenizers``."""
+    return stage.replace("-", "_")
 
 
 @dataclass(frozen=True)

@@ -193,6 +193,19 @@ class Quantisation:
     def max_bin(self) -> int:
         return self.bins - 1 if self.kind == "range" else MAX_TOKEN_VALUE
 
+    def bin_values(self, index: int) -> str:
+        """The raw values bin ``index`` holds, for a person: ``416 to 447`` (a size), ``16`` (a count), ``130 to 135``
+        (a range's bin), ``>=150`` (the last bin, which holds everything clipped to the top). "to", not a hyphen: a
+        preview tile's small font draws a hyphen as a faint pixel, and ``32-63`` reads as ``3263``."""
+        if self.kind != "range":
+            if index >= MAX_TOKEN_VALUE:
+                return f">={MAX_TOKEN_VALUE * self.step}"
+            return f"{index * self.step} to {(index + 1) * self.step - 1}" if self.step > 1 else str(index)
+        if index >= self.bins - 1:
+            return f">={self.vmax:g}"
+        width = (self.vmax - self.vmin) / (self.bins - 1)
+        return f"{self.vmin + index * width:.3g} to {self.vmin + (index + 1) * width:.3g}"
+
     def bin(self, value: Any, field: str) -> int:
         """The bin of raw ``value`` (an integer for sizes and counts, any finite number for ranges)."""
         what = f"modality 'metadata': field {field!r}"
@@ -221,6 +234,20 @@ METADATA_FIELDS: dict[str, tuple[int, Quantisation]] = {
     "entropy": (13, Quantisation("range", vmin=0, vmax=10, bins=50)),
 }
 _FIELD_BY_ID = {field_id: name for name, (field_id, _) in METADATA_FIELDS.items()}
+#: How a person reads each metadata field: its words and the unit of its raw value (the image statistics are on the
+#: scales of the metadata labeler: brightness and saturation of 0..255, entropy in bits).
+METADATA_READING: dict[str, tuple[str, str]] = {
+    "original_width": ("original width", "px"),
+    "original_height": ("original height", "px"),
+    "caption_n_chars": ("caption", "chars"),
+    "caption_n_words": ("caption", "words"),
+    "caption_n_sentences": ("caption", "sentences"),
+    "colorfulness": ("colorfulness", ""),
+    "brightness": ("brightness", "of 255"),
+    "contrast": ("contrast", ""),
+    "saturation": ("saturation", "of 255"),
+    "entropy": ("entropy", "bits"),
+}
 
 
 def _field(name: Any) -> tuple[int, Quantisation]:
@@ -273,6 +300,23 @@ def parse_metadata_text(text: str) -> dict[str, int]:
         bins.setdefault(name, value[1])
         i += 2
     return bins
+
+
+def metadata_readings(value: str | Mapping[str, Any]) -> list[str]:
+    """What a person reads of a metadata value: ``<field> <value> <unit>`` per field, in the order of the field ids.
+    A text (as read from a shard, or generated) or stored bins give the raw values each bin holds
+    (``original width 416 to 447 px``); raw numbers (a labeler's metadata JSON) are shown as they are
+    (``original width 430 px``)."""
+    if isinstance(value, str) or (isinstance(value, Mapping) and set(value) == {METADATA_BINS_KEY}):
+        bins = parse_metadata_text(value) if isinstance(value, str) else _stored_bins(value[METADATA_BINS_KEY])
+        shown = {name: METADATA_FIELDS[name][1].bin_values(b) for name, b in bins.items()}
+    else:
+        fields = _checked_fields(value)
+        shown = {name: str(int(v)) if isinstance(v, numbers.Integral) or float(v).is_integer() else f"{v:.4g}"
+                 for name, v in fields.items()}
+    order = sorted(shown, key=lambda name: METADATA_FIELDS[name][0])
+    return [" ".join(part for part in (METADATA_READING[name][0], shown[name], METADATA_READING[name][1]) if part)
+            for name in order]
 
 
 def encode_metadata(value: Any) -> bytes:

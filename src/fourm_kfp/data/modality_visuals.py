@@ -13,7 +13,8 @@ of :data:`VISUALIZERS`: one small function per kind of value) and returns ``[siz
 * ``det`` boxes with class names over ``context["rgb"]`` (the rest of the sample) when there is one, else grey;
 * ``caption`` the text word-wrapped onto a light tile, shrinking the font down to a legible minimum and ending
   with an ellipsis when it still does not fit;
-* ``color_palette`` as vertical stripes of its colours; ``metadata`` as ``field bin`` text;
+* ``color_palette`` as vertical stripes of its colours; ``metadata`` as ``field value unit`` text (a
+  bin as the raw values it holds: ``original width 416 to 447 px``);
 * a feature map (``clip``, ``dinov2``) as its first three principal components over the map's cells, each scaled
   between its 2nd and 98th percentile to a colour channel (similar features, similar colours), cells enlarged by
   nearest neighbour.
@@ -30,7 +31,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
-from fourm_kfp.data.label_formats import metadata_bins, palette_text, parse_metadata_text, parse_palette_text
+from fourm_kfp.data.label_formats import metadata_readings, palette_text, parse_palette_text
 from fourm_kfp.data.modalities import CLASS_NAMES, COORD_BINS, MODALITIES, parse_det
 
 #: Viridis sampled at 9 evenly spaced points; :func:`colormap` interpolates between them.
@@ -250,9 +251,8 @@ def _palette(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
 
 
 def _metadata(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:
-    """Metadata as ``field bin`` lines (the bins of 4M's quantisation)."""
-    bins = parse_metadata_text(value) if isinstance(value, str) else metadata_bins(value)
-    return text_tile("; ".join(f"{name.replace('_', ' ')} {b}" for name, b in bins.items()) or "no fields", size)
+    """Metadata as ``field value unit`` lines: a bin as the raw values it holds, raw numbers as they are."""
+    return text_tile("; ".join(metadata_readings(value)) or "no fields", size)
 
 
 def _features(value: Any, size: int, context: Mapping[str, Any]) -> np.ndarray:

@@ -23,17 +23,23 @@ from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.data.ustar import TarSpool
 from fourm_kfp.storage import Store
 
-SHARD_PATTERN = "shard-{index:06d}.tar"
+#: The splits of a dataset, in the order stages walk them.
+SPLITS = ("train", "val")
 KEYS_DIR = "_keys"
 
 
+def shard_name(index: int) -> str:
+    """``shard-NNNNNN``: the name (without its extension) of shard ``index`` in every folder of a split."""
+    return f"shard-{index:06d}"
+
+
 def shard_key(split: str, modality: str, index: int) -> str:
-    return f"{split}/{modality}/{SHARD_PATTERN.format(index=index)}"
+    return f"{split}/{modality}/{shard_name(index)}.tar"
 
 
 def keys_key(split: str, index: int) -> str:
     """The key index of shard ``index`` of ``split``."""
-    return f"{split}/{KEYS_DIR}/shard-{index:06d}.txt"
+    return f"{split}/{KEYS_DIR}/{shard_name(index)}.txt"
 
 
 #: Per-sample facts about the source a real-data sample came from (its original size before the centre crop):
@@ -59,7 +65,7 @@ DROPPED_DIR = "_dropped"
 
 
 def dropped_key(split: str, index: int) -> str:
-    return f"{split}/{DROPPED_DIR}/shard-{index:06d}.txt"
+    return f"{split}/{DROPPED_DIR}/{shard_name(index)}.txt"
 
 
 class ShardWriter:

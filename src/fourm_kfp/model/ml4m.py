@@ -55,7 +55,9 @@ from fourm_kfp.model.fourm import FourM, FourMArgs
 from fourm_kfp.model.layers import sincos_1d, sincos_2d
 from fourm_kfp.storage import Store, file_store, open_store
 
-CONFIG, WEIGHTS, CARD = "config.json", "model.safetensors", "fourm-kfp.json"
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+#: What this pipeline adds to an ml-4m folder it exports: the exported model's card (not ml-4m's).
+EXPORT_CARD = "fourm-kfp.json"
 IMAGE_SIZE, PATCH_SIZE = 224, 16
 GRID = (IMAGE_SIZE // PATCH_SIZE, IMAGE_SIZE // PATCH_SIZE)
 PIXEL_DOMAIN = "rgb@224"  # rgb as pixel patches (encoder only)
@@ -282,7 +284,7 @@ def export_ml4m(model: FourM, output: Store | str | Path, card: dict[str, Any] |
         store.put_file(WEIGHTS, path)
     store.put_bytes(CONFIG, json.dumps(config, indent=2).encode())
     if card is not None:
-        store.put_bytes(CARD, json.dumps(card, indent=2, sort_keys=True).encode())
+        store.put_bytes(EXPORT_CARD, json.dumps(card, indent=2, sort_keys=True).encode())
     return config
 
 

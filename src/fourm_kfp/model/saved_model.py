@@ -29,7 +29,8 @@ from fourm_kfp.storage import Store, open_store, output_ref, resolve_uri
 
 FORMAT = "fourm-kfp-model/1"
 WEIGHTS = "model/model.safetensors"
-CARD = "model/model.json"
+#: The model card of a pretrain output: its format, modalities, step and where its tokenizers and data are.
+MODEL_CARD = "model/model.json"
 SNAPSHOTS = "snapshots"
 _SNAPSHOT = re.compile(r"^step-(\d{8})\.safetensors$")
 
@@ -78,7 +79,7 @@ def export_model(state: dict[str, torch.Tensor], args: Any, output: Store, *, to
         "parameters": int(sum(t.numel() for t in state.values())),
     }
     put_weights(output, WEIGHTS, state)
-    output.put_bytes(CARD, json.dumps(card, indent=2, sort_keys=True).encode())
+    output.put_bytes(MODEL_CARD, json.dumps(card, indent=2, sort_keys=True).encode())
     return card
 
 
@@ -100,9 +101,9 @@ def load_model(uri: str | Store, device: str | torch.device = "cpu",
 
     store = open_store(uri) if isinstance(uri, str) else uri
     require_manifest(store, "model")
-    card = json.loads(store.get_bytes(CARD))
+    card = json.loads(store.get_bytes(MODEL_CARD))
     if card.get("format") != FORMAT:
-        raise ValueError(f"{store.uri_of(CARD)}: format {card.get('format')!r}, expected {FORMAT!r}")
+        raise ValueError(f"{store.uri_of(MODEL_CARD)}: format {card.get('format')!r}, expected {FORMAT!r}")
     for key in ("tokenizers_uri", "pretokenized_uri"):
         card[key] = resolve_uri(store.uri, card[key])
     model = FourM(args_from_dict(card["args"]))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fourm_kfp.pipeline_runs.run_outcome import SubmitResult, error_line, verdict_problem
+from fourm_kfp.stages import GATE_FILE
 
 
 class GateUnreadable(Exception):
@@ -39,15 +40,15 @@ def gate_verdict(tracking_uri: str, parent_run_id: str) -> dict[str, Any]:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            path = lineage._client(tracking_uri).download_artifacts(source, "gate.json", tmp)
+            path = lineage._client(tracking_uri).download_artifacts(source, GATE_FILE, tmp)
             gate = json.loads(Path(path).read_text())
         except Exception as exc:
             where = run.info.artifact_uri if source == run.info.run_id else f"run {source}"
-            raise GateUnreadable(f"cannot read gate.json of evaluate run {source} ({where}): "
+            raise GateUnreadable(f"cannot read {GATE_FILE} of evaluate run {source} ({where}): "
                                  f"{error_line(exc)}") from None
     problem = verdict_problem(gate)
     if problem:
-        raise GateUnreadable(f"gate.json of evaluate run {source} is not a verdict: {problem}")
+        raise GateUnreadable(f"{GATE_FILE} of evaluate run {source} is not a verdict: {problem}")
     return gate
 
 
@@ -55,7 +56,7 @@ def read_gate(result: SubmitResult, tracking: str | None) -> None:
     """Fill ``result.gate`` (or ``result.gate_error``) for a succeeded run."""
     if not tracking or not result.mlflow_parent_run_id:
         result.gate_error = ("no MLflow tracking URI (--mlflow-tracking-uri or $MLFLOW_TRACKING_URI), so no parent "
-                             "run to find the evaluate stage's gate.json under")
+                             f"run to find the evaluate stage's {GATE_FILE} under")
         return
     try:
         result.gate = gate_verdict(tracking, result.mlflow_parent_run_id)

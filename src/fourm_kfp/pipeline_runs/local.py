@@ -24,9 +24,10 @@ from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.console import ConsoleLog
 from fourm_kfp.contract import lineage
+from fourm_kfp.contract.spec import param_prefix
 from fourm_kfp.launchers.kfp_runtime import open_pipeline_run
 from fourm_kfp.launchers.stage import apply_s3_endpoint, local_root, resolve_store_uri
-from fourm_kfp.stages import STAGES
+from fourm_kfp.stages import GATE_FILE, STAGES
 from fourm_kfp.storage import open_store
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
                      mlflow_parent_run_id=parent_run_id,
                      # No cluster here: pretrain trains in its own (sub)process, not as a PyTorchJob.
                      pretrain_launcher=IN_POD,
-                     **{f"{name.replace('-', '_')}_force": name in force for name in STAGES},
+                     **{f"{param_prefix(name)}_force": name in force for name in STAGES},
                      **(pipeline_arguments or {}))
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root / "kfp"),
@@ -125,7 +126,7 @@ def build_summary(run_label: str, tracking_uri: str, parent_run_id: str) -> dict
     }
     evaluation = next((s for s in stages if s["name"] == "evaluate" and s["output_uri"]), None)
     if evaluation:
-        gate = summary["model_gate"] = json.loads(open_store(evaluation["output_uri"]).get_bytes("gate.json"))
+        gate = summary["model_gate"] = json.loads(open_store(evaluation["output_uri"]).get_bytes(GATE_FILE))
         if gate.get("version"):
             summary["mlflow"]["model_page"] = lineage.model_version_page(gate["model_name"], gate["version"])
     return summary

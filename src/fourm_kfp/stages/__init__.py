@@ -70,6 +70,9 @@ LABEL = StageSpec(
     off_when="label.labelers is empty",
     dataset_layer=True,
     wants_accelerator=_body("label", "wants_accelerator"),  # a teacher network: GPU pods for the workers
+    # 2: label_preview.png's metadata column reads as fields in their units (a bin as the raw values it holds), not
+    #    as bin ids; the shards are the same bytes
+    code_version=2,
 )
 #: The stages whose outputs make up the dataset, lowest layer first: a later stage reads them as one
 #: (``StageContext.dataset``), so a new layer is one entry here.
@@ -79,7 +82,7 @@ TRAIN_TOKENIZERS = StageSpec(
     name="train-tokenizers",
     run=_body("train_tokenizers"),
     config_keys=("data.image_size", "train_tokenizers"),
-    source_fingerprint=_body("train_tokenizers", "source_fingerprint"),  # train_tokenizers.text_tokenizer_from
+    source_fingerprint=_body("train_tokenizers", "source_fingerprint"),  # text_tokenizer_from, from_ml4m
     upstream=DATASET,
     code_version=7,  # 2: reproducible bytes (deterministic WordPiece, no timings or absolute URIs)
     # 3: the conv VQ-VAE's encoder is patch-local (a token is a function of its own patch)
@@ -117,6 +120,10 @@ PRETRAIN = StageSpec(
     # ml-4m can hold it; train.init_from maps modality by modality and reports what it took
     code_version=9,
 )
+#: The evaluate stage's gate decision, in its output and its MLflow run: where ``fourm-kfp submit --wait``, the local
+#: run and the evaluate component read the verdict.
+GATE_FILE = "gate.json"
+
 EVALUATE = StageSpec(
     name="evaluate",
     run=_body("evaluate"),
@@ -130,7 +137,7 @@ EVALUATE = StageSpec(
     # 6: caption-to-rgb's baseline is the best constant set of shapes (naming every shape), not the most common one
     #    and its ceiling the true image's rgb tokens read back by the model (not the true semseg tokens)
     # the gate's decision depends on the registry, not on the inputs: outside the reproducible payload
-    run_records=("gate.json", "reports/model_gate.md"),
+    run_records=(GATE_FILE, "reports/model_gate.md"),
 )
 
 #: The pipeline, in order; every stage's upstream stages come before it.

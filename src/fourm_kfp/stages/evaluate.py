@@ -12,7 +12,7 @@ statistics of every metric the gate can use; also an artifact of the stage's MLf
 the champion's), the Markdown/HTML report and grids -- a function of the inputs alone, byte for byte (no timings,
 the model as a store-relative reference, no registry outcome); with ``evaluate.curve_samples``, also the scores of
 every weight snapshot of the model (``reports/scores_vs_steps.png``, :mod:`~fourm_kfp.evaluation.learning_curve`).
-What the run did outside its output are run records (``SPEC.run_records``): ``gate.json`` (registered version,
+What the run did outside its output are run records (``EVALUATE.run_records``): ``gate.json`` (registered version,
 promoted or not and why, so CI retraining can act on the outcome) and ``reports/model_gate.md``.
 """
 
@@ -39,7 +39,7 @@ from fourm_kfp.evaluation.scene_stats import SceneStats
 from fourm_kfp.evaluation.tasks import Baselines, TaskResult, run_task
 from fourm_kfp.model.generation import SamplingArgs
 from fourm_kfp.progress import progress
-from fourm_kfp.stages import PRETOKENIZE, PRETRAIN, TRAIN_TOKENIZERS
+from fourm_kfp.stages import GATE_FILE, PRETOKENIZE, PRETRAIN, TRAIN_TOKENIZERS
 from fourm_kfp.storage import output_ref
 
 log = logging.getLogger("fourm_kfp.evaluate")
@@ -152,8 +152,8 @@ def run(ctx: StageContext) -> StageResult:
 
     gate, gate_skipped = _gate(ctx, model_uri, metrics, scores)
     gate_json = json.dumps(gate or {"skipped": gate_skipped}, indent=2).encode()
-    ctx.output.put_bytes("gate.json", gate_json)
-    ctx.tracker.log_artifact("gate.json", gate_json)  # where `fourm-kfp submit --wait` reads the verdict
+    ctx.output.put_bytes(GATE_FILE, gate_json)
+    ctx.tracker.log_artifact(GATE_FILE, gate_json)  # where `fourm-kfp submit --wait` reads the verdict
     ctx.write_report("model_gate.md", gate_markdown(gate, gate_skipped).encode())
     result_metrics = {k: float(v) for k, v in metrics.items() if np.isfinite(v)}
     if gate:

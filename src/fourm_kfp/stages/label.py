@@ -28,7 +28,7 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Iterator
 
 from fourm_kfp.config.fourm_config import FourMConfig
@@ -37,22 +37,23 @@ from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract import StageContext, StageResult
 from fourm_kfp.contract.addressing import canonical_json, stage_address
 from fourm_kfp.contract.manifest import read_manifest
+from fourm_kfp.contract.shard_jobs import Shard, ShardLedger, committed_shards, payload_stats_key
 from fourm_kfp.data.dataset_report import render_preview_grid
 from fourm_kfp.data.label_checks import CheckSettings, check_value
 from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.data.shard_stream import available_modalities, iter_joined_shard, iter_source_info, shard_indices
-from fourm_kfp.data.shard_writer import ShardWriter, dropped_key, keys_key
+from fourm_kfp.data.shard_writer import ShardWriter, dropped_key
 from fourm_kfp.data.vocabularies import META_FILE, DatasetMeta, read_dataset_meta
 from fourm_kfp.labelers.base import LabelBatch, Labeler, check_labels
 from fourm_kfp.labelers.registry import build_labeler, labeler_class
 from fourm_kfp.labelers.weights import check_local_folder, weights_digest
 from fourm_kfp.progress import LineProgress
 from fourm_kfp.stages import PREPARE_DATA, PRETRAIN
-from fourm_kfp.storage import LayeredStore, Store, open_store, resolve_uri
+from fourm_kfp.storage import LayeredStore, Store, open_store, sibling_output_uri
 
 log = logging.getLogger(__name__)
 DATA = PREPARE_DATA.name
-SPLITS = ("train", "val")
+#: Where each output shard's gate statistics are, in the payload: ``<split>/_label_stats/shard-NNNNNN.json``.
 STATS_DIR = "_label_stats"
 #: What the labelers read of a prepared sample besides its rgb (when the dataset has it).
 CONTEXT_MODALITIES = ("caption",)
@@ -60,16 +61,6 @@ CONTEXT_MODALITIES = ("caption",)
 
 class LabelGateError(RuntimeError):
     """A label failed its modality's value check, or too many samples lack a required modality."""
-
-
-@dataclass(frozen=True)
-class ShardJob:
-    split: str
-    index: int
-
-
-def stats_key(split: str, index: int) -> str:
-    return f"{split}/{STATS_DIR}/shard-{index:06d}.json"
 
 
 def _where(i: int) -> str:
@@ -81,9 +72,9 @@ def _where(i: int) -> str:
 PRESET_REF = "preset:"
 
 
-def _preset_model(weights: str) -> str:
-    """``pretrain/<address>`` of the preset a ``preset:<name>`` reference names."""
-    return f"{PRETRAIN.name}/{stage_address(PRETRAIN, load_config(weights[len(PRESET_REF):]))}"
+def _preset_address(weights: str) -> str:
+    """The pretrain output address of the preset a ``preset:<name>`` reference names."""
+    return stage_address(PRETRAIN, load_config(weights[len(PRESET_REF):]))
 
 
 def labelers_fingerprint(config: FourMConfig) -> str | None:
@@ -98,7 +89,7 @@ def labelers_fingerprint(config: FourMConfig) -> str | None:
         if cls.weights_kind == "folder":
             check_local_folder(entry.weights, entry.source, _where(i))
         if entry.weights.startswith(PRESET_REF):
-            digest = _preset_model(entry.weights)
+            digest = f"{PRETRAIN.name}/{_preset_address(entry.weights)}"
         elif cls.needs_weights or entry.weights:
             digest = weights_digest(cls.weights_kind, entry.weights, _where(i))
         else:
@@ -113,7 +104,7 @@ def _weights_uri(weights: str, data_uri: str, where: str) -> str:
     into a scratch store), which must be committed."""
     if not weights.startswith(PRESET_REF):
         return weights
-    uri = resolve_uri(data_uri, f"../../{_preset_model(weights)}")
+    uri = sibling_output_uri(data_uri, PRETRAIN.name, _preset_address(weights))
     if read_manifest(open_store(uri)) is None:
         preset = weights[len(PRESET_REF):]
         raise ConfigError(f"{where}: the teacher {weights!r} is the {preset} preset's model, which is not committed "
@@ -171,11 +162,12 @@ def _required(config: FourMConfig, labelers: list[Labeler]) -> tuple[str, ...]:
     return config.label.required_modalities or ("rgb", *(labeler.modality for labeler in labelers))
 
 
-def _jobs(data: Store) -> list[ShardJob]:
-    return [ShardJob(split, i) for split in SPLITS for i in shard_indices(data, split)]
+def _ledger(ctx: StageContext) -> ShardLedger:
+    """The output's shards, one per input shard; each one's gate statistics are part of the payload."""
+    return ShardLedger(ctx, payload_stats_key(STATS_DIR))
 
 
-def _source_sizes(data: Store, job: ShardJob) -> dict[str, tuple[int, int]]:
+def _source_sizes(data: Store, job: Shard) -> dict[str, tuple[int, int]]:
     """The original ``(width, height)`` per key that a real-data source recorded before the centre crop."""
     return {key: (int(info["original_width"]), int(info["original_height"]))
             for key, info in iter_source_info(data, job.split, job.index) if info}
@@ -193,8 +185,8 @@ def _batches(samples: Iterator[tuple[str, dict[str, Any]]], size: int
         yield batch
 
 
-def _label_shard(ctx: StageContext, labelers: list[Labeler], job: ShardJob, settings: dict[str, CheckSettings],
-                 bar: LineProgress) -> dict[str, Any]:
+def _label_shard(ctx: StageContext, ledger: ShardLedger, labelers: list[Labeler], job: Shard,
+                 settings: dict[str, CheckSettings], bar: LineProgress) -> dict[str, Any]:
     """Label one input shard and commit its output shard (tars, statistics, dropped keys, then the key index)."""
     cfg, data, out = ctx.config.label, ctx.inputs[DATA].store, ctx.output
     present = available_modalities(data, job.split)
@@ -229,7 +221,7 @@ def _label_shard(ctx: StageContext, labelers: list[Labeler], job: ShardJob, sett
                     raise LabelGateError(
                         f"label: labeler {made_by[modality]!r}: the {modality} label of key {key!r} in shard "
                         f"{job.index} of {job.split} "
-                        f"({data.uri_of(keys_key(job.split, job.index))}) fails its check: {problem}")
+                        f"({data.uri_of(job.keys_key)}) fails its check: {problem}")
             lacking = [m for m in required if m not in values and m not in sample]
             missing.update(lacking)
             incomplete += bool(lacking)
@@ -241,11 +233,11 @@ def _label_shard(ctx: StageContext, labelers: list[Labeler], job: ShardJob, sett
         bar.update(len(batch))
     stats = {"samples": samples, "kept": samples - len(dropped), "dropped": len(dropped), "incomplete": incomplete,
              "labelled": dict(sorted(labelled.items())), "missing": dict(sorted(missing.items()))}
-    out.put_bytes(stats_key(job.split, job.index), json.dumps(stats, sort_keys=True).encode())
+    ledger.commit_stats(job, stats)
     out.put_text(dropped_key(job.split, job.index), "".join(f"{k}\n" for k in dropped))
     writer.close()
     if not writer.samples:  # every sample dropped: the shard is still committed, by an empty key index
-        out.put_text(keys_key(job.split, job.index), "")
+        out.put_text(job.keys_key, "")
     return stats
 
 
@@ -256,32 +248,16 @@ def _settings(config: FourMConfig, labelers: list[Labeler]) -> dict[str, CheckSe
             for labeler in labelers}
 
 
-def _committed(out: Store, job: ShardJob) -> bool:
-    return out.exists(keys_key(job.split, job.index))
-
-
-def _record_committed(ctx: StageContext, jobs: list[ShardJob]) -> None:
-    """The files of shards an earlier, killed run committed still belong in this run's manifest."""
-    if not jobs:
-        return
-    wanted = {(job.split, f"shard-{job.index:06d}") for job in jobs}
-    for key in ctx.output.list():
-        split, name = key.split("/", 1)[0], key.rsplit("/", 1)[-1].split(".", 1)[0]
-        if (split, name) in wanted:
-            ctx.output.record_existing(key)
-
-
 def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
     data = ctx.inputs[DATA].store
     labelers = build_labelers(ctx.config, available_modalities(data, "train"), ctx.inputs[DATA].uri)
     settings = _settings(ctx.config, labelers)
-    mine = _jobs(data)[part::parts]
-    jobs = [job for job in mine if not _committed(ctx.output, job)]
-    _record_committed(ctx, [job for job in mine if job not in jobs])
-    total = sum(len(data.get_text(keys_key(j.split, j.index)).split()) for j in jobs)
+    ledger = _ledger(ctx)
+    jobs = ledger.take(committed_shards(data), part, parts).todo
+    total = sum(len(data.get_text(job.keys_key).split()) for job in jobs)
     bar = LineProgress(total, f"label part {part + 1}/{parts}", "images", interval=10.0)
     started = time.monotonic()
-    done = [_label_shard(ctx, labelers, job, settings, bar) for job in jobs]
+    done = [_label_shard(ctx, ledger, labelers, job, settings, bar) for job in jobs]
     bar.close()
     seconds = time.monotonic() - started
     images = sum(s["samples"] for s in done)
@@ -290,14 +266,10 @@ def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
                                 "images_per_s": images / max(seconds, 1e-9)})
 
 
-def _gather(ctx: StageContext, jobs: list[ShardJob]) -> dict[str, Any]:
+def _gather(ctx: StageContext, jobs: list[Shard]) -> dict[str, Any]:
     """The committed shards' statistics, summed per split in shard order."""
-    out = ctx.output
     totals: dict[str, Any] = {}
-    for job in jobs:
-        if not _committed(out, job):
-            raise LabelGateError(f"label: shard {job.index} of {job.split} is missing at {out.uri}")
-        stats = json.loads(out.get_bytes(stats_key(job.split, job.index)))
+    for job, stats in _ledger(ctx).records(jobs).items():
         split = totals.setdefault(job.split, {"samples": 0, "kept": 0, "dropped": 0, "incomplete": 0, "shards": 0,
                                               "labelled": Counter(), "missing": Counter()})
         for name in ("samples", "kept", "dropped", "incomplete"):
@@ -347,7 +319,7 @@ def run(ctx: StageContext) -> StageResult:
     cfg, data = ctx.config.label, ctx.inputs[DATA].store
     skipped: list[str] = []
     labelers = build_labelers(ctx.config, available_modalities(data, "train"), ctx.inputs[DATA].uri, skipped)
-    splits = _gather(ctx, _jobs(data))
+    splits = _gather(ctx, committed_shards(data))
     samples = sum(s["samples"] for s in splits.values())
     incomplete = sum(s["incomplete"] for s in splits.values())
     fraction = incomplete / max(samples, 1)

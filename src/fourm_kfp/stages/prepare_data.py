@@ -55,13 +55,14 @@ import numpy as np
 
 from fourm_kfp.config.fourm_config import FourMConfig
 from fourm_kfp.contract import ExternalSource, StageContext, StageResult
-from fourm_kfp.contract.context import PARTS_DIR
+from fourm_kfp.contract.shard_jobs import Shard, ShardLedger, parts_stats_key
 from fourm_kfp.data.dataset_report import DatasetStats, render_histograms, render_preview_grid, report_markdown
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.data.ingest import (IMAGE_EXTENSIONS, ImageFolder, SkipCounter, iter_webdataset_tar, ordered_map,
                                    webdataset_tars)
 from fourm_kfp.data.shard_stream import iter_joined_shard
-from fourm_kfp.data.shard_writer import SOURCE_DIR, ShardWriter, encode_sample, encode_source_info, keys_key, shard_key
+from fourm_kfp.data.shard_writer import (SOURCE_DIR, SPLITS, ShardWriter, encode_sample, encode_source_info, keys_key,
+                                         shard_key)
 from fourm_kfp.data.ustar import TarSpool
 from fourm_kfp.progress import LineProgress
 from fourm_kfp.storage import Store, open_store
@@ -71,28 +72,10 @@ if TYPE_CHECKING:
     from fourm_kfp.data.ingest import SourceItem
 
 log = logging.getLogger(__name__)
-SPLITS = ("train", "val")
-#: Where a job leaves each shard's statistics and skips for the collect step (outside the payload).
-SHARD_STATS_DIR = f"{PARTS_DIR}/shards"
 #: Real-data outputs are laid out by :func:`plan` (a split's shards filled from the listing, WebDataset tar ``t`` →
 #: shard ``t``) and carry a ``_source`` tar, unlike the single-worker layout before: this salt in their source
 #: fingerprint moves their addresses. Synthetic outputs keep their bytes, so their address stays.
 REAL_DATA_LAYOUT = "layout 2: fan-out shards planned from the listing, _source tars"
-
-
-class IncompleteShardsError(RuntimeError):
-    """The collect step found a planned output shard that no worker committed."""
-
-
-@dataclass(frozen=True)
-class Shard:
-    """One output shard: shard ``index`` of ``split``."""
-
-    split: str
-    index: int
-
-    def __str__(self) -> str:
-        return f"{self.split} shard {self.index}"
 
 
 @dataclass(frozen=True)
@@ -115,7 +98,7 @@ class Plan:
 
     @property
     def shards(self) -> list[Shard]:
-        return sorted((s for job in self.jobs for s in job.shards), key=lambda s: (SPLITS.index(s.split), s.index))
+        return sorted((s for job in self.jobs for s in job.shards), key=lambda s: s.order)
 
 
 class _Item(NamedTuple):
@@ -257,16 +240,17 @@ def _webdataset_items(config: FourMConfig, jobs: list[Job]) -> Iterator[tuple[in
             yield pos, item
 
 
-def _stats_key(shard: Shard) -> str:
-    return f"{SHARD_STATS_DIR}/{shard.split}/shard-{shard.index:06d}.json"
+def _ledger(ctx: StageContext) -> ShardLedger:
+    """The output's shards; each one's statistics and skips are kept outside the payload, for the collect step."""
+    return ShardLedger(ctx, parts_stats_key)
 
 
 class _ShardOutput:
     """One output shard as its job writes it: samples, statistics and skips. :meth:`commit` writes the statistics
     (outside the payload: written past the recording store), then the tars and, last, the key index."""
 
-    def __init__(self, ctx: StageContext, shard: Shard, modalities: tuple[str, ...]):
-        self.ctx, self.shard = ctx, shard
+    def __init__(self, ctx: StageContext, ledger: ShardLedger, shard: Shard, modalities: tuple[str, ...]):
+        self.ledger, self.shard = ledger, shard
         self.writer = ShardWriter(ctx.output, shard.split, modalities, sys.maxsize, first_index=shard.index)
         self.stats, self.skips = DatasetStats(), SkipCounter()
 
@@ -282,23 +266,20 @@ class _ShardOutput:
         files = [shard_key(split, m, index) for m in sorted(self.writer.counts)] + [keys_key(split, index)]
         record = {"samples": self.writer.samples, "members": dict(sorted(self.writer.counts.items())),
                   "files": files, "stats": self.stats.state(), "skipped": self.skips.as_dict()}
-        self.ctx.output.inner.put_bytes(_stats_key(self.shard), json.dumps(record, sort_keys=True).encode())
+        self.ledger.commit_stats(self.shard, record)
         self.writer.close(commit_empty=True)
         return self.writer.samples
 
 
-def _committed(store: Store, job: Job) -> bool:
-    return all(store.exists(keys_key(s.split, s.index)) and store.exists(_stats_key(s)) for s in job.shards)
-
-
-def _write_jobs(ctx: StageContext, jobs: list[Job], items: Iterator[tuple[int, _Item]], bar: LineProgress) -> int:
+def _write_jobs(ctx: StageContext, ledger: ShardLedger, jobs: list[Job], items: Iterator[tuple[int, _Item]],
+                bar: LineProgress) -> int:
     """Route each job's items (in job order) into its output shards and commit them; returns the samples written."""
     modalities = tuple(ctx.config.data.modalities)
     if ctx.config.prepare_data.source != "synthetic":
         modalities += (SOURCE_DIR,)
     written, pending = 0, next(items, None)
     for pos, job in enumerate(jobs):
-        outputs = {shard.split: _ShardOutput(ctx, shard, modalities) for shard in job.shards}
+        outputs = {shard.split: _ShardOutput(ctx, ledger, shard, modalities) for shard in job.shards}
         while pending is not None and pending[0] == pos:
             item = pending[1]
             if item.split not in outputs:
@@ -314,17 +295,9 @@ def _write_jobs(ctx: StageContext, jobs: list[Job], items: Iterator[tuple[int, _
 def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
     """Fan-out worker ``part`` of ``parts``: every ``parts``-th job of the plan, the committed ones skipped."""
     config, cfg = ctx.config, ctx.config.prepare_data
-    the_plan = plan(config)
-    mine = the_plan.jobs[part::parts]
-    committed = [_committed(ctx.output, job) for job in mine]
-    done = [job for job, c in zip(mine, committed, strict=True) if c]
-    todo = [job for job, c in zip(mine, committed, strict=True) if not c]
-    if done:
-        log.info("prepare-data part %d/%d: %d of %d jobs already committed, %d to do", part + 1, parts, len(done),
-                 len(mine), len(todo))
-    for shard in (s for job in done for s in job.shards):  # their files still belong in the manifest
-        for key in json.loads(ctx.output.get_bytes(_stats_key(shard)))["files"]:
-            ctx.output.record_existing(key)
+    the_plan, ledger = plan(config), _ledger(ctx)
+    jobs = ledger.take(the_plan.jobs, part, parts, lambda job: job.shards)
+    todo = jobs.todo
     if cfg.source == "synthetic":
         items, total, unit = _synthetic_items(config, todo), sum(len(job.inputs) for job in todo), "scenes"
     elif cfg.source == "image_folder":
@@ -333,29 +306,16 @@ def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
         items, total, unit = _webdataset_items(config, todo), None, "images"
     started = time.monotonic()
     bar = LineProgress(total, f"prepare-data part {part + 1}/{parts}", unit, interval=10.0)
-    written = _write_jobs(ctx, todo, items, bar)
+    written = _write_jobs(ctx, ledger, todo, items, bar)
     bar.close()
     seconds = time.monotonic() - started
-    return StageResult(counts={"jobs": len(mine), "jobs_skipped": len(done),
+    return StageResult(counts={"jobs": len(jobs.mine), "jobs_skipped": len(jobs.done),
                                "shards": [[s.split, s.index] for job in todo for s in job.shards]},
                        metrics={"samples": float(written), "seconds": seconds,
                                 "samples_per_s": written / max(seconds, 1e-9)})
 
 
 # ------------------------------------------------------------------------------------------ the collect step
-
-
-def _shard_records(store: Store, shards: list[Shard]) -> dict[Shard, dict[str, Any]]:
-    """Every planned shard's statistics record; a shard no worker committed is an error naming it."""
-    records = {}
-    for shard in shards:
-        index = keys_key(shard.split, shard.index)
-        if not store.exists(index) or not store.exists(_stats_key(shard)):
-            raise IncompleteShardsError(
-                f"prepare-data: {shard} is not committed at {store.uri} (no {index} or {_stats_key(shard)}): the "
-                "worker that writes it did not finish; run the stage (or that part) again")
-        records[shard] = json.loads(store.get_bytes(_stats_key(shard)))
-    return records
 
 
 def _backfill(ctx: StageContext, records: dict[Shard, dict[str, Any]]) -> None:
@@ -380,7 +340,7 @@ def _duplicate_keys(store: Store, shards: list[Shard], limit: int = 5) -> list[t
     a tar; across tars only this tells (a set of 8-byte hashes, not of the keys: a big dataset has millions)."""
     hashes, owners = [], []
     for pos, shard in enumerate(shards):
-        keys = store.get_text(keys_key(shard.split, shard.index)).split()
+        keys = store.get_text(shard.keys_key).split()
         hashes.append(np.fromiter((_key_hash(k) for k in keys), np.uint64, len(keys)))
         owners.append(np.full(len(keys), pos))
     if not hashes:
@@ -393,7 +353,7 @@ def _duplicate_keys(store: Store, shards: list[Shard], limit: int = 5) -> list[t
     found: dict[str, list[Shard]] = {}
     for pos in sorted(set(owner[np.isin(flat, list(repeated))].tolist())):  # read the shards that hold them again
         shard = shards[pos]
-        for key in store.get_text(keys_key(shard.split, shard.index)).split():
+        for key in store.get_text(shard.keys_key).split():
             if _key_hash(key) in repeated:
                 found.setdefault(key, []).append(shard)
     return [(key, where) for key, where in found.items() if len(where) > 1]
@@ -409,7 +369,7 @@ def _preview_samples(ctx: StageContext, shards: list[Shard]) -> list[dict[str, A
         if len(samples) >= want:
             break
         if config.prepare_data.source == "synthetic":
-            keys = out.get_text(keys_key(shard.split, shard.index)).split()[:want - len(samples)]
+            keys = out.get_text(shard.keys_key).split()[:want - len(samples)]
             samples += map(_scene, _scenes(config, map(int, keys)))
         else:
             joined = iter_joined_shard(out, shard.split, shard.index, config.data.modalities)
@@ -423,7 +383,7 @@ def run(ctx: StageContext) -> StageResult:
     config, cfg = ctx.config, ctx.config.prepare_data
     the_plan = plan(config)
     shards = the_plan.shards
-    records = _shard_records(ctx.output, shards)
+    records = _ledger(ctx).records(shards)
     stats, skips = DatasetStats(), SkipCounter()
     splits = {split: {"samples": 0, "shards": 0, "members": Counter()} for split in SPLITS}
     for shard in shards:

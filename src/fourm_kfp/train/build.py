@@ -23,6 +23,7 @@ from fourm_kfp.masking.multimodal_masking import MaskingArgs
 from fourm_kfp.masking.token_loader import DatasetRef, LoaderArgs
 from fourm_kfp.model.fourm import FourMArgs
 from fourm_kfp.storage import open_store
+from fourm_kfp.tokenizers.bundle import INDEX_FILE
 from fourm_kfp.tokenizers.text_tokenizer import text_eos, text_sentinels
 
 TEXT_TOKENIZER = "text/tokenizer.json"
@@ -45,7 +46,7 @@ class TrainingInputs:
         store = open_store(tokenizers_uri)
         text = store.get_text(TEXT_TOKENIZER) if store.exists(TEXT_TOKENIZER) else ""
         return cls(pretokenized_uri, tokenizers_uri, read_index(pretokenized_uri),
-                   json.loads(store.get_bytes("tokenizers.json")), text)
+                   json.loads(store.get_bytes(INDEX_FILE)), text)
 
     @property
     def special_tokens(self) -> dict[str, int]:

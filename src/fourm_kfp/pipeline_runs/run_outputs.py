@@ -2,7 +2,7 @@
 
 What a script needs to take a trained model apart after ``fourm-kfp run`` (or ``fourm-kfp stage``) has committed
 the stages: the experiments' probes (``experiments/tools/``) call :func:`open_run_outputs` instead of reaching into
-a stage body. It computes and writes nothing:
+a stage body. It runs no stage and writes nothing:
 
 1. the config is loaded as the run loaded it (the preset and the same ``--set`` overrides: the addresses follow
    from the config alone);
@@ -12,11 +12,12 @@ a stage body. It computes and writes nothing:
    user error) names the stage and the place;
 3. the model (the pretrain output, or another model trained on the same data and tokenizers) is opened with its
    tokenizers as an :class:`~fourm_kfp.evaluation.any_to_any.AnyToAny`;
-4. the first val scenes are read as the evaluate stage reads them
-   (:func:`fourm_kfp.evaluation.scene_loading.load_scenes`: ground truth of every modality the model knows, and
-   their crop-0 tokens).
+4. the first val scenes are read with the evaluate stage's loader
+   (:func:`fourm_kfp.evaluation.scene_loading.load_scenes`: ground truth and crop-0 tokens) from prepare-data's
+   output alone, not from the whole dataset the evaluate stage reads: a run with labelers has its labelled
+   modalities in the label stage's layer, which is not opened here, so their ground truth is missing.
 
-On the stages floor, since it reads the stage table; it imports no stage body.
+With the whole-pipeline runs, since it reads the stage table (a floor above ``stages/``); it imports no stage body.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract.manifest import require_manifest
 from fourm_kfp.contract.runner import output_store
 from fourm_kfp.evaluation.any_to_any import AnyToAny
+from fourm_kfp.evaluation.scene_loading import load_scenes
 from fourm_kfp.evaluation.tasks import Scenes
 from fourm_kfp.stages import PREPARE_DATA, PRETOKENIZE, PRETRAIN, TRAIN_TOKENIZERS
-from fourm_kfp.evaluation.scene_loading import load_scenes
 from fourm_kfp.storage import Store, open_store
 
 #: the stages whose committed outputs a trained model is read from, upstream first
@@ -46,7 +47,7 @@ class RunOutputs:
     outputs: dict[str, Store]  # stage name -> its committed output (the four of READ_STAGES)
     model_uri: str  # the pretrain output's URI, or the model given instead
     engine: AnyToAny
-    scenes: Scenes  # the first val scenes' ground truth and tokens, as the evaluate stage loads them
+    scenes: Scenes  # the first val scenes' ground truth and tokens, from prepare-data's output (step 4 above)
 
     @property
     def prepared(self) -> Store:
