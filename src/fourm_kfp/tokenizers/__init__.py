@@ -4,8 +4,11 @@
   VQ-VAE (:mod:`.vqvae`) with an EMA, cosine-similarity codebook (:mod:`.vector_quantizer`). How a modality's
   in-memory arrays become network inputs, which loss fits it and how decoder outputs become arrays again lives in
   the codec registry (:mod:`.modality_codecs`); per-modality error metrics and trivial baselines in :mod:`.metrics`.
-* Sequence modalities (det, caption) share one WordPiece tokenizer (:mod:`.text_tokenizer`) whose vocabulary
-  holds the coordinate tokens ``v0=0`` .. ``v3=999``, the class names and 4M's span-masking sentinels.
+* Sequence modalities (det, caption, color_palette, metadata) share one WordPiece tokenizer (:mod:`.text_tokenizer`)
+  whose vocabulary holds the coordinate tokens ``v0=0`` .. ``v3=999``, the class names and 4M's span-masking
+  sentinels (or ml-4m's own WordPiece, ``train_tokenizers.text_tokenizer_from``).
+* :mod:`.ml4m`: apple/ml-4m's own tokenizers (ViT VQ-VAEs and diffusion DiVAEs), read from their folders and used
+  instead of training one (``train_tokenizers.from_ml4m``).
 * :mod:`.training` trains a VQ-VAE (single process or DDP) and evaluates it against a trivial baseline;
   :mod:`.parallel_training` trains several side by side in forked single-thread processes;
   :mod:`.saved_tokenizer` stores it as ``config.json`` + ``model.safetensors`` (no pickles).
