@@ -13,23 +13,24 @@ from fourm_kfp.config.loader import available_presets, load_config
 from fourm_kfp.contract.addressing import stage_address
 from fourm_kfp.stages import PIPELINE
 
+# 2026-11-28: evaluate code_version 7 (the report states its decode budget) moved every evaluate address
 PINNED = {
     "smoke": "prepare-data=53d8e8684f4b515c train-tokenizers=87b4cd2e185fec3e pretokenize=2cfc1fbe162fab8c "
-             "pretrain=9e8d58cb3ace73ad evaluate=ca310df630ea35fc",
+             "pretrain=9e8d58cb3ace73ad evaluate=72fa65855676ce26",
     "demo": "prepare-data=637a8db053111717 train-tokenizers=1c5ba483ebb78792 pretokenize=dc15c7549159258d "
-            "pretrain=355885a5beae25a8 evaluate=d54e2c2e6b1e66d3",
+            "pretrain=355885a5beae25a8 evaluate=9c4bb9d3f17487eb",
     "proof": "prepare-data=98bc662d91d3c376 train-tokenizers=247ec718e79413fa pretokenize=9e777a16c07ecef2 "
-             "pretrain=44fa88fcf6183531 evaluate=bd9d7dba49faaa23",
+             "pretrain=44fa88fcf6183531 evaluate=fd4d2b04e496a9d6",
     "gpu-demo": "prepare-data=8df64aee0e6e7ab9 train-tokenizers=63198f135b466e1d pretokenize=eb63fb470ffaae8a "
-                "pretrain=42e542f9ecdeb0e0 evaluate=ab0e6b1c464ef5bb",
+                "pretrain=42e542f9ecdeb0e0 evaluate=e05bca6530534d3c",
     # 2026-11-27: pretrain code_version 9 moved every pretrain and evaluate; 4m-b's train-tokenizers (and what reads
     # it) moved with semseg at ml-4m's 4096 codes
     "4m-b": "prepare-data=7e156ae2738c8051 train-tokenizers=6a4fff9bfeb7498a pretokenize=221379faa05287ca "
-            "pretrain=e1ed637c93d3a92c evaluate=a9487f25eaa037a4",
+            "pretrain=e1ed637c93d3a92c evaluate=11d9976179d50e71",
     "4m-l": "prepare-data=7e156ae2738c8051 train-tokenizers=f84d55700cf75f3e pretokenize=39409cbb3d795fb6 "
-            "pretrain=01075818b31607f8 evaluate=90e7d5adb2ac9641",
+            "pretrain=01075818b31607f8 evaluate=6c704cff449d8336",
     "4m-xl": "prepare-data=7e156ae2738c8051 train-tokenizers=f84d55700cf75f3e pretokenize=39409cbb3d795fb6 "
-             "pretrain=d17f10320cf1e685 evaluate=9ec3c67814f1ddd6",
+             "pretrain=d17f10320cf1e685 evaluate=c045810944010588",
 }
 
 

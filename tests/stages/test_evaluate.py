@@ -57,6 +57,12 @@ def test_evaluate_scores_every_task_with_references_and_gates_the_model(smoke):
     assert "seconds" not in report and "gate" not in report  # timings: the manifest; the gate: run records
     assert resolve_uri(outcome.output_uri, report["model_uri"]) == uris["pretrain"]
     assert not report["model_uri"].startswith("/")  # store-relative
+    # the decode budget: every image modality some task decoded, images times one VQ-VAE pass each
+    budget = report["decode_budget"]
+    assert {"depth", "normal", "semseg", "rgb"} <= set(budget)
+    assert all(b["decoder"] == "VQ-VAE" and b["passes_per_image"] == 1 and b["decoder_passes"] == b["images"] > 0
+               for b in budget.values())
+    assert "Decode budget: " in output.get_text("reports/evaluation_report.md")
     val_keys = None
     for task in report["tasks"]:
         for side in ("model", "ceiling", "baseline"):

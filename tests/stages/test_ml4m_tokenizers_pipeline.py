@@ -165,6 +165,10 @@ def test_ml4m_tokenizers_go_through_the_pipeline(tmp_path, folders):
     assert generated["semseg"].shape == (64, 64) and generated["semseg"].max() < 6
     assert generated["edge"].shape == (64, 64) and set(np.unique(generated["edge"])) <= {0, 1}
     assert generated["clip"].shape == (GRID, GRID, CHANNELS)
+    budget = engine.decode_budget()  # what evaluation reports as its decode budget: a DiVAE costs its steps
+    assert budget["edge"] == {"images": 1, "decoder": "ml-4m DiVAE (UNet)", "passes_per_image": 10,
+                              "decoder_passes": 10}
+    assert budget["semseg"]["decoder"] == "ml-4m VQ-VAE" and budget["semseg"]["passes_per_image"] == 1
 
 
 def test_the_folder_is_part_of_the_address(tmp_path, folders):

@@ -13,6 +13,7 @@ principal components, and read back in that format.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -42,7 +43,9 @@ class AnyToAny:
         sentinels = text_sentinels(specials, conventions)[:2] if specials else ()
         #: appended to every text input before the cut, as the loader did in training (ml-4m's [EOS])
         self.text_eos = text_eos(specials, conventions) if specials else None
-        pixel_decoders = {s.name: self.tokenizers.image[s.name].decode for s in self.model.args.modalities
+        #: images decoded per modality (:meth:`decode_budget`)
+        self.decoded: Counter[str] = Counter()
+        pixel_decoders = {s.name: self._counted_decoder(s.name) for s in self.model.args.modalities
                           if s.pixel_input and s.name in self.tokenizers.image}
         self.generator = Generator(self.model, sentinels, pixel_decoders)
         self.specs = self.generator.specs
@@ -83,12 +86,31 @@ class AnyToAny:
             ids = [t + [self.text_eos] if t else t for t in ids]
         return [np.asarray(t[: spec.max_length - 2], np.int64) for t in ids]
 
+    def _counted_decoder(self, modality: str):
+        decode = self.tokenizers.image[modality].decode
+
+        def counted(grids):
+            self.decoded[modality] += len(grids)
+            return decode(grids)
+
+        return counted
+
+    def decode_budget(self) -> dict[str, dict[str, Any]]:
+        """Per image modality decoded so far: images, the decoder's kind, its passes per image and their product."""
+        budget = {}
+        for modality, images in sorted(self.decoded.items()):
+            tokenizer = self.tokenizers.image[modality]
+            passes = int(getattr(tokenizer, "decoder_passes", 1))
+            budget[modality] = {"images": images, "decoder": getattr(tokenizer, "decoder_kind", "VQ-VAE"),
+                                "passes_per_image": passes, "decoder_passes": images * passes}
+        return budget
+
     def detokenize(self, modality: str, tokens: Sequence[np.ndarray]) -> list[Any]:
-        """Arrays (image modalities, through the VQ-VAE decoder) or strings (text) from token ids."""
+        """Arrays (image modalities, through their tokenizer's decoder) or strings (text) from token ids."""
         spec = self._spec(modality)
         if spec.kind == "image":
             grids = torch.as_tensor(np.stack([np.asarray(t, dtype=np.int64).reshape(spec.grid) for t in tokens]))
-            return list(self.tokenizers.image[modality].decode(grids))
+            return list(self._counted_decoder(modality)(grids))
         return [self.tokenizers.text.decode([int(i) for i in t]) for t in tokens]
 
     def _spec(self, modality: str):

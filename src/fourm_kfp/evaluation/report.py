@@ -130,6 +130,11 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     lines += ["", "### All metrics", ""] + _markdown_table(METRIC_HEAD, _metric_rows(report["tasks"]))
     lines += ["", "Grids: `reports/grid_<task>.png` (input / generated / ceiling = the ground truth's tokens decoded "
               "/ ground truth)."]
+    if report.get("decode_budget"):
+        parts = [f"{m}: {b['images']} images x {b['passes_per_image']} pass{'es' * (b['passes_per_image'] != 1)} "
+                 f"of its {b['decoder']} decoder" for m, b in report["decode_budget"].items()]
+        total = sum(b["decoder_passes"] for b in report["decode_budget"].values())
+        lines += ["", f"Decode budget: {'; '.join(parts)} ({total} decoder passes in all)."]
     if report.get("curve"):
         lines += ["", "## Scores against training steps", "", _curve_explanation(report["curve"]), ""]
         lines += _markdown_table(*_curve_table(report["curve"]))

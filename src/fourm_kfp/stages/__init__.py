@@ -130,12 +130,13 @@ EVALUATE = StageSpec(
     # train and alphas: the masked-modeling loss uses the training budgets and masking, as pretrain's validation
     config_keys=("evaluate", "data", "train", "alphas"),
     upstream=(PRETRAIN, PRETOKENIZE, TRAIN_TOKENIZERS, *DATASET),
-    code_version=6,  # 2: claims with confidence (bootstrap intervals), reproducible bytes (gate in run records)
+    code_version=7,  # 2: claims with confidence (bootstrap intervals), reproducible bytes (gate in run records)
     # 3: a generated rgb read as pixels takes its kept tokens back between steps; text targets take text_sampling
     # 4: bf16 autocast on CPUs with bf16 arithmetic too (as pretrain's precision auto), not only on CUDA
     # 5: caption-to-rgb's shape F1 with its precision and recall
     # 6: caption-to-rgb's baseline is the best constant set of shapes (naming every shape), not the most common one
     #    and its ceiling the true image's rgb tokens read back by the model (not the true semseg tokens)
+    # 7: the report states its decode budget (images decoded per modality, decoder passes per image)
     # the gate's decision depends on the registry, not on the inputs: outside the reproducible payload
     run_records=(GATE_FILE, "reports/model_gate.md"),
 )

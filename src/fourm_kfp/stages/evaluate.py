@@ -134,6 +134,7 @@ def run(ctx: StageContext) -> StageResult:
         "tasks": [r.to_dict() for r in results], "tasks_skipped": skipped,
         "tasks_beating_baseline": int(metrics["tasks_beating_baseline"]), "metrics": metrics,
         **({"curve": curve} if curve else {}),
+        "decode_budget": engine.decode_budget(),
         **({"labelled_by": labelled} if (labelled := _labelled_by(ctx)) else {}),
     }
     grids = {r.task: task_grid(r.examples) for r in results}

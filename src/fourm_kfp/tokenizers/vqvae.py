@@ -196,6 +196,10 @@ ARCHITECTURES = {"conv": conv_networks, "vit": lambda cfg: (ViTEncoder(cfg), ViT
 class VQVAE(nn.Module):
     """Encoder → :class:`VectorQuantizer` → decoder, with its modality's codec for inputs, loss and outputs."""
 
+    #: what decoding one image costs (the evaluation states its decode budget with it): one decoder pass
+    decoder_kind = "VQ-VAE"
+    decoder_passes = 1
+
     def __init__(self, config: VQVAEConfig) -> None:
         super().__init__()
         self.config = config

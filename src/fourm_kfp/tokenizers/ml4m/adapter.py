@@ -291,6 +291,17 @@ class Ml4mTokenizer(nn.Module):
     def device(self) -> torch.device:
         return next(self.network.parameters()).device
 
+    @property
+    def decoder_kind(self) -> str:
+        return "ml-4m DiVAE (UNet)" if self.config.family == "divae" else "ml-4m VQ-VAE"
+
+    @property
+    def decoder_passes(self) -> int:
+        """Decoder passes per decoded image: a DiVAE's sampling steps, else one."""
+        if self.config.family != "divae":
+            return 1
+        return int(self.config.decode_steps or self.network.default_steps)
+
     def prepare(self, arrays: Any) -> torch.Tensor:
         """In-memory batch → the tokenizer's input on its device (ml-4m's conventions)."""
         return self.codec.to_input(arrays, self.config.codec_settings).to(self.device)
