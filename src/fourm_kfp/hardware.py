@@ -141,7 +141,7 @@ def cpu_matmul_rate(size: int = 2048, trials: int = 3) -> dict[str, float]:
     def gflops(dtype: torch.dtype) -> float:
         return round(max(measured_matmul_flops.__wrapped__("cpu", dtype, size) for _ in range(trials)) / 1e9, 1)
 
-    rate = {"fp32_matmul_gflops": gflops(torch.float32), "threads": torch.get_num_threads()}
+    rate = {"fp32_matmul_gflops": gflops(torch.float32), "threads": torch.get_num_threads(), "matmul_side": size}
     if cpu_has_native_bf16():  # where precision auto trains in bf16, that rate too
         rate["bf16_matmul_gflops"] = gflops(torch.bfloat16)
     return rate
