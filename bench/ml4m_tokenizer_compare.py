@@ -34,6 +34,7 @@ from fourm_kfp.tokenizers.ml4m.quantizers import build_quantizer
 from fourm_kfp.tokenizers.ml4m.vit import PRESETS
 
 from bench_output import emit
+from ml4m_tokenizer_reference import full_size_tensors  # the seeded tensors, made as the reference made them
 
 REFERENCE = Path(__file__).resolve().parent.parent / "tests/tokenizers/ml4m_reference"
 TIE, DECODE_TOL = 1e-5, 1e-4
@@ -67,23 +68,9 @@ def compare_one(directory: Path) -> dict:
     return result
 
 
-def regenerate(spec: dict) -> dict[str, torch.Tensor]:
-    """The seeded tensors of a full-size quantizer entry, as ``bench/ml4m_tokenizer_reference.py`` made them."""
-    generator = torch.Generator().manual_seed(spec["seed"])
-    k, d, h = spec["codebook_size"], spec["latent_dim"], spec["num_codebooks"]
-    if spec["quant_type"] == "lucid":
-        out = {"embed": torch.nn.functional.normalize(torch.randn(k, d, generator=generator), dim=-1)}
-    else:
-        out = {"codes": torch.randn(h, k, d // h, generator=generator),
-               "to_k": torch.randn(h, d // h, d // h, generator=generator) / (d // h) ** 0.5,
-               "to_v": torch.randn(h, d // h, d // h, generator=generator) / (d // h) ** 0.5}
-    out["latents"] = torch.randn(spec["latents"], generator=generator)
-    return out
-
-
 def full_size_quantizer(spec: dict) -> tuple[torch.nn.Module, torch.Tensor]:
     """The port's quantizer of a full-size entry, filled with the regenerated tensors, and its latents."""
-    tensors = regenerate(spec)
+    tensors = full_size_tensors(spec)
     sums = {k: float(v.double().sum()) for k, v in tensors.items()}
     if any(abs(sums[k] - spec["checksums"][k]) > 1e-6 * max(1.0, abs(sums[k])) for k in sums):
         raise RuntimeError(f"torch.randn no longer regenerates the reference's tensors: {sums} vs "
