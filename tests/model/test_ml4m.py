@@ -320,3 +320,51 @@ def test_the_pretrain_stage_writes_ml4m_beside_the_weights_and_records_it(tmp_pa
     small = FourM(FourMArgs((ModalitySpec("depth", "image", 64, grid=(4, 4)),), 1, 1, 32, 2))
     reasons = _export_ml4m(small.state_dict(), small.args, output, {})
     assert any("vocabulary 64" in r for r in reasons) and len(output.records) == 3
+
+
+REFERENCE_FM = Path(__file__).parent / "ml4m_reference"
+
+
+def _ours_against_ml4m_numbers(model: FourM, compare, outputs, manifest) -> float:
+    """The largest difference between our logits (first ones and log-sum-exp) and losses on the reference batches
+    and what ml-4m's own code computed; fails when the target tokens differ."""
+    worst = 0.0
+    names = [s.name for s in model.args.modalities]
+    for name, batch, _, _, _ in compare.batches(model.args.modalities):
+        with torch.no_grad():
+            ours = compare.our_logits(model, batch)
+        for modality in names:
+            keys = outputs[f"{name}.{modality}.keys"].tolist()
+            assert sorted((b, p) for b, m, p in ours if m == modality) == sorted(map(tuple, keys))
+            first, lse = outputs[f"{name}.{modality}.first_logits"], outputs[f"{name}.{modality}.logsumexp"]
+            for row, (b, position) in enumerate(keys):
+                logit = ours[(b, modality, position)]
+                worst = max(worst, float((logit[:first.shape[1]] - first[row]).abs().max()),
+                            abs(float(torch.logsumexp(logit, -1) - lse[row])))
+        losses = compare.our_losses(model, batch)
+        worst = max(worst, *(abs(losses[m] - manifest["losses"][name][m]) for m in names))
+    return worst
+
+
+def test_ml4m_s_own_tiny_fm_imports_computing_ml4m_s_numbers():
+    """Without a checkout: a tiny random FM saved by ml-4m's own code, and the logits and losses ml-4m's code
+    computed on the benchmark's batches (tests/model/ml4m_reference, made by ``bench/ml4m_compare.py reference``).
+    Our import computes them; a bug made alike in our export and import (SwiGLU's gate and up halves swapped in
+    both) would not."""
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, str(BENCH))
+    import ml4m_compare as compare
+
+    manifest = json.loads((REFERENCE_FM / "manifest.json").read_text())
+    assert manifest["reference_commit"] == "cda590f" and manifest["command"].endswith("reference --reference-commit cda590f")
+    outputs = load_file(str(REFERENCE_FM / "fm_tiny_outputs.safetensors"))
+    model, report = import_ml4m(REFERENCE_FM / "fm_tiny")
+    model.eval()
+    assert [(s.name, s.vocab_size) for s in model.args.modalities] == [("semseg", 4096), ("caption", 30000)]
+    assert report.missing == [] and report.dropped == []
+    assert _ours_against_ml4m_numbers(model, compare, outputs, manifest) <= 1e-4
+    with torch.no_grad():  # the check can fail: swap SwiGLU's halves in one block and ml-4m's numbers are lost
+        gate, up = model.encoder[0].mlp.gate_up.weight.chunk(2, dim=0)
+        model.encoder[0].mlp.gate_up.weight.copy_(torch.cat([up, gate]))
+    assert _ours_against_ml4m_numbers(model, compare, outputs, manifest) > 1e-2
