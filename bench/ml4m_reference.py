@@ -89,6 +89,10 @@ def load_reference(path: Path, modality_info: str = "stub") -> SimpleNamespace:
         info.MODALITY_INFO = {}  # imported at fm.py's top, never read by the FourM class
         sys.modules["fourm.data.modality_info"] = info
     fm = importlib.import_module("fourm.models.fm")
+    # ml-4m's modules hold what they imported; a torchvision stand-in left in sys.modules would make the rest of the
+    # process (transformers, diffusers: find_spec) take it for torchvision
+    for name in [n for n in STAND_INS if n.split(".")[0] == "torchvision"]:
+        sys.modules.pop(name, None)
     compat = types.ModuleType("random_sample_of_views")
     compat.__dict__.update(random.__dict__)
     compat.sample = lambda population, k, **kw: random.sample(tuple(population), k, **kw)
