@@ -256,3 +256,14 @@ def test_a_captioner_labels_only_the_photos_that_came_without_text(photos, tmp_p
     captions = {key: s["caption"] for split in ("train", "val")
                 for key, s in iter_split(_dataset(config, tmp_path / "run"), split, ["caption"])}
     assert captions == written  # the dataset read as one: every photo has its caption
+
+
+def test_a_labeler_that_reads_another_s_labels_needs_it_listed_before_it(photos, tmp_path):
+    from fourm_kfp.stages.label import build_labelers
+
+    only = "[rgb, caption, normal]"
+    alone = _config(photos, "[{name: normal_from_depth}]", f"data.modalities={only}",
+                    f"data.input_modalities={only}", f"data.target_modalities={only}")
+    with pytest.raises(ConfigError, match=r"label.labelers\[0\] \(normal_from_depth\) reads the depth labels of a "
+                                          r"labeler listed before it"):
+        build_labelers(alone, ["rgb", "caption"], str(tmp_path))
