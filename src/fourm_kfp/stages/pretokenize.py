@@ -21,11 +21,11 @@ from fourm_kfp.contract import StageContext, StageResult
 from fourm_kfp.data.modalities import IMAGE_MODALITIES, SEQUENCE_MODALITIES
 from fourm_kfp.data.pretokenized import INDEX_FILE, decode_member, token_name
 from fourm_kfp.data.shard_stream import available_modalities, iter_split, shard_indices
-from fourm_kfp.data.shard_writer import keys_key
+from fourm_kfp.data.shard_writer import SPLITS, keys_key
 from fourm_kfp.progress import LineProgress
 from fourm_kfp.stages import TRAIN_TOKENIZERS
 from fourm_kfp.storage import output_ref
-from fourm_kfp.tokenizers.bundle import load_tokenizers
+from fourm_kfp.tokenizers.bundle import INDEX_FILE as TOKENIZERS_INDEX, load_tokenizers
 from fourm_kfp.tokenizers.metrics import METRICS
 from fourm_kfp.tokenizers.pretokenize_report import codebook_usage_png, report_markdown, token_statistics
 from fourm_kfp.tokenizers.pretokenizer import Pretokenizer, output_names, pretokenize_shards
@@ -33,7 +33,6 @@ from fourm_kfp.tokenizers.shard_crops import CropSettings, ShardJob, decode_work
 
 log = logging.getLogger(__name__)
 TOKENIZERS = TRAIN_TOKENIZERS.name
-SPLITS = ("train", "val")
 
 
 class PretokenizeCheckError(RuntimeError):
@@ -43,7 +42,7 @@ class PretokenizeCheckError(RuntimeError):
 def _plan(ctx: StageContext) -> dict[str, Any]:
     """What this dataset pretokenizes: input modalities, tokenizers, output names and shard jobs."""
     data = ctx.dataset
-    index = json.loads(ctx.inputs[TOKENIZERS].store.get_bytes("tokenizers.json"))
+    index = json.loads(ctx.inputs[TOKENIZERS].store.get_bytes(TOKENIZERS_INDEX))
     present = set(available_modalities(data, "train"))
     image = [m for m in IMAGE_MODALITIES if m in present and m in index["image"]]
     text = [m for m in SEQUENCE_MODALITIES if m in present]
