@@ -17,9 +17,9 @@ kind        ``weights``                                          digest (in the 
 
 Every step of a run computes the label stage's address, so a folder's digest costs no download: a local folder's
 file digests are remembered by path, size and modification time; an ``s3://`` folder's come from its listing; an
-``hf://`` folder's is its commit. Every remote source is copied to a local cache once per worker (``FOURM_LABELER_CACHE``, else a folder under the
-system's temp dir) and read from there: an ``s3://`` file or folder again only when an object's version (size, ETag,
-time) changed; an ``hf://`` folder through ``huggingface_hub``'s own cache layout under it, only the files a
+``hf://`` folder's is its commit. Every remote source is copied to a local cache once per worker
+(``FOURM_LABELER_CACHE``, else a folder under the system's temp dir) and read from there: an ``s3://`` file again
+only when its version (size, ETag, time) changed, an ``s3://`` folder only when its digest did; an ``hf://`` folder through ``huggingface_hub``'s own cache layout under it, only the files a
 transformers folder needs (:data:`HF_FILES`), and never with ``HF_HUB_OFFLINE`` set, which then reads the cache
 alone. An ``hf://`` address must pin a commit: a branch or tag name is refused, because labels must not move under a
 fixed address. Nothing is fetched that the config does not name.
@@ -156,21 +156,19 @@ def _fetch_hf(uri: str, where: str) -> str:
         raise LabelerError(f"{where}: cannot fetch {uri}: {type(exc).__name__}: {exc}") from exc
 
 
-def _fetch_s3_folder(uri: str, where: str) -> str:
+def _fetch_s3_folder(uri: str, digest: str) -> str:
+    """The local copy of the ``s3://`` folder ``uri``, fetched again only when its listing's ``digest``
+    (:func:`s3_folder_digest`) is not the one the copy was made at."""
     store = open_store(uri)
-    versions = {key: store.version(key) for key in store.list()}
-    if not versions:
-        raise LabelerError(f"{where}: weights folder {uri} does not exist or is empty")
     target = _cached(uri) / "folder"
     stamp = target.with_name("folder.versions.json")
-    wanted = json.dumps(versions, sort_keys=True)
-    if not target.is_dir() or not stamp.exists() or stamp.read_text() != wanted:
+    if not target.is_dir() or not stamp.exists() or stamp.read_text() != digest:
         stamp.unlink(missing_ok=True)
         shutil.rmtree(target, ignore_errors=True)  # no file of an older version stays behind
-        for key in versions:
+        for key in store.list():
             (target / key).parent.mkdir(parents=True, exist_ok=True)
             store.get_file(key, target / key)
-        stamp.write_text(wanted)
+        stamp.write_text(digest)
     return str(target)
 
 
@@ -184,7 +182,7 @@ def fetch_folder(uri: str, where: str) -> tuple[str, str]:
         return _fetch_hf(uri, where), folder_weights_digest(uri, where)
     if is_s3_uri(uri):
         digest = s3_folder_digest(uri, where)
-        return _fetch_s3_folder(uri, where), digest
+        return _fetch_s3_folder(uri, digest), digest
     path = Path(uri).expanduser()
     if not path.is_dir():
         raise LabelerError(f"{where}: weights folder {uri} does not exist")
