@@ -94,6 +94,9 @@ class RecordingStore(Store):
     def get_file(self, key: str, path: str | os.PathLike) -> None:
         self.inner.get_file(key, path)
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        return self.inner.get_range(key, offset, length)
+
     def open_read(self, key: str) -> contextlib.AbstractContextManager[BinaryIO]:
         return self.inner.open_read(key)
 

@@ -82,6 +82,10 @@ class Store:
     def get_bytes(self, key: str) -> bytes:
         raise NotImplementedError
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of one object from ``offset`` (fewer at its end)."""
+        raise NotImplementedError
+
     def version(self, key: str) -> str:
         """A token that changes whenever the object may have new bytes (its size and modification time, or its
         ETag): what a local cache of the object is checked against."""

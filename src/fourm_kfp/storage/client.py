@@ -14,20 +14,34 @@ import os
 import weakref
 from urllib.parse import urlparse
 
+from fourm_kfp.storage import metering
 from fourm_kfp.storage.base import StorageError
 from fourm_kfp.storage.retries import env_seconds
 
 
 def _http_client():
-    """urllib3 pool for minio: short timeouts, no retries of its own (``with_retries`` is the one layer)."""
+    """urllib3 pool for minio: short timeouts, no retries of its own (``with_retries`` is the one layer), every
+    request counted by :mod:`.metering`."""
     import certifi
     import urllib3
 
+    class MeteredPoolManager(urllib3.PoolManager):
+        def urlopen(self, method, url, redirect=True, **kw):
+            sent = metering.body_length(kw.get("body"))
+            try:
+                response = super().urlopen(method, url, redirect=redirect, **kw)
+            except BaseException:
+                metering.record(method, url, sent, 0)  # an attempt that got no answer is a request too
+                raise
+            length = response.headers.get("Content-Length") if method.upper() != "HEAD" else None
+            metering.record(method, url, sent, int(length or 0))
+            return response
+
     timeout = urllib3.Timeout(connect=env_seconds("FOURM_STORAGE_CONNECT_TIMEOUT_S", 5.0),
                               read=env_seconds("FOURM_STORAGE_READ_TIMEOUT_S", 30.0))
-    return urllib3.PoolManager(timeout=timeout, retries=urllib3.Retry(total=0, redirect=0, raise_on_status=False),
-                               maxsize=16, cert_reqs="CERT_REQUIRED", ca_certs=os.environ.get("SSL_CERT_FILE")
-                               or certifi.where())
+    return MeteredPoolManager(timeout=timeout, retries=urllib3.Retry(total=0, redirect=0, raise_on_status=False),
+                              maxsize=16, cert_reqs="CERT_REQUIRED", ca_certs=os.environ.get("SSL_CERT_FILE")
+                              or certifi.where())
 
 
 def default_endpoint() -> str:

@@ -43,6 +43,9 @@ class LayeredStore(Store):
     def get_bytes(self, key: str) -> bytes:
         return self._holder(key).get_bytes(key)
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        return self._holder(key).get_range(key, offset, length)
+
     def version(self, key: str) -> str:
         return self._holder(key).version(key)
 

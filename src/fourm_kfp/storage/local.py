@@ -52,6 +52,14 @@ class LocalStore(Store):
         except FileNotFoundError:
             raise StorageError(f"no such object: {self.uri_of(key)}") from None
 
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        try:
+            with open(self._path(key), "rb") as fh:
+                fh.seek(offset)
+                return fh.read(length)
+        except FileNotFoundError:
+            raise StorageError(f"no such object: {self.uri_of(key)}") from None
+
     def _atomic_write(self, key: str, write: Callable[[BinaryIO], None]) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)

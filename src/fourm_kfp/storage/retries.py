@@ -1,7 +1,12 @@
 """The one retry layer of S3 calls (the client's own urllib3 retries are off): transient errors (refused or reset
-connections, timeouts, 5xx, throttling) are retried with exponential backoff until a total deadline,
+connections, timeouts, 5xx, throttling) are retried with exponential backoff until a deadline,
 ``FOURM_STORAGE_DEADLINE_S`` (60 s), after which a :class:`~fourm_kfp.storage.base.StorageError` names the endpoint,
-the operation and the object."""
+the operation and the object.
+
+The deadline counts from the call's **first failure**, not from its first attempt's start: an upload that ran for
+three minutes and then failed with a 503 is retried like one that failed at once, and the deadline bounds how long
+a call keeps trying once the server has started failing. Large objects move in parts (:mod:`.s3`), each part a call
+of its own, so one failed part costs one part again, never the whole object."""
 
 from __future__ import annotations
 
@@ -49,20 +54,22 @@ def env_seconds(name: str, default: float) -> float:
 def with_retries(fn: Callable[[], T], what: str, retries: int = 1000, backoff_s: float = 0.5,
                  deadline_s: float | None = None) -> T:
     """Call ``fn``; on a transient error wait ``backoff_s * 2**attempt`` (jittered, at most 10 s) and try again,
-    until ``deadline_s`` (default ``FOURM_STORAGE_DEADLINE_S``, 60 s) has passed."""
+    until ``deadline_s`` (default ``FOURM_STORAGE_DEADLINE_S``, 60 s) has passed since the first failure."""
     deadline_s = env_seconds("FOURM_STORAGE_DEADLINE_S", 60.0) if deadline_s is None else deadline_s
-    start = time.monotonic()
+    first_failure: float | None = None
     for attempt in range(retries + 1):
         try:
             return fn()
         except Exception as exc:
             if not is_transient(exc):
                 raise StorageError(f"{what}: {type(exc).__name__}: {exc}") from exc
-            elapsed = time.monotonic() - start
+            now = time.monotonic()
+            first_failure = now if first_failure is None else first_failure
+            elapsed = now - first_failure
             delay = min(backoff_s * (2**attempt), 10.0) * (0.5 + random.random())
             if attempt == retries or elapsed + delay > deadline_s:
                 raise StorageError(
-                    f"{what}: still failing after {attempt + 1} attempts in {elapsed:.0f}s "
+                    f"{what}: still failing after {attempt + 1} attempts, {elapsed:.0f}s after the first failure "
                     f"({type(exc).__name__}: {_short(exc)}); is the endpoint up and is --s3-endpoint / "
                     f"AWS_ENDPOINT_URL right? (deadline FOURM_STORAGE_DEADLINE_S={deadline_s:g})") from exc
             log.warning("%s: %s, retrying in %.1fs", what, type(exc).__name__, delay)

@@ -1,18 +1,60 @@
 """``s3://bucket/prefix`` as a store, through the minio client (:mod:`.client`), every call retried by
-:func:`.retries.with_retries`. A write is a single PUT, so a reader never sees half an object."""
+:func:`.retries.with_retries`. An object appears whole or not at all (a single PUT, or a multipart upload that the
+server assembles only on its completion), so a reader never sees half an object.
+
+Objects larger than ``FOURM_STORAGE_PART_MB`` (64 MiB) move in parts of that size, ``FOURM_STORAGE_TRANSFER_THREADS``
+(4) at a time: uploads as an S3 multipart upload, downloads as ranged GETs into a temporary file that is renamed when
+every part is in. Each part is retried on its own, so a failure late in a long transfer costs one part again. A prefix
+is deleted with DeleteObjects, ``FOURM_STORAGE_DELETE_BATCH`` (1,000) keys a request.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, TypeVar
 from urllib.parse import urlparse
 
-from fourm_kfp.storage.base import Store, join_uri
-from fourm_kfp.storage.retries import with_retries
+from fourm_kfp.storage.base import Store, StorageError, join_uri
+from fourm_kfp.storage.retries import env_seconds, with_retries
 
 T = TypeVar("T")
+#: Keys a DeleteObjects request takes at most (the S3 API's limit).
+MAX_DELETE_BATCH = 1000
+
+
+def delete_batch() -> int:
+    """Keys per DeleteObjects request (``FOURM_STORAGE_DELETE_BATCH``, 1,000: the S3 API's limit); lower it for a
+    server too slow to delete a full batch within the read timeout."""
+    batch = int(env_seconds("FOURM_STORAGE_DELETE_BATCH", MAX_DELETE_BATCH))
+    if not 1 <= batch <= MAX_DELETE_BATCH:
+        raise StorageError(f"FOURM_STORAGE_DELETE_BATCH={batch}: 1 to {MAX_DELETE_BATCH}")
+    return batch
+
+
+def part_bytes() -> int:
+    """The part size of large transfers (``FOURM_STORAGE_PART_MB``, 64 MiB; S3 allows 5 MiB to 5 GiB)."""
+    megabytes = env_seconds("FOURM_STORAGE_PART_MB", 64.0)  # a plain number, parsed like the deadlines
+    if not 5 <= megabytes <= 5 * 1024:
+        raise StorageError(f"FOURM_STORAGE_PART_MB={megabytes:g}: S3 parts are 5 to 5120 MiB")
+    return int(megabytes * (1 << 20))
+
+
+def transfer_threads() -> int:
+    """Parts of one large transfer in flight at once (``FOURM_STORAGE_TRANSFER_THREADS``, 4)."""
+    threads = int(env_seconds("FOURM_STORAGE_TRANSFER_THREADS", 4))
+    if threads < 1:
+        raise StorageError(f"FOURM_STORAGE_TRANSFER_THREADS={threads}: at least 1")
+    return threads
+
+
+def _part_ranges(size: int, part: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of each part of an object of ``size`` bytes."""
+    return [(offset, min(part, size - offset)) for offset in range(0, size, part)]
 
 
 class S3Store(Store):
@@ -103,13 +145,96 @@ class S3Store(Store):
         return self._call("get", key, get)
 
     def put_bytes(self, key: str, data: bytes) -> None:
+        if len(data) > part_bytes():
+            view = memoryview(data)
+            self._put_parts(key, len(data), lambda offset, length: bytes(view[offset:offset + length]))
+            return
         self._call("put", key, lambda: self.client.put_object(self.bucket, self._key(key), io.BytesIO(data), len(data)))
 
     def put_file(self, key: str, path: str | os.PathLike) -> None:
-        self._call("put", key, lambda: self.client.fput_object(self.bucket, self._key(key), str(path)))
+        size = os.path.getsize(path)
+        if size > part_bytes():
+            def read(offset: int, length: int) -> bytes:
+                with open(path, "rb") as fh:
+                    fh.seek(offset)
+                    return fh.read(length)
+
+            self._put_parts(key, size, read)
+            return
+
+        def put() -> None:
+            with open(path, "rb") as fh:
+                self.client.put_object(self.bucket, self._key(key), fh, size)
+
+        self._call("put", key, put)
+
+    def _put_parts(self, key: str, size: int, read: Callable[[int, int], bytes]) -> None:
+        """A multipart upload: start, the parts in parallel (each retried alone), complete; aborted on failure."""
+        from minio.datatypes import Part
+
+        name = self._key(key)
+        upload_id = self._call("start multipart upload of", key, lambda: self.client._create_multipart_upload(
+            self.bucket, name, {"Content-Type": "application/octet-stream"}))
+
+        def upload(number: int, offset: int, length: int) -> Part:
+            data = read(offset, length)
+            etag = self._call(f"upload part {number} of", key, lambda: self.client._upload_part(
+                self.bucket, name, data, None, upload_id, number))
+            return Part(number, etag)
+
+        try:
+            ranges = _part_ranges(size, part_bytes())
+            with ThreadPoolExecutor(min(transfer_threads(), len(ranges))) as pool:
+                parts = list(pool.map(lambda item: upload(item[0] + 1, *item[1]), enumerate(ranges)))
+            self._call("complete multipart upload of", key, lambda: self.client._complete_multipart_upload(
+                self.bucket, name, upload_id, parts))
+        except BaseException:
+            with contextlib.suppress(Exception):  # best effort: the server's lifecycle rules clean up otherwise
+                self.client._abort_multipart_upload(self.bucket, name, upload_id)
+            raise
 
     def get_file(self, key: str, path: str | os.PathLike) -> None:
-        self._call("get", key, lambda: self.client.fget_object(self.bucket, self._key(key), str(path)))
+        size = self.size(key)
+        if size <= part_bytes():
+            self._call("get", key, lambda: self.client.fget_object(self.bucket, self._key(key), str(path)))
+            return
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+        try:
+            os.ftruncate(fd, size)
+
+            def fetch(item: tuple[int, tuple[int, int]]) -> None:
+                number, (offset, length) = item
+                data = self._call(f"get part {number + 1} of", key, lambda: self._get_range(key, offset, length))
+                if len(data) != length:
+                    raise StorageError(f"get {self.uri_of(key)}: part {number + 1} returned {len(data)} bytes "
+                                       f"of {length} (did the object change during the download?)")
+                os.pwrite(fd, data, offset)
+
+            ranges = _part_ranges(size, part_bytes())
+            with ThreadPoolExecutor(min(transfer_threads(), len(ranges))) as pool:
+                list(pool.map(fetch, enumerate(ranges)))
+            os.close(fd)
+            fd = -1
+            os.replace(tmp, target)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def _get_range(self, key: str, offset: int, length: int) -> bytes:
+        response = self.client.get_object(self.bucket, self._key(key), offset=offset, length=length)
+        try:
+            return response.read()
+        finally:
+            response.close()
+            response.release_conn()
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        return self._call("get range of", key, lambda: self._get_range(key, offset, length))
 
     @contextlib.contextmanager
     def open_read(self, key: str) -> Iterator[BinaryIO]:
@@ -134,7 +259,14 @@ class S3Store(Store):
         return self._call("list", prefix, listing)
 
     def delete_prefix(self, prefix: str = "") -> int:
-        keys = self.list(prefix)
-        for key in keys:
-            self._call("delete", key, lambda k=key: self.client.remove_object(self.bucket, self._key(k)))
+        from minio.deleteobjects import DeleteObject
+
+        keys, size = self.list(prefix), delete_batch()
+        for start in range(0, len(keys), size):
+            batch = [DeleteObject(self._key(k)) for k in keys[start:start + size]]
+            errors = self._call("delete", prefix, lambda b=batch: list(self.client.remove_objects(self.bucket, b)))
+            if errors:
+                first = errors[0]
+                raise StorageError(f"delete {self.uri_of(prefix)}: {len(errors)} of {len(batch)} objects not "
+                                   f"deleted, first {first.name}: {first.code} {first.message}")
         return len(keys)
