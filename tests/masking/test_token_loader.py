@@ -95,13 +95,17 @@ def test_a_weighted_mixture_samples_both_datasets(pretokenized):
     assert metrics["data/1/seen"] == 2 * counts[1] and metrics["data/1/epoch"] == 2 * counts[1] / 16
 
 
-def test_loader_reads_from_s3_and_feeds_the_model(pretokenized, s3_uri):
-    config, _, uris = pretokenized
-    local = uris["pretokenize"]
+def _copy_to_s3(local_uri, s3_uri):
     remote = open_store(s3_uri, create=True).child("pretokenized")
-    source = open_store(local)
+    source = open_store(local_uri)
     for key in source.list():
         remote.put_bytes(key, source.get_bytes(key))
+    return remote
+
+
+def test_loader_reads_from_s3_and_feeds_the_model(pretokenized, s3_uri):
+    config, _, uris = pretokenized
+    remote = _copy_to_s3(uris["pretokenize"], s3_uri)
     args, specs = _args(config, uris, pretokenized_uri=remote.uri)
     batch = next(TokenLoader(args).batches())
     model = FourM(model_args(config, specs))
@@ -150,3 +154,28 @@ def test_npy_members_decode_as_np_load_does(array):
     expected = np.load(io.BytesIO(data), allow_pickle=False)
     assert decoded.dtype == expected.dtype and decoded.shape == expected.shape
     assert np.array_equal(decoded, expected) and decoded.flags.writeable
+
+
+def test_a_draw_lists_nothing_and_stats_nothing(pretokenized, s3_uri):
+    """The train split is listed once when the stream starts; each shard drawn after that costs GETs alone: its key
+    index and one tar per modality read."""
+    from fourm_kfp.storage import metering
+
+    config, _, uris = pretokenized
+    remote = _copy_to_s3(uris["pretokenize"], s3_uri)
+    args, _ = _args(config, uris, batch=2, pretokenized_uri=remote.uri)
+    loader = TokenLoader(args)
+    before = metering.snapshot()
+    stream = loader.batches()
+    next(stream)
+    start_up = metering.since(before)
+    assert start_up.requests.get("list", 0) >= 1
+    before = metering.snapshot()
+    for _ in range(12):
+        next(stream)
+    draws = loader.positions[0][0]  # shards drawn after the first
+    used = metering.since(before)
+    assert draws >= 3
+    assert used.requests.get("list", 0) == 0 and used.requests.get("stat", 0) == 0, used.requests
+    tars = len(token_loader._names_to_read(args.masking)) + 1  # and the crops
+    assert 0 < used.requests["get"] <= (draws + 1) * (1 + tars)

@@ -22,10 +22,11 @@ from __future__ import annotations
 import json
 import random
 import re
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable, Iterator, Sequence
 
 from fourm_kfp.data.modalities import get_modality
-from fourm_kfp.data.shard_writer import KEYS_DIR, SOURCE_DIR, dropped_key, keys_key, shard_key
+from fourm_kfp.data.shard_writer import DROPPED_DIR, KEYS_DIR, SOURCE_DIR, dropped_key, keys_key, shard_key
 from fourm_kfp.data.ustar import read_members
 from fourm_kfp.errors import UserError
 from fourm_kfp.storage import Store, file_store, is_s3_uri
@@ -89,13 +90,54 @@ def available_modalities(store: Store, split: str) -> list[str]:
                    if key.endswith(".tar") and not key.split("/")[1].startswith("_")})
 
 
+_SHARD_OBJECT = re.compile(r"^([^/]+)/shard-(\d{6})\.(tar|txt)$")
+
+
+@dataclass(frozen=True)
+class SplitCatalog:
+    """What one listing of a split holds: its complete shards (those with a key index), the modalities with a tar in
+    any of them, the shards each modality lacks, and the shards with a dropped-keys file. A reader that draws shards
+    over and over (the token loader) lists once at start-up and never lists or stats again: its draws cost one GET
+    of the key index and one of each modality's tar. Its size grows with the shards, not with the samples."""
+
+    split: str
+    shards: tuple[int, ...]
+    modalities: tuple[str, ...]
+    missing: dict[str, frozenset[int]] = field(default_factory=dict)
+    dropped: frozenset[int] = frozenset()
+
+    @classmethod
+    def read(cls, store: Store, split: str) -> "SplitCatalog":
+        tars: dict[str, set[int]] = {}
+        indexed: set[int] = set()
+        dropped: set[int] = set()
+        for key in store.list(split):
+            match = _SHARD_OBJECT.match(key[len(split) + 1:])
+            if not match:
+                continue
+            folder, index, ext = match.group(1), int(match.group(2)), match.group(3)
+            if ext == "txt" and folder == KEYS_DIR:
+                indexed.add(index)
+            elif ext == "txt" and folder == DROPPED_DIR:
+                dropped.add(index)
+            elif ext == "tar" and not folder.startswith("_"):
+                tars.setdefault(folder, set()).add(index)
+        shards = tuple(sorted(indexed))
+        missing = {m: frozenset(indexed - present) for m, present in sorted(tars.items()) if indexed - present}
+        return cls(split, shards, tuple(sorted(tars)), missing, frozenset(dropped & indexed))
+
+    def has_tar(self, modality: str, index: int) -> bool:
+        return modality in self.modalities and index not in self.missing.get(modality, ())
+
+
 def _default_decode(modality: str, data: bytes) -> Any:
     return get_modality(modality).decode(data)
 
 
-def _members(store: Store, key: str) -> Iterator[tuple[str, bytes]]:
-    """``(sample key, bytes)`` of one modality tar, streamed; a missing tar has no members."""
-    if not store.exists(key):
+def _members(store: Store, key: str, present: bool | None = None) -> Iterator[tuple[str, bytes]]:
+    """``(sample key, bytes)`` of one modality tar, streamed; a missing tar has no members (``present``: whether it
+    exists, when the caller knows; else the store is asked)."""
+    if not (store.exists(key) if present is None else present):
         return
     stream = _open(store, key)
     try:
@@ -106,16 +148,20 @@ def _members(store: Store, key: str) -> Iterator[tuple[str, bytes]]:
 
 
 def iter_joined_shard(store: Store, split: str, index: int, modalities: Sequence[str],
-                      decode: Decode | None = _default_decode) -> Iterator[tuple[str, dict[str, Any]]]:
+                      decode: Decode | None = _default_decode,
+                      catalog: SplitCatalog | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(key, {modality: value})`` for every sample of one shard, in key-index order (see module docstring).
 
-    ``decode=None`` yields the stored bytes.
+    ``decode=None`` yields the stored bytes. With the split's ``catalog``, which objects exist is read from it, not
+    asked of the store.
     """
     index_key = keys_key(split, index)
     keys = store.get_text(index_key).split()
     position = {key: i for i, key in enumerate(keys)}
-    dropped = set(store.get_text(dropped_key(split, index)).split()) if store.exists(dropped_key(split, index)) else ()
-    streams = {m: _members(store, shard_key(split, m, index)) for m in modalities}
+    has_dropped = index in catalog.dropped if catalog else store.exists(dropped_key(split, index))
+    dropped = set(store.get_text(dropped_key(split, index)).split()) if has_dropped else ()
+    streams = {m: _members(store, shard_key(split, m, index), catalog.has_tar(m, index) if catalog else None)
+               for m in modalities}
     pending: dict[str, tuple[str, bytes] | None] = {m: next(streams[m], None) for m in modalities}
 
     def mismatch(modality: str, member: str, expected: str) -> ShardMismatchError:

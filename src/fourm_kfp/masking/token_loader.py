@@ -1,5 +1,8 @@
 """The token data loader: pretokenized shards (local or S3) → masked batches, reproducible and resumable.
 
+The datasets' train splits are listed once, when the stream is made (:class:`~fourm_kfp.data.shard_stream.SplitCatalog`):
+a draw lists nothing and stats nothing, one GET for the shard's key index and one for each modality's tar.
+
 Training stream, per rank and per loader worker: an endless sequence of *shard draws*; draw ``k`` picks a dataset
 of the mixture by weight and one of its train shards at random (resampled shards), from a generator seeded by
 ``(seed, rank, worker, k)``. The shard's modalities are streamed joined by key
@@ -29,7 +32,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fourm_kfp.batch import MaskedBatch
 from fourm_kfp.data.pretokenized import INDEX_FILE, decode_member, token_name
-from fourm_kfp.data.shard_stream import bounded_shuffle, iter_joined_shard, shard_indices
+from fourm_kfp.data.shard_stream import SplitCatalog, bounded_shuffle, iter_joined_shard
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
 from fourm_kfp.storage import open_store
 
@@ -129,7 +132,9 @@ class TrainStream(IterableDataset):
     def __init__(self, args: LoaderArgs, start: dict[int, tuple[int, int]] | None = None, first_worker: int = 0):
         super().__init__()
         self.args, self.start, self.first_worker = args, start or {}, first_worker
-        self.shards = {i: shard_indices(open_store(d.uri), args.split) for i, d in enumerate(args.datasets)}
+        # One listing per dataset, here (before the workers start): a draw then lists nothing and stats nothing
+        self.catalogs = {i: SplitCatalog.read(open_store(d.uri), args.split) for i, d in enumerate(args.datasets)}
+        self.shards = {i: list(c.shards) for i, c in self.catalogs.items()}
         empty = [args.datasets[i].uri for i, s in self.shards.items() if not s]
         if empty:
             raise ValueError(f"no {args.split} shards in {empty}")
@@ -151,9 +156,9 @@ class TrainStream(IterableDataset):
             rng = np.random.default_rng([args.seed, args.rank, worker, draw])
             dataset = int(rng.choice(len(weights), p=weights / weights.sum()))
             shard = int(rng.choice(self.shards[dataset]))
-            store = open_store(args.datasets[dataset].uri)
-            available = [n for n in names if _has(store, args.split, n)]
-            stream = iter_joined_shard(store, args.split, shard, available, decode=decode_member)
+            store, catalog = open_store(args.datasets[dataset].uri), self.catalogs[dataset]
+            available = [n for n in names if n in catalog.modalities]
+            stream = iter_joined_shard(store, args.split, shard, available, decode=decode_member, catalog=catalog)
             ordered = bounded_shuffle(stream, SHUFFLE_BUFFER, random.Random(int(rng.integers(1 << 62))))
             for index, (key, sample) in enumerate(ordered):
                 if index < skip:
@@ -166,10 +171,6 @@ class TrainStream(IterableDataset):
                     yield collate(batch, args.masking), worker, (draw, index + 1), per_dataset
                     batch, per_dataset = [], {}
             draw, skip = draw + 1, 0
-
-
-def _has(store, split: str, name: str) -> bool:
-    return bool(store.list(f"{split}/{name}"))
 
 
 @dataclass
@@ -228,11 +229,12 @@ class TokenLoader:
 def validation_batches(args: LoaderArgs, max_batches: int) -> list[MaskedBatch]:
     """The first ``max_batches`` validation batches of the first dataset (see the module docstring)."""
     store = open_store(args.datasets[0].uri)
+    catalog = SplitCatalog.read(store, "val")
     encoder = _SampleEncoder(args)
-    names = [n for n in _names_to_read(args.masking) + ["crop"] if _has(store, "val", n)]
+    names = [n for n in _names_to_read(args.masking) + ["crop"] if n in catalog.modalities]
     batches, current = [], []
-    for index in shard_indices(store, "val"):
-        for key, sample in iter_joined_shard(store, "val", index, names, decode=decode_member):
+    for index in catalog.shards:
+        for key, sample in iter_joined_shard(store, "val", index, names, decode=decode_member, catalog=catalog):
             seed = int.from_bytes(hashlib.sha256(f"{args.seed}:{key}".encode()).digest()[:8], "little")
             rng = np.random.default_rng(seed)
             tokens, pixels = encoder.tokens(sample, 0)
