@@ -27,7 +27,7 @@ def label_part(part: int, parts: int, preset: str, config_overrides: list, store
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def label(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
-          parent_run_id: str, force: bool, parts: int, part_uris: List[str], dataset: str,
+          parent_run_id: str, parts: int, part_uris: List[str], dataset: str,
           report: dsl.Output[dsl.Markdown], metrics: dsl.Output[dsl.Metrics]
           ) -> NamedTuple("Outputs", [("output_uri", str), ("dataset", str), ("result", str)]):
     """Collect the parts: check the shards, apply the data gate, commit the labels; outputs their URI ("" when the
@@ -44,7 +44,7 @@ def label(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str,
                      "prepare-data wrote it.\n")
         return outputs("", dataset, json.dumps({"name": "label", "status": "off"}))
     outcome = run_stage_component("label", preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri,
-                                  parent_run_id, force, input_uris=dataset_uris(dataset), report_path=report.path,
+                                  parent_run_id, force=False, input_uris=dataset_uris(dataset), report_path=report.path,
                                   metrics=metrics, parts=parts, part_uris=part_uris)
     return outputs(outcome.output_uri, with_dataset_layer(dataset, "label", outcome.output_uri),
                    json.dumps(outcome.to_dict()))

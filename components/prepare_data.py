@@ -20,7 +20,7 @@ def prepare_data_part(part: int, parts: int, preset: str, config_overrides: list
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def prepare_data(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
-                 parent_run_id: str, force: bool, parts: int, part_uris: List[str],
+                 parent_run_id: str, parts: int, part_uris: List[str],
                  report: dsl.Output[dsl.Markdown], metrics: dsl.Output[dsl.Metrics]
                  ) -> NamedTuple("Outputs", [("output_uri", str), ("dataset", str), ("result", str)]):
     """Collect the parts and commit the dataset; outputs its URI, the dataset as the next steps take it (its layers
@@ -31,7 +31,7 @@ def prepare_data(preset: str, config_overrides: list, store_uri: str, s3_endpoin
     from fourm_kfp.launchers.kfp_runtime import run_stage_component, with_dataset_layer
 
     outcome = run_stage_component("prepare-data", preset, config_overrides, store_uri, s3_endpoint,
-                                  mlflow_tracking_uri, parent_run_id, force, report_path=report.path,
+                                  mlflow_tracking_uri, parent_run_id, force=False, report_path=report.path,
                                   metrics=metrics, parts=parts, part_uris=part_uris)
     return namedtuple("Outputs", ["output_uri", "dataset", "result"])(
         outcome.output_uri, with_dataset_layer("{}", "prepare-data", outcome.output_uri),

@@ -11,7 +11,8 @@ completes, so its join fails ("processing OneOf: No successful task found", kube
 runs (an accelerator or none, a job's light launcher pod or a training pod) is decided at run time by a
 ``pod-placement`` step whose outputs the backend resolves into the pod (an accelerator type that resolves to ""
 requests none). A fan-out stage's workers are a sub-pipeline (:func:`fan_out_workers`): its inputs reach the loop's
-pods, which a pipeline parameter or an upstream output used inside a loop does not.
+pods, which a pipeline parameter or an upstream output used inside a loop does not. A forced fan-out stage is cleared
+once by its fan-out step and recomputed by its workers; no step of a fan-out stage is cached (:func:`_never_cached`).
 
 Parameters are flat. The shared ones configure every stage; the ``<stage>_*`` ones touch one stage only.
 """
@@ -97,6 +98,15 @@ def _with_shared_memory(task: dsl.PipelineTask) -> dsl.PipelineTask:
     return task
 
 
+def _never_cached(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """A step of a fan-out stage (its fan-out step, a worker, its collect step): it clears or writes the stage's
+    output, which KFP's cache, keyed by the step's parameters alone, cannot see. Cached, a forced run's workers and
+    collect step would be handed an earlier run's outputs after the fan-out step cleared the store (the parameters
+    match whenever the parent run id does: "" for every run without MLflow). Reuse comes from the content address:
+    a step whose output is committed reports it and computes nothing."""
+    return task.set_caching_options(False)
+
+
 def _job_args(stage: str, params: dict) -> dict:
     """The job fields of ``stage``'s component (:class:`JobParams`) from the pipeline's ``<stage>_<field>``
     parameters, the run-wide cluster settings (:class:`ClusterParams`, same names), and the KFP run id the job is
@@ -146,7 +156,7 @@ def fan_out_workers(stage: str, worker, cpu_limit: str, memory_limit: str):
             task = worker(part=item.part, parts=parts, preset=preset, config_overrides=config_overrides,
                           store_uri=store_uri, s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri,
                           **carried, **({"accelerator": accelerator} if placed else {}))
-            task.set_display_name(f"{stage}-part")
+            _never_cached(task).set_display_name(f"{stage}-part")
             cluster.env(task)
             if placed:
                 _with_shared_memory(_place(task, accelerator, node_selector, tolerations, cpu_limit, memory_limit))
@@ -223,12 +233,13 @@ def fourm_pretrain(
         run_label: Label of this run in MLflow; default empty = the KFP run id.
         mlflow_parent_run_id: An MLflow run opened by whoever launched this run (``fourm-kfp run``, CI), which
             then also closes it; default empty = the pipeline opens and closes its own parent run.
-        prepare_data_force: Recompute prepare-data even if its output is committed (in the collect step,
-            serially); default false.
+        prepare_data_force: Recompute prepare-data even if its output is committed: its fan-out step clears the
+            output once, then its prepare_data_width workers recompute it (as long as a first run at that width);
+            default false.
         prepare_data_width: prepare-data workers running in parallel, each writing every width-th output shard
             (the same bytes whatever the width); default 1.
-        label_force: Recompute the labels even if they are committed (in the collect step, serially); default
-            false.
+        label_force: Recompute the labels even if they are committed: cleared once, then recomputed by the
+            label_width workers; default false.
         label_width: Label workers running in parallel, each on every width-th shard; their pods request an
             accelerator when a configured labeler is a teacher network (and pretrain_accelerator is not "cpu"), else
             none; default 1. With no labelers configured
@@ -250,8 +261,8 @@ def fourm_pretrain(
         train_tokenizers_min_nodes: PyTorchJob only: above 0, the tokenizer job is elastic between this many and
             train_tokenizers_nodes nodes; default 0 = fixed size.
         train_tokenizers_delete_job: Job modes: delete the tokenizer job when it is over; default true.
-        pretokenize_force: Recompute pretokenize even if its output is committed (in the collect step, serially);
-            default false.
+        pretokenize_force: Recompute pretokenize even if its output is committed: cleared once, then recomputed by
+            the pretokenize_width workers; default false.
         pretokenize_width: Pretokenize workers running in parallel, each on every width-th shard; default 1 (the
             smoke and demo presets have one or a few shards).
         pretrain_force: Recompute pretrain even if its output is committed (else a committed run is reused and an
@@ -327,7 +338,8 @@ def fourm_pretrain(
         opener.set_display_name("open-lineage-run")
         shared = dict(preset=preset, config_overrides=config_overrides, store_uri=store_uri,
                       s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri, parent_run_id=opener.output)
-        fan_args = dict(preset=preset, config_overrides=config_overrides, parent_run_id=opener.output)
+        fan_args = dict(preset=preset, config_overrides=config_overrides, store_uri=store_uri, s3_endpoint=s3_endpoint,
+                        parent_run_id=opener.output)
         part_args = dict(preset=preset, config_overrides=config_overrides, store_uri=store_uri,
                          s3_endpoint=s3_endpoint, mlflow_tracking_uri=mlflow_tracking_uri,
                          image_pull_secret=image_pull_secret)
@@ -338,24 +350,26 @@ def fourm_pretrain(
                                               accelerator=accelerator, launcher=launcher, **gpu))
             return task.set_display_name(f"{stage}-placement")
 
-        def fanned_out(stage: str, workers, width, place=None, **carried) -> dsl.PipelineTask:
+        def fanned_out(stage: str, workers, width, force, place=None, **carried) -> dsl.PipelineTask:
             """A fan-out stage's fan-out step and its workers (placed by ``place``, a ``pod-placement`` step);
-            returns the workers, whose output is the list the stage's collect step checks."""
-            items = cluster.pull(fan_out(stage=stage, width=width, **carried, **fan_args))
+            returns the workers, whose output is the list the stage's collect step checks. ``force``
+            (``<stage>_force``) goes to the fan-out step, which clears the output once before the workers start:
+            they recompute it, each its own part, and the collect step commits it, unforced."""
+            items = _never_cached(cluster.env(fan_out(stage=stage, width=width, force=force, **carried, **fan_args)))
             items.set_display_name(f"{stage}-fan-out")
             where = {} if place is None else {key: place.outputs[key] for key in ("accelerator", "node_selector",
                                                                                   "tolerations")}
             return workers(items=items.output, parts=width, **part_args, **where).set_display_name(
                 f"{stage}-workers")
 
-        data_parts = fanned_out("prepare-data", PREPARE_DATA_WORKERS, prepare_data_width)
-        data = cluster.env(prepare_data(force=prepare_data_force, parts=prepare_data_width,
-                                        part_uris=data_parts.output, **shared))
+        data_parts = fanned_out("prepare-data", PREPARE_DATA_WORKERS, prepare_data_width, prepare_data_force)
+        data = _never_cached(cluster.env(prepare_data(parts=prepare_data_width, part_uris=data_parts.output,
+                                                      **shared)))
         data.set_display_name("prepare-data")
-        label_parts = fanned_out("label", LABEL_WORKERS, label_width, placement("label", pretrain_accelerator),
-                                 dataset=data.outputs["dataset"])
-        labels = cluster.env(label(force=label_force, parts=label_width, part_uris=label_parts.output,
-                                   dataset=data.outputs["dataset"], **shared))
+        label_parts = fanned_out("label", LABEL_WORKERS, label_width, label_force,
+                                 placement("label", pretrain_accelerator), dataset=data.outputs["dataset"])
+        labels = _never_cached(cluster.env(label(parts=label_width, part_uris=label_parts.output,
+                                                 dataset=data.outputs["dataset"], **shared)))
         labels.set_display_name("label")
         dataset = labels.outputs["dataset"]
         tokenizers = _job_stage(train_tokenizers(**_job_args("train-tokenizers", params), force=train_tokenizers_force,
@@ -364,10 +378,10 @@ def fourm_pretrain(
                                 cluster)
         tokenizers.set_display_name("train-tokenizers")
         stage_inputs = dict(dataset=dataset, tokenizers_uri=tokenizers.outputs["output_uri"])
-        token_parts = fanned_out("pretokenize", PRETOKENIZE_WORKERS, pretokenize_width,
+        token_parts = fanned_out("pretokenize", PRETOKENIZE_WORKERS, pretokenize_width, pretokenize_force,
                                  placement("pretokenize", pretrain_accelerator), **stage_inputs)
-        tokens = cluster.env(pretokenize(force=pretokenize_force, parts=pretokenize_width,
-                                         part_uris=token_parts.output, **stage_inputs, **shared))
+        tokens = _never_cached(cluster.env(pretokenize(parts=pretokenize_width, part_uris=token_parts.output,
+                                                       **stage_inputs, **shared)))
         tokens.set_display_name("pretokenize")
         model = _job_stage(pretrain(**_job_args("pretrain", params), force=pretrain_force,
                                     pretokenized_uri=tokens.outputs["output_uri"],

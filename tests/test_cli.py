@@ -82,6 +82,8 @@ def test_too_many_bad_samples_is_one_line_without_traceback(tmp_path):
     (["stage", "prepare-data", "--root", "{tmp}", "--set", "data.image_size=huge"], "data.image_size"),
     (["stage", "train-tokenizers", "--root", "{tmp}"], "has no _MANIFEST.json"),
     (["stage", "train-tokenizers", "--root", "{tmp}", "--part", "0"], "does not fan out"),
+    (["stage", "prepare-data", "--root", "{tmp}", "--part", "0", "--parts", "2", "--force"],
+     "a worker never clears prepare-data's output"),
 ])
 def test_user_errors_are_one_clear_line(tmp_path, args, needle):
     proc = _cli(*[a.replace("{tmp}", str(tmp_path)) for a in args])

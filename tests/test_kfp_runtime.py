@@ -1,12 +1,18 @@
-"""The pipeline's lineage steps as they run in the cluster (no launcher-provided parent run)."""
+"""What the pipeline's steps call, as they run in the cluster: the lineage steps (no launcher-provided parent run),
+the overrides and metrics a step passes on, and a forced fan-out stage's fan-out step, workers and collect step."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from fourm_kfp.contract import lineage
 from fourm_kfp.config.schema import ConfigError
-from fourm_kfp.launchers.kfp_runtime import close_lineage_step, open_lineage_step
+from fourm_kfp.contract.manifest import MANIFEST_NAME, payload_files
+from fourm_kfp.launchers.kfp_runtime import (close_lineage_step, fan_out_items, open_lineage_step,
+                                             run_stage_component, run_stage_part_component)
+from fourm_kfp.storage import open_store
 
 
 @pytest.mark.parametrize("state, expected", [("SUCCEEDED", "FINISHED"), ("FAILED", "FAILED")])
@@ -122,3 +128,63 @@ def test_a_stage_metric_that_is_not_finite_stays_out_of_the_kfp_metrics_artifact
     struct.update(metrics.metadata)
     json_format.MessageToJson(struct)  # what kfp.local does with it; NaN raises here
     assert '"tokens_per_s": NaN' in capsys.readouterr().out  # the outcome itself still says it
+
+
+def test_a_forced_fan_out_stage_is_recomputed_by_its_workers_and_only_committed_by_its_collect_step(tmp_path,
+                                                                                                   monkeypatch):
+    """prepare-data at width 2 through the functions its steps call, in the pipeline's order. Forced, its fan-out step
+    clears the committed output once; each worker then recomputes its own part (none finds the old manifest and
+    skips, none clears what the other wrote); the collect step computes no part and commits the same bytes, at the
+    same address, as the unforced run."""
+    from fourm_kfp.contract import runner
+    from fourm_kfp.stages import prepare_data as body
+
+    step = {"name": ""}
+    computed: list[tuple[str, int]] = []  # (step, part) of every part computed
+    cleared: list[str] = []  # the step of every clear of a stage's output
+    run_part, clear_output = body.run_part, runner.clear_output
+
+    def counted_run_part(ctx, part: int, parts: int):
+        computed.append((step["name"], part))
+        return run_part(ctx, part, parts)
+
+    def counted_clear_output(stage: str, output) -> int:
+        cleared.append(step["name"])
+        return clear_output(stage, output)
+
+    monkeypatch.setattr(body, "run_part", counted_run_part)
+    monkeypatch.setattr(runner, "clear_output", counted_clear_output)
+    overrides, store_uri = ["prepare_data.samples_per_shard=5"], str(tmp_path / "store")
+    run = ("smoke", overrides, store_uri, "", "", "")  # preset, overrides, store, S3 endpoint, tracking, parent run
+
+    def prepare_data(force: bool):
+        step["name"] = "fan-out"
+        items = fan_out_items("prepare-data", 2, *run[:4], force, {"parent_run_id": ""})
+        uris = []
+        for item in items:
+            step["name"] = f"worker {item['part']}"
+            uris.append(run_stage_part_component("prepare-data", item["part"], len(items), *run))
+        step["name"] = "collect"
+        return run_stage_component("prepare-data", *run, force=False, parts=len(items), part_uris=uris)
+
+    first = prepare_data(force=False)
+    assert first.status == "ran" and computed == [("worker 0", 0), ("worker 1", 1)] and cleared == []
+    output = open_store(first.output_uri)
+    unforced = json.loads(output.get_bytes(MANIFEST_NAME))
+    output.put_bytes("stale/left-over.bin", b"not this run's")  # a forced run leaves nothing of what was there
+
+    computed.clear()
+    forced = prepare_data(force=True)
+    assert cleared == ["fan-out"]  # once, before the workers: neither a worker nor the collect step clears
+    assert computed == [("worker 0", 0), ("worker 1", 1)]  # each worker its own part; the collect step none
+    assert forced.status == "ran" and forced.output_uri == first.output_uri
+    manifest = json.loads(output.get_bytes(MANIFEST_NAME))
+    assert payload_files(manifest) == payload_files(unforced)  # every file, by its sha256
+    assert manifest["payload_digest"] == unforced["payload_digest"]
+    assert not output.exists("stale/left-over.bin")
+
+    with pytest.raises(ValueError, match="the prepare-data collect step got force"):
+        run_stage_component("prepare-data", *run, force=True, parts=2, part_uris=[forced.output_uri] * 2)
+    step["name"] = "label fan-out"
+    assert fan_out_items("label", 2, *run[:4], True, {}) == [{"part": 0}, {"part": 1}]
+    assert cleared == ["fan-out"]  # the label stage is off (no labelers): it has no output to clear

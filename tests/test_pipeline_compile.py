@@ -33,6 +33,37 @@ def test_every_stage_of_the_table_has_its_force_and_a_fan_out_stage_its_width_pa
     assert widths == expected_widths
 
 
+def _tasks(spec: dict) -> dict[str, dict]:
+    """Every step of the compiled pipeline by its display name, from the root DAG down through the sub-DAGs."""
+    components, found, dags = spec["components"], {}, [spec["root"]["dag"]]
+    while dags:
+        for task in dags.pop()["tasks"].values():
+            found[task["taskInfo"]["name"]] = task
+            component = components[task["componentRef"]["name"]]
+            if "dag" in component:
+                dags.append(component["dag"])
+    return found
+
+
+def test_a_fan_out_stage_is_forced_in_its_fan_out_step_and_none_of_its_steps_is_cached(tmp_path):
+    """``<stage>_force`` of a fan-out stage reaches its fan-out step, which clears the output once before the
+    workers, and not its collect step, which would recompute every part in one process. No step of such a stage is
+    cached: KFP's cache sees the parameters, not the store, and would hand a forced run an earlier run's outputs."""
+    from fourm_kfp.stages import STAGES
+
+    spec, _ = yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text())
+    tasks = _tasks(spec)
+    for name, stage in STAGES.items():
+        if stage.run_part is None:
+            continue
+        fan_out, worker, collect = (tasks[f"{name}-fan-out"], tasks[f"{name}-part"], tasks[name])
+        force = f"pipelinechannel--{name.replace('-', '_')}_force"
+        assert fan_out["inputs"]["parameters"]["force"] == {"componentInputParameter": force}, name
+        assert "force" not in worker["inputs"]["parameters"] and "force" not in collect["inputs"]["parameters"]
+        for task in (fan_out, worker, collect):
+            assert not task["cachingOptions"].get("enableCache"), task["taskInfo"]["name"]
+
+
 def test_pipeline_parameters_are_flat_and_documented(tmp_path):
     import re
 
@@ -47,7 +78,8 @@ def test_pipeline_parameters_are_flat_and_documented(tmp_path):
     for executor in executors.values():  # thin components: no pip install at run time, the image has the package
         assert "pip install" not in " ".join(executor["container"]["command"])
     secrets = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    light = {name for name in secrets if re.fullmatch(r"exec-(fan-out|pod-placement)(-\d+)?", name)}  # no store
+    # no store; a fan-out step has it (it clears a forced stage's output)
+    light = {name for name in secrets if re.fullmatch(r"exec-pod-placement(-\d+)?", name)}
     assert all(secrets[name]["secretAsEnv"][0]["secretName"] == "fourm-s3-credentials"
                for name in set(executors) - light)
 

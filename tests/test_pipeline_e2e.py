@@ -1,7 +1,8 @@
 """End to end: `fourm-kfp run --preset smoke` through kfp.local, on local disk and on the S3 server.
 
 The second run with the same arguments must report every stage `skipped` (content-addressed reuse); a rerun that
-changes only pretrain_* parameters recomputes pretrain and evaluate alone.
+changes only pretrain_* parameters recomputes pretrain and evaluate alone; a forced fan-out stage is recomputed by
+its workers, not by its collect step, into the same bytes.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def test_smoke_pipeline_on_s3(tmp_path, s3_env):
     first = run_smoke(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide)
     stage, tokenizers, tokens = first["stages"][:3]
     assert stage["status"] == "ran" and stage["output_uri"].startswith(f"{store}/prepare-data/")
+    first_digest = json.loads(open_store(stage["output_uri"]).get_bytes("_MANIFEST.json"))["payload_digest"]
     assert tokenizers["status"] == "ran" and tokenizers["output_uri"].startswith(f"{store}/train-tokenizers/")
     assert sorted(load_tokenizers(tokenizers["output_uri"]).image) == ["depth", "edge", "normal", "rgb", "semseg"]
     _check_output(stage["output_uri"])
@@ -135,6 +137,19 @@ def test_smoke_pipeline_on_s3(tmp_path, s3_env):
     second = run_smoke(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide)
     assert [s["status"] for s in second["stages"]] == ["skipped"] * len(STAGES)
     assert "parts_seconds" not in second["stages"][2]  # reused: no parts ran
+
+    # Forced, prepare-data is cleared by its fan-out step and recomputed by its two workers, each its own part; the
+    # collect step commits their part records as they wrote them (it recomputed none) and the same bytes as before.
+    forced = run_smoke(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide, "--force", "prepare-data")
+    assert [s["status"] for s in forced["stages"]] == ["ran"] + ["skipped"] * (len(STAGES) - 1)
+    assert forced["stages"][0]["output_uri"] == stage["output_uri"]
+    workers = lineage.child_runs(forced["mlflow"]["tracking_uri"], forced["mlflow"]["parent_run_id"], kind="part")
+    out = open_store(stage["output_uri"])
+    committed = {f"prepare-data part {i + 1}/2": json.loads(out.get_bytes(f"_parts/part-{i:04d}-of-0002.json"))
+                 for i in range(2)}
+    assert {r.data.tags["fourm.stage"]: r.data.metrics["seconds"] for r in workers} == {
+        name: record["seconds"] for name, record in committed.items()}
+    assert json.loads(out.get_bytes("_MANIFEST.json"))["payload_digest"] == first_digest
 
 
 

@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("name", choices=list(STAGES))
     _add_config_args(stage)
     _add_store_args(stage)
-    stage.add_argument("--force", action="store_true", help="recompute even if the output is committed")
+    stage.add_argument("--force", action="store_true",
+                       help="recompute even if the output is committed (a fan-out stage: every part, in this process)")
     stage.add_argument("--input", action="append", default=[], metavar="STAGE=URI",
                        help="use this committed output as an input instead of finding it by content address")
     stage.add_argument("--parent-run-id", default="", help="MLflow parent run to attach the stage run to")
@@ -304,6 +305,12 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
     root = local_root(args.root)
     run, inputs = _run_context(args, root), _input_uris(args.input)
+    if args.part is not None and args.force:
+        from fourm_kfp.config.schema import ConfigError
+
+        raise ConfigError(f"--force with --part: a worker never clears {args.name}'s output (the other workers' parts "
+                          f"are in it); `stage {args.name} --force --parts N` recomputes every part in this process, "
+                          f"`run --force {args.name} --{args.name}-width N` in N workers")
     if args.part is not None:
         result: Any = launch_stage_part(args.name, run, args.part, args.parts, root=root, input_uris=inputs)
     else:

@@ -13,7 +13,9 @@ on the CPU each training step's fresh tensors are otherwise new pages the kernel
 
 A fan-out stage (``spec.run_part``) is run as ``parts`` workers by :func:`run_stage_part`, each recording the
 files it wrote in ``_parts/part-IIII-of-NNNN.json``; :func:`run_stage` then runs any part still missing
-in-process and calls the collect step, whose manifest lists every part's files.
+in-process and calls the collect step, whose manifest lists every part's files. A worker never clears: forcing a
+stage whose workers run elsewhere is :func:`clear_output` once, before any worker starts (the pipeline's fan-out
+step), then the workers and an unforced :func:`run_stage`, as in a first run.
 
 Under torchrun every rank calls :func:`run_stage`: all ranks run the stage function, rank 0 alone clears, commits
 and records lineage, and barriers keep the ranks in step.
@@ -157,6 +159,15 @@ def run_stage_part(spec: StageSpec, config: FourMConfig, store_root: Store, part
     return output.uri
 
 
+def clear_output(stage: str, output: Store) -> int:
+    """Remove everything at ``stage``'s ``output`` (a forced run's, or what an unfinished one left); returns the
+    number of objects removed."""
+    stale = output.delete_prefix()
+    if stale:
+        log.warning("%s: cleared %d objects left by an unfinished or forced run at %s", stage, stale, output.uri)
+    return stale
+
+
 def _reuse_freed_memory() -> None:
     from fourm_kfp.hardware import reuse_freed_memory  # here: hardware imports torch, the CLI's parser must not
 
@@ -182,10 +193,7 @@ def _execute(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[s
     _reuse_freed_memory()
     primary = distributed.is_primary()
     if primary and (force or not spec.resumable):
-        stale = output.delete_prefix()
-        if stale:
-            log.warning("%s: cleared %d objects left by an unfinished or forced run at %s", spec.name, stale,
-                        output.uri)
+        clear_output(spec.name, output)
     distributed.barrier()
     if spec.run_part is not None:
         for part in range(parts):

@@ -17,7 +17,8 @@ from fourm_kfp.cluster.job_spec import (GPU_TOLERATION, IN_POD, ClusterParams, J
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import ConfigError, to_dict
 from fourm_kfp.contract import StageOutcome, lineage
-from fourm_kfp.launchers.stage import RunContext, launch_stage, launch_stage_part, setup_logging
+from fourm_kfp.launchers.stage import (RunContext, clear_stage_output, launch_stage, launch_stage_part,
+                                       setup_logging)
 from fourm_kfp.storage import open_store
 
 TAG_RUN_LABEL = "fourm.run_label"
@@ -157,9 +158,13 @@ def run_stage_component(stage: str, preset: str, config_overrides: Sequence[str]
     """Run one stage as a pipeline step; its Markdown report and metrics also become KFP output artifacts
     (``report_path``: a Markdown artifact's path; ``metrics``: a ``dsl.Metrics`` artifact; ``html_path``: an HTML
     artifact's path, for a stage with an HTML report), which the UI shows. A fan-out stage's collect step passes
-    the output URIs its workers returned (``part_uris``), which must all be one output."""
+    the output URIs its workers returned (``part_uris``), which must all be one output, and no ``force``: a forced
+    fan-out stage was cleared by its fan-out step (:func:`fan_out_items`) and recomputed by its workers."""
     if len(set(part_uris)) > 1:
         raise ValueError(f"the {stage} parts wrote to different outputs: {sorted(set(part_uris))}")
+    if force and part_uris:
+        raise ValueError(f"the {stage} collect step got force: it would clear what its workers wrote and recompute "
+                         "every part in one process; force the stage's fan-out step instead")
     run = RunContext(preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
     outcome = launch_stage(stage, run, force=force, input_uris=input_uris, parts=parts)
     return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
@@ -271,13 +276,21 @@ def stage_is_on(stage: str, preset: str, config_overrides: Sequence[str]) -> boo
     return get_stage(stage).is_enabled(load_config(preset, overrides=list(config_overrides)))
 
 
-def fan_out_items(stage: str, width: int, preset: str, config_overrides: Sequence[str], carried: dict
-                  ) -> list[dict]:
+def fan_out_items(stage: str, width: int, preset: str, config_overrides: Sequence[str], store_uri: str,
+                  s3_endpoint: str, force: bool, carried: dict) -> list[dict]:
     """The items of a fan-out stage's ``dsl.ParallelFor``: one per part, each carrying ``carried`` (kfp.local
-    resolves upstream outputs inside a loop of width > 1 to the loop item, so they travel in it)."""
+    resolves upstream outputs inside a loop of width > 1 to the loop item, so they travel in it).
+
+    ``force`` (``<stage>_force``) clears the stage's output here, once, before any worker starts: each worker then
+    finds nothing committed and computes its own part, and the collect step commits what they wrote, as in a first
+    run at that width (the collect step itself never forces: it would recompute every part in one process)."""
     if width < 1:
         raise ValueError(f"{param_prefix(stage)}_width must be >= 1, got {width}")
     load_config(preset, overrides=list(config_overrides))  # a bad config fails here, before the workers
+    if force:
+        cleared = clear_stage_output(stage, RunContext(preset, config_overrides, store_uri, s3_endpoint))
+        print(f"{param_prefix(stage)}_force: cleared {cleared} objects of {stage}'s output; its {width} workers "
+              "recompute it", flush=True)
     return [{"part": i, **carried} for i in range(width)]
 
 

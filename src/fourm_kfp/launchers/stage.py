@@ -5,9 +5,10 @@ Every launcher passes a :class:`RunContext` (config, store, lineage).
 needs: logging, the S3 endpoint (passed on to child processes through ``AWS_ENDPOINT_URL``), joining a
 ``torch.distributed`` group when the environment describes one, loading the config with its overrides (a list end
 to end, so values with spaces survive), opening the output store, and running the stage with lineage.
-:func:`open_run` is the one place a run's config and store are loaded. :func:`plan_launch` and
-:func:`committed_outcome` frame a launch on other machines (:mod:`.remote`): a plan that found the output committed
-is handed to :func:`launch_stage`, which reports it without loading, opening or reading anything again.
+:func:`open_run` is the one place a run's config and store are loaded. :func:`clear_stage_output` clears a forced
+fan-out stage's output once, before its workers start. :func:`plan_launch` and :func:`committed_outcome` frame a
+launch on other machines (:mod:`.remote`): a plan that found the output committed is handed to :func:`launch_stage`,
+which reports it without loading, opening or reading anything again.
 """
 
 from __future__ import annotations
@@ -110,6 +111,25 @@ def launch_stage_part(name: str, run: RunContext, part: int, parts: int, *, root
     spec, config, store, tracking, inputs = _prepare(name, run, root, input_uris)
     return run_stage_part(spec, config, store, part, parts, input_uris=inputs, tracking_uri=tracking,
                           parent_run_id=run.parent_run_id or None)
+
+
+def clear_stage_output(name: str, run: RunContext) -> int:
+    """Clear fan-out stage ``name``'s output under ``run``'s config before its workers start (a forced stage whose
+    workers run as separate steps: the pipeline's fan-out step does this once, so no worker finds the old manifest
+    and skips, and none deletes what another wrote); a stage that is off has no output. Returns the number of
+    objects removed."""
+    from fourm_kfp.contract.runner import clear_output, output_store
+    from fourm_kfp.stages import get_stage
+
+    setup_logging()
+    config, store = open_run(run)
+    spec = get_stage(name)
+    if spec.run_part is None:
+        raise ConfigError(f"stage {name!r} does not fan out: only a fan-out stage's output is cleared before its "
+                          "workers (the others are cleared by the forced run itself)")
+    if not spec.is_enabled(config):
+        return 0
+    return clear_output(name, output_store(spec, config, store))
 
 
 def _prepare(name: str, run: RunContext, root: str | os.PathLike | None, input_uris: dict[str, str] | None,
