@@ -79,7 +79,8 @@ def run(ctx: StageContext) -> StageResult:
     loader = TokenLoader(loader_cfg)
     val = validation_batches(loader_cfg, train.val_batches)
     store = ctx.output.inner  # checkpoints and metrics are rewritten as training goes: recorded at the end
-    checkpoints = CheckpointManager(store.child("checkpoints"), train.keep_last, train.keep_every)
+    checkpoints = CheckpointManager(store.child("checkpoints"), train.keep_last, train.keep_every,
+                                    upload_in_background=True)
     sinks = [ConsoleSink(steps), TrackerSink(ctx.tracker), JsonLinesSink(store, "metrics.jsonl")] \
         if distributed.is_primary() else []
     writer = MetricWriter(sinks)

@@ -160,6 +160,7 @@ class Trainer:
                 self._checkpoint()
         if not self.val_history or self.val_history[-1]["step"] != self.state.step:
             self._validate()
+        self.checkpoints.wait()  # the last checkpoint's upload, which the validation above overlapped
         self.metrics.close()
         return self.state
 
@@ -200,6 +201,8 @@ class Trainer:
     def _checkpoint(self) -> None:
         self.checkpoints.save(self.state.step, self.app_state(), {"loader": self.loader.state_dict()},
                               {k: v for k, v in asdict(self.state).items() if k != "step"})
+        log.info("checkpoint: step %d staged in %.2fs", self.state.step,
+                 self.checkpoints.last_stall_s)
 
     def _profiler(self):
         if not self.loop.profile_steps or not distributed.is_primary() or self.state.step > 0:
