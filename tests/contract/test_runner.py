@@ -195,3 +195,16 @@ def test_a_resumable_stage_keeps_committed_pieces_unless_forced(tmp_path, config
     assert run_stage(FANNED, config, root, parts=2).status == "ran" and PART_CALLS == [0, 1]
     run_stage(FANNED, config, root, parts=2, force=True)
     assert PART_CALLS == [0, 1, 0, 1]
+
+
+def test_the_manifest_records_the_stage_s3_requests_and_bytes(s3_uri, config, tmp_path):
+    """``storage`` in the manifest: what making the output asked of S3 (here the three objects, the clearing of
+    the prefix, and the reads of the runner's own checks), counted on the wire."""
+    root = open_store(s3_uri, create=True)
+    outcome = run_stage(SPEC, config, root)
+    storage = json.loads(open_store(outcome.output_uri).get_bytes(MANIFEST_NAME))["storage"]
+    assert storage["requests"]["put"] == 3 and storage["bytes_up"] == 158
+    assert storage["requests"]["list"] >= 1 and storage["requests_total"] == sum(storage["requests"].values())
+    local = run_stage(SPEC, config, open_store(str(tmp_path)))
+    local_storage = json.loads(open_store(local.output_uri).get_bytes(MANIFEST_NAME))["storage"]
+    assert local_storage == {"requests": {}, "requests_total": 0, "bytes_up": 0, "bytes_down": 0}

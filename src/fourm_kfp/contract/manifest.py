@@ -10,7 +10,8 @@ output, such as the model gate's registry decision) and the manifest itself. It 
 the inputs alone: two runs of a stage at one address commit the same payload, byte for byte
 (``payload_digest``), unless the manifest says ``"deterministic": false`` and why (``nondeterminism``).
 Wall-clock measures, run ids and where the store is live in the manifest (``timings``, ``metrics``,
-``mlflow_run_id``, ``output_uri``), never in the payload. :func:`payload_differences` compares two manifests.
+``mlflow_run_id``, ``output_uri``, and ``storage``: the S3 requests by kind and the bytes up and down that making
+the output took, its fan-out workers' included, :mod:`fourm_kfp.storage.metering`), never in the payload. :func:`payload_differences` compares two manifests.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from fourm_kfp.contract.guarded_config import guard
 from fourm_kfp.contract.manifest import (MANIFEST_NAME, FileRecord, RecordingStore, code_version, commit_manifest,
                                          manifest_bytes, payload_digest, read_manifest, require_manifest)
 from fourm_kfp.contract.spec import StageSpec
-from fourm_kfp.storage import Store, open_store
+from fourm_kfp.storage import Store, metering, open_store
 
 log = logging.getLogger(__name__)
 @dataclass
@@ -103,7 +103,7 @@ def run_stage(spec: StageSpec, config: FourMConfig, store_root: Store, *, force:
               committed: tuple[dict, str] | None = None) -> StageOutcome:
     """Run (or reuse) one stage; see the module docstring. ``committed``: the output's manifest and digest when the
     caller has just read them (a launcher's plan), so they are not read again."""
-    started = time.monotonic()
+    started, usage_start = time.monotonic(), metering.snapshot()
     require_enabled(spec, config)
     if not distributed.is_primary():
         tracking_uri = None
@@ -126,13 +126,16 @@ def run_stage(spec: StageSpec, config: FourMConfig, store_root: Store, *, force:
         else:
             status = "ran"
             manifest, manifest_digest = _execute(spec, config, output, inputs, tracker, resolved, address, force,
-                                                 parts)
+                                                 parts, usage_start)
             tracker.set_tags({lineage.TAG_STATUS: status, lineage.TAG_REUSED: "false"})
         for source in manifest.get("sources", []):
             tracker.log_dataset(source["name"], source["uri"], source["digest"], context="source")
         tracker.log_dataset(spec.name, output.uri, manifest_digest, context="output")
         tracker.log_artifact(MANIFEST_NAME, manifest_bytes(manifest))
-        tracker.log_metrics({**manifest.get("metrics", {}), "seconds": time.monotonic() - started})
+        usage = (metering.Usage.from_dict(manifest.get("storage")) if status == "ran"
+                 else metering.since(usage_start))
+        tracker.log_metrics({**manifest.get("metrics", {}), "seconds": time.monotonic() - started,
+                             **storage_metrics(usage)})
         tracker.set_tags({lineage.TAG_OUTPUT_URI: output.uri, lineage.TAG_ADDRESS: address})
     return StageOutcome(spec.name, status, output.uri, round(time.monotonic() - started, 3), manifest_digest,
                         tracker.run_id, manifest.get("metrics", {}))
@@ -174,14 +177,22 @@ def _reuse_freed_memory() -> None:
     reuse_freed_memory()
 
 
+def storage_metrics(usage: metering.Usage) -> dict[str, float]:
+    """A stage's S3 usage as MLflow metrics: requests in all and by kind, bytes up and down."""
+    return {"s3_requests": float(usage.total_requests), "s3_bytes_up": float(usage.bytes_up),
+            "s3_bytes_down": float(usage.bytes_down),
+            **{f"s3_requests_{kind}": float(n) for kind, n in usage.requests.items()}}
+
+
 def _run_part(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[str, StageInput],
               tracker: lineage.Tracker, part: int, parts: int) -> None:
     _reuse_freed_memory()
     ctx = _context(spec, config, output, inputs, tracker, parts)
-    started = time.monotonic()
+    started, usage_start = time.monotonic(), metering.snapshot()
     result = spec.run_part(ctx, part, parts)
     record = {"part": part, "parts": parts, "counts": result.counts, "metrics": result.metrics,
               "seconds": round(time.monotonic() - started, 3),
+              "storage": metering.since(usage_start).to_dict(),
               "files": [asdict(r) for r in sorted(ctx.output.records.values(), key=lambda r: r.key)]}
     output.put_bytes(part_key(part, parts), json.dumps(record, indent=1, sort_keys=True).encode())
     tracker.log_metrics({**result.metrics, "seconds": record["seconds"]})
@@ -189,16 +200,18 @@ def _run_part(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[
 
 def _execute(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[str, StageInput],
              tracker: lineage.Tracker, resolved: dict[str, Any], address: str, force: bool,
-             parts: int) -> tuple[dict[str, Any], str]:
+             parts: int, usage_start: metering.Usage) -> tuple[dict[str, Any], str]:
     _reuse_freed_memory()
     primary = distributed.is_primary()
     if primary and (force or not spec.resumable):
         clear_output(spec.name, output)
     distributed.barrier()
+    ran_here = set()
     if spec.run_part is not None:
         for part in range(parts):
             if not output.exists(part_key(part, parts)):
                 _run_part(spec, config, output, inputs, tracker, part, parts)
+                ran_here.add(part)
     ctx = _context(spec, config, output, inputs, tracker, parts)
     started_at, started = _now(), time.monotonic()
     result = spec.run(ctx)
@@ -208,9 +221,12 @@ def _execute(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[s
         distributed.barrier()  # rank 0 commits meanwhile
         return require_manifest(output, f"output of {spec.name}")
     files = {r.key: r for r in ctx.output.records.values()}
+    usage = metering.since(usage_start)  # this process's, the parts it ran included
     if spec.run_part is not None:
         for record in ctx.part_records():
             files.update({f["key"]: FileRecord(**f) for f in record["files"]})
+            if record["part"] not in ran_here:  # a worker's, in its own process
+                usage = usage.plus(metering.Usage.from_dict(record.get("storage")))
     ordered = sorted(files.values(), key=lambda r: r.key)
     run_records = sorted(key for key in spec.run_records if key in files)
     nondeterminism = sorted(set(result.nondeterminism))
@@ -233,6 +249,7 @@ def _execute(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[s
         "deterministic": not nondeterminism,
         "nondeterminism": nondeterminism,
         "timings": {"started_at": started_at, "finished_at": _now(), "seconds": round(seconds, 3)},
+        "storage": usage.to_dict(),
         "mlflow_run_id": tracker.run_id,
     }
     manifest_digest = commit_manifest(output, manifest)

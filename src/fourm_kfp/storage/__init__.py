@@ -16,6 +16,8 @@ One module per concern; everything is imported from here (``from fourm_kfp.stora
 * :mod:`.retries`: the one retry layer (:func:`with_retries`, :func:`is_transient`; deadline
   ``FOURM_STORAGE_DEADLINE_S``, 60 s), after which a :class:`StorageError` names the endpoint, the operation and the
   object;
+* :mod:`.metering`: every S3 request of the process counted by kind, and the bytes up and down (the runner records
+  each stage's in its manifest);
 * :mod:`.client`: the minio client (:func:`s3_client`): endpoint and credentials from the environment, short
   timeouts, one client per endpoint, fresh connection pools in a forked child;
 * here: :func:`open_store` (a URI → its store) and :func:`file_store`.
