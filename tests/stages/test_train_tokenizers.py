@@ -1,5 +1,6 @@
 """The train-tokenizers stage on smoke data: the bundle loads back from its URI alone, DDP under torchrun,
-modalities the data lacks are skipped, and the stage reruns on its own."""
+modalities the data lacks are skipped, the stage reruns on its own, and a run killed midway resumes each tokenizer
+from its checkpoint (a finished one is not trained again) and commits the uninterrupted run's bytes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,13 +18,14 @@ import torch
 
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.data.shard_stream import iter_split, iter_texts
-from fourm_kfp.contract.manifest import MANIFEST_NAME
+from fourm_kfp.contract.manifest import MANIFEST_NAME, payload_files
 from fourm_kfp.contract import run_stage
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers
 
 BIN = Path(sys.executable).parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 IMAGE_MODALITIES = ["rgb", "depth", "normal", "semseg", "edge"]
 
 
@@ -165,3 +168,79 @@ def test_missing_upstream_output_is_a_clear_error(tmp_path):
                            str(tmp_path), "--mlflow-tracking-uri", "none"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "input 'prepare-data' of stage 'train-tokenizers'" in proc.stderr and "_MANIFEST.json" in proc.stderr
+
+
+def _stage_process(root: Path, data_uri: str, sets: list[str], stderr) -> subprocess.Popen:
+    args = [str(BIN / "fourm-kfp"), "stage", "train-tokenizers", "--preset", "smoke", "--root", str(root), "--input",
+            f"prepare-data={data_uri}", "--mlflow-tracking-uri", "none", "--json", str(root / "outcome.json")]
+    return subprocess.Popen(args + [a for item in sets for a in ("--set", item)], stdout=subprocess.DEVNULL,
+                            stderr=stderr, text=True, env=ENV)
+
+
+def _run_to_the_end(root: Path, data_uri: str, sets: list[str]) -> tuple[dict, dict, str]:
+    """(outcome, manifest, stderr) of a stage run that must succeed."""
+    proc = _stage_process(root, data_uri, sets, subprocess.PIPE)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    outcome = json.loads((root / "outcome.json").read_text())
+    return outcome, json.loads(open_store(outcome["output_uri"]).get_bytes(MANIFEST_NAME)), err
+
+
+def _checkpoint_steps(root: Path, modality: str) -> list[int]:
+    return sorted(int(p.parent.name.split("-")[1])
+                  for p in root.glob(f"train-tokenizers/*/checkpoints/{modality}/step-*/_COMPLETE"))
+
+
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` forked (Linux: its main thread's children, the tokenizer workers among them)."""
+    listing = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in listing.read_text().split()] if listing.exists() else []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_a_killed_run_resumes_each_tokenizer_and_commits_the_uninterrupted_bytes(smoke_data, tmp_path):
+    """SIGKILL once rgb has a checkpoint midway and depth (4 steps) has finished; the rerun continues rgb from its
+    checkpoint, loads depth without training it, and commits the payload of a run never killed."""
+    _, _, data_uri = smoke_data
+    sets = ["train_tokenizers.image_modalities=[rgb,depth]", "train_tokenizers.text_modalities=[caption]",
+            "train_tokenizers.image.steps=120", "train_tokenizers.per_modality={depth: {steps: 4}}",
+            "train_tokenizers.checkpoint_every=10"]
+    _, expected, _ = _run_to_the_end(tmp_path / "reference", data_uri, sets)
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    with open(killed / "stderr.txt", "w") as stderr:
+        proc = _stage_process(killed, data_uri, sets, stderr)
+        deadline, ready, workers = time.monotonic() + 300, False, []
+        while not ready and time.monotonic() < deadline and proc.poll() is None:
+            workers = _children(proc.pid) or workers
+            ready = _checkpoint_steps(killed, "depth") == [4] and any(s >= 20 for s in _checkpoint_steps(killed, "rgb"))
+            time.sleep(0.01)
+        assert ready, "the run ended before rgb's checkpoint at step 20 and depth's last could be seen"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not list(killed.glob("train-tokenizers/*/_MANIFEST.json"))  # killed before committing
+    # Its forked tokenizer workers die with it, at once (they would otherwise train on for seconds, writing
+    # checkpoints beside the rerun).
+    deadline = time.monotonic() + 2
+    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_running(pid) for pid in workers), workers
+    saved = max(_checkpoint_steps(killed, "rgb"))
+    assert 20 <= saved < 120
+
+    outcome, resumed, err = _run_to_the_end(killed, data_uri, sets)
+    assert outcome["status"] == "ran" and resumed["content_hash"] == expected["content_hash"]
+    assert f"train-tokenizer rgb: resumed from step {saved} of 120" in err and "rgb: step 12/120" not in err
+    assert "train-tokenizer depth: already trained (checkpoint at its last step, 4)" in err
+    assert resumed["metrics"]["rgb.resumed_from_step"] == saved and resumed["metrics"]["depth.resumed_from_step"] == 4
+    assert expected["metrics"]["rgb.resumed_from_step"] == 0
+    # The same bytes, every file; the checkpoints are working state outside the payload.
+    assert payload_files(resumed) == payload_files(expected) and resumed["payload_digest"] == expected["payload_digest"]
+    assert not [key for key in payload_files(resumed) if key.startswith("checkpoints/")]
+    assert _checkpoint_steps(killed, "rgb") == [120]  # the newest alone is kept

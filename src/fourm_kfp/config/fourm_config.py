@@ -348,6 +348,11 @@ class TrainTokenizersConfig:
                                        omit_at_default=True)
     seed: int = option(0, "training seed")
     recon_samples: int = option(6, "samples in the reconstruction grid", versioned=False, min=1, max=32)
+    checkpoint_every: int = option(500, "steps between checkpoints of each VQ-VAE being trained, and one at its last "
+                                        "step (checkpoints/<modality>/ in the stage's output, the newest kept, outside "
+                                        "the payload): a restarted run resumes every tokenizer from its newest and "
+                                        "trains a finished one no further, committing the same bytes (0: none)",
+                                   versioned=False, min=0)
 
     def __post_init__(self) -> None:
         from fourm_kfp.data.modalities import IMAGE_MODALITIES, SEQUENCE_MODALITIES

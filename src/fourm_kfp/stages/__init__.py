@@ -84,6 +84,7 @@ TRAIN_TOKENIZERS = StageSpec(
     config_keys=("data.image_size", "train_tokenizers"),
     source_fingerprint=_body("train_tokenizers", "source_fingerprint"),  # text_tokenizer_from, from_ml4m
     upstream=DATASET,
+    resumable=True,  # a restarted run keeps each VQ-VAE's checkpoints and continues from the newest complete ones
     code_version=7,  # 2: reproducible bytes (deterministic WordPiece, no timings or absolute URIs)
     # 3: the conv VQ-VAE's encoder is patch-local (a token is a function of its own patch)
     # 4: the report's usage target is a collapse check (>= 10%), not >= 50%

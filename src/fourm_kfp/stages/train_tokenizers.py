@@ -17,6 +17,16 @@ the val images beside the same baseline, and the folder's digest is part of the 
 In one process on a CPU with several cores, the image tokenizers train side by side in forked worker processes, the
 cores split among them (:mod:`fourm_kfp.tokenizers.parallel_training`).
 
+The stage is resumable. Each VQ-VAE being trained saves a checkpoint every ``train_tokenizers.checkpoint_every``
+steps and at its last step into ``checkpoints/<modality>/step-NNNNNNNN/`` of the stage's own output
+(:mod:`fourm_kfp.train.checkpoint`: DCP, ``_COMPLETE`` last; the newest complete one is kept), which the runner keeps
+across restarts. A restarted run resumes each tokenizer from its newest complete checkpoint (weights, optimizer,
+schedule, RNG, batch position: :mod:`fourm_kfp.tokenizers.training`) and trains a finished one (a checkpoint at its
+last step) no further, and commits the bytes an uninterrupted run commits. The checkpoints are working state, not
+payload: no manifest lists them, so how often a run saved or whether it was interrupted changes neither its address
+nor its payload. The WordPiece text tokenizer has none: it is deterministic and takes seconds, so a restart trains
+it again.
+
 The dataset's class vocabularies and modality settings (:mod:`fourm_kfp.data.vocabularies`) shape the tokenizers:
 the semseg tokenizer has one channel per class of the vocabulary, a relative depth is standardised per image, a
 feature map's tokenizer (``clip``, ``dinov2``) has its channels and one token per cell of its grid (each saved as
@@ -27,7 +37,6 @@ vocabularies that differ from the defaults, for the stages that read the model b
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import logging
 import tempfile
@@ -44,11 +53,11 @@ from fourm_kfp.contract import ExternalSource, StageContext, StageResult
 from fourm_kfp.data.dataset_report import render_preview_grid
 from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.hardware import training_nondeterminism
-from fourm_kfp.data.shard_stream import (MissingModalityError, available_modalities, iter_split, iter_texts,
-                                         shard_indices)
+from fourm_kfp.data.shard_stream import MissingModalityError, available_modalities, iter_texts
 from fourm_kfp.data.vocabularies import DatasetMeta, read_dataset_meta
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import INDEX_FILE, TEXT_FILE, VOCABULARIES, image_key
+from fourm_kfp.tokenizers.image_batches import SHUFFLE_BUFFER, ImageBatches, modality_arrays
 from fourm_kfp.tokenizers.ml4m.adapter import describe, folder_digest, index_entry, load_ml4m_tokenizer
 from fourm_kfp.tokenizers.ml4m.folder import CONFIG as ML4M_CONFIG
 from fourm_kfp.tokenizers.ml4m.folder import WEIGHTS as ML4M_WEIGHTS
@@ -59,61 +68,38 @@ from fourm_kfp.tokenizers.saved_tokenizer import save_image_tokenizer
 from fourm_kfp.tokenizers.text_tokenizer import (mean_tokens_per_text, read_text_tokenizer, save_text_tokenizer,
                                                  special_token_ids, train_text_tokenizer, unknown_token_rate)
 from fourm_kfp.tokenizers.tokenizer_report import report_markdown
-from fourm_kfp.tokenizers.training import evaluate_tokenizer, train_vqvae
+from fourm_kfp.tokenizers.training import Checkpointing, evaluate_tokenizer, train_vqvae
 from fourm_kfp.tokenizers.vqvae import VQVAEConfig
+from fourm_kfp.train.checkpoint import CheckpointManager, load_checkpoint, set_rng_state
 
 log = logging.getLogger(__name__)
 #: Val images for the report when max_val_images is 0 (the report needs a bounded set).
 MAX_VAL_IMAGES = 1024
 
 
-#: Samples a training stream holds for shuffling (memory does not grow with the dataset).
-SHUFFLE_BUFFER = 512
-
-
-def _images(data, split: str, modality: str, limit: int | None, shuffle_buffer: int = 0,
-            seed: int = 0, shards: list[int] | None = None):
-    """The modality's arrays of ``split``, streamed (samples lacking the modality are passed over)."""
-    for _, sample in iter_split(data, split, [modality], limit=limit, shuffle_buffer=shuffle_buffer, seed=seed,
-                                shards=shards):
-        if modality in sample:
-            yield sample[modality]
+#: Where each VQ-VAE's checkpoints live in the stage's output: ``checkpoints/<modality>/`` (outside the payload).
+CHECKPOINTS = "checkpoints"
+#: Checkpoints kept per tokenizer: a restart reads only the newest complete one.
+KEEP_CHECKPOINTS = 1
 
 
 def _bounded(data, split: str, modality: str, limit: int, seed: int | None = None) -> np.ndarray:
     """At most ``limit`` arrays: the first ones in order (``seed=None``), or drawn through the shuffle buffer."""
     shuffle = 0 if seed is None else min(SHUFFLE_BUFFER, 2 * limit)
-    arrays = list(_images(data, split, modality, limit, shuffle_buffer=shuffle, seed=seed or 0))
+    arrays = list(modality_arrays(data, split, modality, limit, shuffle_buffer=shuffle, seed=seed or 0))
     if not arrays:
         raise MissingModalityError(f"split {split!r} at {data.uri} has no {modality!r} samples")
     return np.stack(arrays)
 
 
-def _batch_source(data, modality: str, batch_size: int, seed: int, limit: int | None):
-    """Step → a batch ``{modality: [B, ...]}`` from an endless shuffled stream; each rank reads its own shards
-    (all of them when there are fewer shards than ranks) with its own seed, epoch after epoch."""
-    shards = shard_indices(data, "train")
-    rank, world = distributed.rank(), distributed.world_size()
-    mine = shards[rank::world] or shards
-
-    def stream():
-        batch: list[np.ndarray] = []
-        for epoch in itertools.count():
-            yielded = seen = 0
-            for array in _images(data, "train", modality, limit, SHUFFLE_BUFFER, seed * 1_000_003 + rank * 7919 +
-                                 epoch, mine):
-                batch.append(array)
-                seen += 1
-                if len(batch) == batch_size:
-                    yield np.stack(batch)
-                    batch, yielded = [], yielded + 1
-            if not seen:
-                raise MissingModalityError(f"split 'train' at {data.uri} has no {modality!r} samples")
-            if yielded:  # an epoch's remainder is dropped; a split smaller than a batch fills it from the next
-                batch = []
-
-    batches = stream()
-    return lambda step: {modality: next(batches)}
+def _checkpointing(ctx: StageContext, modality: str) -> Checkpointing | None:
+    """How the modality's VQ-VAE checkpoints (``train_tokenizers.checkpoint_every``; None: it does not), past the
+    recording store: no manifest lists them."""
+    every = ctx.config.train_tokenizers.checkpoint_every
+    if not every:
+        return None
+    manager = CheckpointManager(ctx.output.inner.child(CHECKPOINTS, modality), keep_last=KEEP_CHECKPOINTS)
+    return Checkpointing(every, manager.save, manager.latest, load_checkpoint, set_rng_state)
 
 
 def _train_image_tokenizer(ctx: StageContext, meta: DatasetMeta, modality: str,
@@ -132,18 +118,22 @@ def _train_image_tokenizer(ctx: StageContext, meta: DatasetMeta, modality: str,
         heads=settings.heads, codebook_size=settings.codebook_size, code_dim=settings.code_dim,
         ema_decay=settings.ema_decay, beta=settings.beta,
         norm_stats=fit_normalisation(modality, reference, codec_settings))
-    batches = _batch_source(data, modality, settings.batch_size, cfg.seed, cfg.max_train_images or None)
+    batches = ImageBatches(data, modality, settings.batch_size, cfg.seed, cfg.max_train_images or None)
+    checkpointing = _checkpointing(ctx, modality)
+    resumed = checkpointing.latest() if checkpointing else None
     started = time.monotonic()
     model, records = train_vqvae(config, batches, settings.steps,
                                  lr=settings.lr, warmup_steps=settings.warmup_steps, seed=cfg.seed, device=device,
-                                 log_every=max(settings.steps // 10, 1))
+                                 log_every=max(settings.steps // 10, 1), checkpointing=checkpointing)
     metrics = evaluate_tokenizer(model, val, reference)
     metrics["train_images_seen"] = float(settings.steps * settings.batch_size * distributed.world_size())
     summary = {"grid_size": config.grid_size, "codebook_size": config.codebook_size,
                "final_loss": records[-1]["loss"] if records else None}
-    # Wall-clock: the stage's metrics (manifest, MLflow) only, never the report or the index (the payload).
-    timing = {"train_seconds": time.monotonic() - started}
-    return model, metrics, {"val": val[: cfg.recon_samples], "summary": summary, "timing": timing}
+    # Wall-clock and this run's history: the stage's metrics (manifest, MLflow) only, never the report or the index
+    # (the payload).
+    run_metrics = {"train_seconds": time.monotonic() - started,
+                   "resumed_from_step": float(resumed.step if resumed else 0)}
+    return model, metrics, {"val": val[: cfg.recon_samples], "summary": summary, "run_metrics": run_metrics}
 
 
 def _where(modality: str) -> str:
@@ -205,7 +195,7 @@ def run(ctx: StageContext) -> StageResult:
     if missing:
         log.info("train-tokenizers: the dataset has no %s; no tokenizer for them", missing)
 
-    models, metrics, examples, index_image, timings, sources = {}, {}, {}, {}, {}, []
+    models, metrics, examples, index_image, run_metrics, sources = {}, {}, {}, {}, {}, []
     from_ml4m = [m for m in image_modalities if m in cfg.from_ml4m]
     trained = train_image_tokenizers(partial(_train_image_tokenizer, ctx, meta),
                                      [m for m in image_modalities if m not in from_ml4m], device,
@@ -216,7 +206,7 @@ def run(ctx: StageContext) -> StageResult:
         models[modality], examples[modality] = model, extra["val"]
         metrics[modality] = modality_metrics
         index_image[modality] = extra["summary"]
-        timings.update({f"{modality}.{k}": v for k, v in extra.get("timing", {}).items()})
+        run_metrics.update({f"{modality}.{k}": v for k, v in extra.get("run_metrics", {}).items()})
         if not ctx.is_primary:
             continue
         if "ml4m_digest" in extra:  # ml-4m's: its folder's files as they are
@@ -262,7 +252,7 @@ def run(ctx: StageContext) -> StageResult:
             ctx.write_report("reconstructions.png", _reconstruction_grid(models, examples))
 
     flat = {f"{m}.{k}": v for m, values in metrics.items() for k, v in values.items()}
-    flat.update({f"text.{k}": v for k, v in text_metrics.items()}, **timings)
+    flat.update({f"text.{k}": v for k, v in text_metrics.items()}, **run_metrics)
     counts = {"image_tokenizers": sorted(models), "text_tokenizer": index_text is not None}
     return StageResult(counts=counts, metrics=flat, sources=sources, nondeterminism=training_nondeterminism(device))
 

@@ -9,9 +9,10 @@
   sentinels (or ml-4m's own WordPiece, ``train_tokenizers.text_tokenizer_from``).
 * :mod:`.ml4m`: apple/ml-4m's own tokenizers (ViT VQ-VAEs and diffusion DiVAEs), read from their folders and used
   instead of training one (``train_tokenizers.from_ml4m``).
-* :mod:`.training` trains a VQ-VAE (single process or DDP) and evaluates it against a trivial baseline;
-  :mod:`.parallel_training` trains several side by side in forked single-thread processes;
-  :mod:`.saved_tokenizer` stores it as ``config.json`` + ``model.safetensors`` (no pickles).
+* :mod:`.training` trains a VQ-VAE (single process or DDP; checkpointed and resumed when given a checkpoint store)
+  and evaluates it against a trivial baseline; :mod:`.image_batches` streams its training batches from a dataset's
+  shards with a position a checkpoint holds; :mod:`.parallel_training` trains several side by side in forked
+  single-thread processes; :mod:`.saved_tokenizer` stores it as ``config.json`` + ``model.safetensors`` (no pickles).
 """
 
 from fourm_kfp.tokenizers.modality_codecs import CODECS, ImageCodec, fit_normalisation, get_codec

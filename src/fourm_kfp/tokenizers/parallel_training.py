@@ -12,16 +12,20 @@ before the pool forks, each child inherits it as it is, and the parent clears it
 global is read only by :func:`_train_in_worker`, in a child; nothing else sets or reads it. A worker sends back
 plain arrays (its model's config and weights as numpy), which the parent loads into a fresh :class:`VQVAE`.
 
-The workers take SIGTERM's default action whatever handler the calling process has (:func:`tokenizer_pool`), and
-end on the pool's close when all went well.
+The workers take SIGTERM's default action whatever handler the calling process has (:func:`tokenizer_pool`), end on
+the pool's close when all went well, and on Linux are killed with the calling process: a stage killed outright
+(SIGKILL) leaves no worker training on and writing checkpoints beside the run that resumes it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import multiprocessing.pool
+import os
 import signal
+import sys
 from typing import Callable
 
 import numpy as np
@@ -49,18 +53,37 @@ def tokenizer_workers(modalities: int, cpus: int, device: str) -> int:
     return max(min(modalities, cpus), 1)
 
 
-def _init_worker(threads: int) -> None:
+#: prctl's request that the kernel signal this process when its parent dies (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> None:
+    """On Linux, have the kernel SIGKILL this process when ``parent`` (the process that forked it) dies; if it is
+    already gone, exit now."""
+    if not sys.platform.startswith("linux"):
+        return
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        log.warning("train-tokenizers: prctl(PR_SET_PDEATHSIG) failed (errno %d): worker %d outlives a killed stage",
+                    ctypes.get_errno(), os.getpid())
+    if os.getppid() != parent:  # the parent died before the request took hold
+        os._exit(1)
+
+
+def _init_worker(threads: int, parent: int) -> None:
     # A forked child inherits the parent's Python signal handlers. Pool.terminate ends its workers with SIGTERM, which
     # a handler that raises an Exception (torchx's LocalScheduler installs one) does not reliably do: a worker still
     # in the pool's result send can catch it as a failed send, go back to the task queue, whose lock the terminating
     # parent holds, and wait there forever (a test session hung so).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with(parent)
     torch.set_num_threads(threads)
 
 
 def tokenizer_pool(workers: int, threads: int) -> multiprocessing.pool.Pool:
-    """``workers`` forked processes of ``threads`` threads each, taking SIGTERM's default action."""
-    return multiprocessing.get_context("fork").Pool(workers, initializer=_init_worker, initargs=(threads,))
+    """``workers`` forked processes of ``threads`` threads each, taking SIGTERM's default action and killed with the
+    calling process (on Linux)."""
+    return multiprocessing.get_context("fork").Pool(workers, initializer=_init_worker,
+                                                   initargs=(threads, os.getpid()))
 
 
 def _train_in_worker(modality: str) -> tuple[VQVAEConfig, dict[str, np.ndarray], dict[str, float], dict]:
