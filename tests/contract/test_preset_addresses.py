@@ -13,24 +13,25 @@ from fourm_kfp.config.loader import available_presets, load_config
 from fourm_kfp.contract.addressing import stage_address
 from fourm_kfp.stages import PIPELINE
 
+# 2026-12-02: pretrain code_version 10 (checkpoints hold the metric history) moved every pretrain and evaluate
 # 2026-11-28: evaluate code_version 7 (the report states its decode budget) moved every evaluate address
 PINNED = {
     "smoke": "prepare-data=53d8e8684f4b515c train-tokenizers=87b4cd2e185fec3e pretokenize=2cfc1fbe162fab8c "
-             "pretrain=9e8d58cb3ace73ad evaluate=72fa65855676ce26",
+             "pretrain=1b9f43becfd82fac evaluate=1b70b26b926bbbcf",
     "demo": "prepare-data=637a8db053111717 train-tokenizers=1c5ba483ebb78792 pretokenize=dc15c7549159258d "
-            "pretrain=355885a5beae25a8 evaluate=9c4bb9d3f17487eb",
+            "pretrain=3e3949c99c825c3f evaluate=7631d7873ad46fab",
     "proof": "prepare-data=98bc662d91d3c376 train-tokenizers=247ec718e79413fa pretokenize=9e777a16c07ecef2 "
-             "pretrain=44fa88fcf6183531 evaluate=fd4d2b04e496a9d6",
+             "pretrain=47d84f0a47b39c57 evaluate=304dfcc40cc011c6",
     "gpu-demo": "prepare-data=8df64aee0e6e7ab9 train-tokenizers=63198f135b466e1d pretokenize=eb63fb470ffaae8a "
-                "pretrain=42e542f9ecdeb0e0 evaluate=e05bca6530534d3c",
+                "pretrain=5a5cc066627eaad4 evaluate=d90f71d70c769252",
     # 2026-11-27: pretrain code_version 9 moved every pretrain and evaluate; 4m-b's train-tokenizers (and what reads
     # it) moved with semseg at ml-4m's 4096 codes
     "4m-b": "prepare-data=7e156ae2738c8051 train-tokenizers=6a4fff9bfeb7498a pretokenize=221379faa05287ca "
-            "pretrain=e1ed637c93d3a92c evaluate=11d9976179d50e71",
+            "pretrain=01b7b1bcea40584f evaluate=5c1a3af22f8dc2e8",
     "4m-l": "prepare-data=7e156ae2738c8051 train-tokenizers=f84d55700cf75f3e pretokenize=39409cbb3d795fb6 "
-            "pretrain=01075818b31607f8 evaluate=6c704cff449d8336",
+            "pretrain=17ad7db07e12b293 evaluate=e1a9c2246fc4e274",
     "4m-xl": "prepare-data=7e156ae2738c8051 train-tokenizers=f84d55700cf75f3e pretokenize=39409cbb3d795fb6 "
-             "pretrain=d17f10320cf1e685 evaluate=c045810944010588",
+             "pretrain=80696bbc6d14766d evaluate=b406778ecaae35af",
 }
 
 

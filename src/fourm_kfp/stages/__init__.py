@@ -119,7 +119,9 @@ PRETRAIN = StageSpec(
     # values up to rounding; layers.attention)
     # 9: the placeholder row of a pixel-input modality starts at zero; the model also in ml-4m's format (ml4m/) when
     # ml-4m can hold it; train.init_from maps modality by modality and reports what it took
-    code_version=9,
+    # 10: a checkpoint's train_state.json also holds the metric and validation history up to its step, so a run
+    # killed and resumed commits the bytes of an uninterrupted one (its metrics, report and curves were partial)
+    code_version=10,
 )
 #: The evaluate stage's gate decision, in its output and its MLflow run: where ``fourm-kfp submit --wait``, the local
 #: run and the evaluate component read the verdict.

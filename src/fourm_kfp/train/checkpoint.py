@@ -195,13 +195,17 @@ class _Upload:
     step: int
 
     def run(self) -> None:
+        started = time.perf_counter()
         try:
             files = sorted(p for p in self.staging.iterdir() if p.is_file())
             with ThreadPoolExecutor(4) as pool:  # a rank's files: its shard of the state and, on rank 0, .metadata
                 list(pool.map(lambda path: self.target.put_file(path.name, path), files))
             self.target.put_bytes(rank_key(self.rank), self.rank_json)
+            sent = sum(p.stat().st_size for p in files) + len(self.rank_json)
         finally:
             shutil.rmtree(self.staging, ignore_errors=True)
+        log.info("checkpoint: rank %d uploaded %d bytes of step %d in %.2fs", self.rank, sent, self.step,
+                 time.perf_counter() - started)
         if self.finish is None:
             return
         self._wait_for_every_rank()

@@ -88,6 +88,10 @@ class JsonLinesSink:
         kept = {k: v for k, v in values.items() if k not in TIMING_KEYS}
         self.lines.append(json.dumps({"step": step, **kept}, sort_keys=True))
 
+    def replay(self, step: int, values: Mapping[str, float]) -> None:
+        """A line an earlier attempt of the run wrote before its checkpoint (a resumed run's history)."""
+        self.write(step, values)
+
     def flush(self) -> None:
         self.store.put_text(self.key, "\n".join(self.lines) + ("\n" if self.lines else ""))
 
@@ -106,6 +110,20 @@ class MetricWriter:
         self.history.append({"step": float(step), **values})
         for sink in self.sinks:
             sink.write(step, values)
+
+    def saved_history(self) -> list[dict[str, float]]:
+        """The history as a checkpoint keeps it: without the wall-clock measures (:data:`TIMING_KEYS`), so that a
+        checkpoint's bytes follow from the training alone."""
+        return [{k: v for k, v in entry.items() if k not in TIMING_KEYS} for entry in self.history]
+
+    def restore(self, history: Sequence[Mapping[str, float]]) -> None:
+        """Take back the history a checkpoint saved (a resumed run): the sinks that keep what they are given
+        (``replay``: the JSON lines of the output) get it again; the console and MLflow already had it."""
+        self.history = [dict(entry) for entry in history]
+        for sink in self.sinks:
+            if hasattr(sink, "replay"):
+                for entry in self.history:
+                    sink.replay(int(entry["step"]), {k: v for k, v in entry.items() if k != "step"})
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -87,7 +87,7 @@ def report_markdown(report: dict[str, Any], init: InitReport | None = None) -> s
 def training_curves_png(history: list[dict[str, float]], val_history: list[dict[str, float]],
                         marginal: dict[str, float]) -> bytes:
     """``training_curves.png``: the train loss, and the validation loss per modality against its marginal loss."""
-    train = [(h["step"], h["loss"]) for h in history if "loss" in h and "tokens_per_s" in h]
+    train = [(h["step"], h["loss"]) for h in history if "loss" in h]  # the train log lines (val lines: val/loss)
     names = sorted({k.split("/", 2)[2] for h in val_history for k in h if k.startswith("val/loss/")})
     val = {n: [(h["step"], h[f"val/loss/{n}"]) for h in val_history if f"val/loss/{n}" in h] for n in names}
     return curves.stack_png([curves.line_chart("train loss (mean over modalities)", {"loss": train}),

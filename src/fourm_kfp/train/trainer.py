@@ -115,6 +115,8 @@ class Trainer:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         if own:  # a restart of this run: continue exactly where it stopped
             self.state = TrainState(**{k: train_state[k] for k in asdict(TrainState()) if k in train_state})
+            self.metrics.restore(train_state.get("metrics_history", []))  # the output's metrics from step 0
+            self.val_history = [dict(v) for v in train_state.get("val_history", [])]
             if rank_state is not None:
                 self.loader.load_state_dict(rank_state["loader"])
                 set_rng_state(rank_state["rng"])
@@ -199,8 +201,9 @@ class Trainer:
         log.info("validation at step %d: loss %.4f [%s]", self.state.step, values.get("val/loss", math.nan), shown)
 
     def _checkpoint(self) -> None:
+        counters = {k: v for k, v in asdict(self.state).items() if k != "step"}
         self.checkpoints.save(self.state.step, self.app_state(), {"loader": self.loader.state_dict()},
-                              {k: v for k, v in asdict(self.state).items() if k != "step"})
+                              {**counters, "metrics_history": self.metrics.saved_history(), "val_history": self.val_history})
         log.info("checkpoint: step %d staged in %.2fs", self.state.step,
                  self.checkpoints.last_stall_s)
 
