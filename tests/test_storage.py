@@ -385,3 +385,12 @@ def test_the_meter_counts_requests_by_kind(s3_uri):
     assert used.requests == {"put": 1, "get": 1, "stat": 2, "list": 1}
     assert used.bytes_up == 5 and used.bytes_down >= 5
     assert metering.request_kind("DELETE", "http://h/b/k?uploadId=x") == "multipart_abort"
+
+
+def test_delete_removes_one_object(any_store_uri):
+    store = open_store(any_store_uri, create=True)
+    store.put_bytes("d/a", b"1")
+    store.put_bytes("d/b", b"2")
+    store.delete("d/a")
+    store.delete("d/none")  # nothing there: no error
+    assert store.list("d") == ["d/b"]

@@ -208,3 +208,23 @@ def test_the_manifest_records_the_stage_s3_requests_and_bytes(s3_uri, config, tm
     local = run_stage(SPEC, config, open_store(str(tmp_path)))
     local_storage = json.loads(open_store(local.output_uri).get_bytes(MANIFEST_NAME))["storage"]
     assert local_storage == {"requests": {}, "requests_total": 0, "bytes_up": 0, "bytes_down": 0}
+
+
+def test_a_clear_cut_off_midway_leaves_no_manifest_over_missing_files(tmp_path, config, monkeypatch):
+    from fourm_kfp.contract.manifest import read_manifest
+    from fourm_kfp.contract.runner import clear_output
+
+    outcome = run_stage(SPEC, config, open_store(str(tmp_path)))
+    output = open_store(outcome.output_uri)
+
+    class CutOff(Exception):
+        pass
+
+    def cut_off(self, prefix=""):
+        self.delete("data/a.bin")  # the first object goes, then the clear is killed
+        raise CutOff
+
+    monkeypatch.setattr(type(output), "delete_prefix", cut_off)
+    with pytest.raises(CutOff):
+        clear_output("toy", output)
+    assert read_manifest(output) is None and output.exists("data/b.bin")  # uncommitted, so never read

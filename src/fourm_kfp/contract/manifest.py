@@ -104,6 +104,9 @@ class RecordingStore(Store):
     def list(self, prefix: str = "") -> list[str]:
         return self.inner.list(prefix)
 
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
     def delete_prefix(self, prefix: str = "") -> int:
         return self.inner.delete_prefix(prefix)
 

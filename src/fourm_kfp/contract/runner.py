@@ -164,8 +164,12 @@ def run_stage_part(spec: StageSpec, config: FourMConfig, store_root: Store, part
 
 def clear_output(stage: str, output: Store) -> int:
     """Remove everything at ``stage``'s ``output`` (a forced run's, or what an unfinished one left); returns the
-    number of objects removed."""
-    stale = output.delete_prefix()
+    number of objects removed. The manifest goes first: a clear cut off midway leaves an uncommitted output, never a
+    manifest over missing files."""
+    committed = output.exists(MANIFEST_NAME)
+    if committed:
+        output.delete(MANIFEST_NAME)
+    stale = int(committed) + output.delete_prefix()
     if stale:
         log.warning("%s: cleared %d objects left by an unfinished or forced run at %s", stage, stale, output.uri)
     return stale

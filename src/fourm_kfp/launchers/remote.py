@@ -73,7 +73,7 @@ def launch_remote(stage: str, run: RunContext, backend: RemoteBackend, *, force:
                   out: Callable[[str], None] = print) -> StageOutcome:
     """Plan, start on ``backend``, follow and report stage ``stage``; see the module docstring. ``root``: this
     process's run folder (for the MLflow store when the output is already committed)."""
-    from fourm_kfp.contract.runner import open_inputs
+    from fourm_kfp.contract.runner import clear_output, open_inputs
 
     plan = plan_launch(stage, run)
     if not force and plan.committed:
@@ -85,11 +85,11 @@ def launch_remote(stage: str, run: RunContext, backend: RemoteBackend, *, force:
     command = stage_command(stage, replace(run, store_uri=plan.store.uri),
                             {name: item.uri for name, item in inputs.items()}, backend.root)
 
-    def clear_output() -> None:
+    def clear_forced_output() -> None:
         if force:
-            removed = plan.output.delete_prefix()
+            removed = clear_output(stage, plan.output)
             out(f"{backend.prefix} --force: cleared {removed} objects at {plan.output.uri}")
 
-    outcome = committed_outcome(plan, backend.start(plan, command, clear_output))
+    outcome = committed_outcome(plan, backend.start(plan, command, clear_forced_output))
     backend.finished(plan, outcome)
     return outcome

@@ -112,6 +112,10 @@ class Store:
         """``(key, size in bytes)`` of every object below ``prefix``, sorted by key."""
         return [(key, self.size(key)) for key in self.list(prefix)]
 
+    def delete(self, key: str) -> None:
+        """Delete one object (nothing when there is none)."""
+        raise NotImplementedError
+
     def delete_prefix(self, prefix: str = "") -> int:
         """Delete every object below ``prefix``; returns how many were deleted."""
         raise NotImplementedError

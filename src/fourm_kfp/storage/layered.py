@@ -61,7 +61,7 @@ class LayeredStore(Store):
     def _read_only(self, *_: object) -> None:
         raise StorageError(f"{self!r} is read-only: a stage writes into its own output, not into its inputs")
 
-    put_bytes = put_file = delete_prefix = _read_only  # type: ignore[assignment]
+    put_bytes = put_file = delete = delete_prefix = _read_only  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"LayeredStore({', '.join(layer.uri for layer in self.layers)})"

@@ -111,6 +111,9 @@ class LocalStore(Store):
                 keys.append(path.relative_to(self.root).as_posix())
         return sorted(keys)
 
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
     def delete_prefix(self, prefix: str = "") -> int:
         keys = self.list(prefix)
         for key in keys:

@@ -258,6 +258,9 @@ class S3Store(Store):
 
         return self._call("list", prefix, listing)
 
+    def delete(self, key: str) -> None:
+        self._call("delete", key, lambda: self.client.remove_object(self.bucket, self._key(key)))
+
     def delete_prefix(self, prefix: str = "") -> int:
         from minio.deleteobjects import DeleteObject
 
