@@ -186,10 +186,10 @@ def _batches(samples: Iterator[tuple[str, dict[str, Any]]], size: int
 
 
 def _label_shard(ctx: StageContext, ledger: ShardLedger, labelers: list[Labeler], job: Shard,
-                 settings: dict[str, CheckSettings], bar: LineProgress) -> dict[str, Any]:
-    """Label one input shard and commit its output shard (tars, statistics, dropped keys, then the key index)."""
+                 settings: dict[str, CheckSettings], bar: LineProgress, present: list[str]) -> dict[str, Any]:
+    """Label one input shard and commit its output shard (tars, statistics, dropped keys, then the key index);
+    ``present``: the modalities of the shard's split (listed once per part, not once per shard)."""
     cfg, data, out = ctx.config.label, ctx.inputs[DATA].store, ctx.output
-    present = available_modalities(data, job.split)
     context = [m for m in CONTEXT_MODALITIES if m in present]
     sizes = _source_sizes(data, job)
     required = _required(ctx.config, labelers)
@@ -257,7 +257,8 @@ def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
     total = sum(len(data.get_text(job.keys_key).split()) for job in jobs)
     bar = LineProgress(total, f"label part {part + 1}/{parts}", "images", interval=10.0)
     started = time.monotonic()
-    done = [_label_shard(ctx, ledger, labelers, job, settings, bar) for job in jobs]
+    present = {split: available_modalities(data, split) for split in sorted({job.split for job in jobs})}
+    done = [_label_shard(ctx, ledger, labelers, job, settings, bar, present[job.split]) for job in jobs]
     bar.close()
     seconds = time.monotonic() - started
     images = sum(s["samples"] for s in done)

@@ -194,27 +194,31 @@ class S3Store(Store):
             raise
 
     def get_file(self, key: str, path: str | os.PathLike) -> None:
+        """The object into ``path`` through a temporary file beside it: one GET, or ranged GETs in parallel for an
+        object larger than a part."""
         size = self.size(key)
-        if size <= part_bytes():
-            self._call("get", key, lambda: self.client.fget_object(self.bucket, self._key(key), str(path)))
-            return
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
         try:
-            os.ftruncate(fd, size)
-
             def fetch(item: tuple[int, tuple[int, int]]) -> None:
                 number, (offset, length) = item
                 data = self._call(f"get part {number + 1} of", key, lambda: self._get_range(key, offset, length))
                 if len(data) != length:
-                    raise StorageError(f"get {self.uri_of(key)}: part {number + 1} returned {len(data)} bytes "
-                                       f"of {length} (did the object change during the download?)")
-                os.pwrite(fd, data, offset)
+                    raise StorageError(f"get {self.uri_of(key)}: bytes {offset}-{offset + length} came back as "
+                                       f"{len(data)} bytes (did the object change during the download?)")
+                view = memoryview(data)
+                while view:
+                    written = os.pwrite(fd, view, offset)
+                    view, offset = view[written:], offset + written
 
-            ranges = _part_ranges(size, part_bytes())
-            with ThreadPoolExecutor(min(transfer_threads(), len(ranges))) as pool:
-                list(pool.map(fetch, enumerate(ranges)))
+            ranges = list(enumerate(_part_ranges(size, part_bytes())))
+            if len(ranges) > 1:
+                with ThreadPoolExecutor(min(transfer_threads(), len(ranges))) as pool:
+                    list(pool.map(fetch, ranges))
+            else:
+                for item in ranges:
+                    fetch(item)
             os.close(fd)
             fd = -1
             os.replace(tmp, target)
