@@ -394,3 +394,17 @@ def test_delete_removes_one_object(any_store_uri):
     store.delete("d/a")
     store.delete("d/none")  # nothing there: no error
     assert store.list("d") == ["d/b"]
+
+
+def test_list_folders_names_the_folders_below_a_prefix(any_store_uri):
+    from fourm_kfp.storage import metering
+
+    store = open_store(any_store_uri, create=True)
+    for key in ("train/rgb/shard-000000.tar", "train/rgb/shard-000001.tar", "train/_keys/shard-000000.txt",
+                "train/depth/deeper/x.bin", "val/rgb/shard-000000.tar", "top.json"):
+        store.put_bytes(key, b"x")
+    before = metering.snapshot()
+    assert store.list_folders("train") == ["_keys", "depth", "rgb"]
+    assert store.list_folders() == ["train", "val"] and store.list_folders("nothing") == []
+    if any_store_uri.startswith("s3://"):
+        assert metering.since(before).requests == {"list": 3}  # one page each, whatever the folders hold

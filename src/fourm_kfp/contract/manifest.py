@@ -104,6 +104,9 @@ class RecordingStore(Store):
     def list(self, prefix: str = "") -> list[str]:
         return self.inner.list(prefix)
 
+    def list_folders(self, prefix: str = "") -> list[str]:
+        return self.inner.list_folders(prefix)
+
     def delete(self, key: str) -> None:
         self.inner.delete(key)
 

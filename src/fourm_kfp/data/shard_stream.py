@@ -85,9 +85,9 @@ def shard_indices(store: Store, split: str) -> list[int]:
 
 
 def available_modalities(store: Store, split: str) -> list[str]:
-    """Modalities with at least one shard in ``split``."""
-    return sorted({key.split("/")[1] for key in store.list(split)
-                   if key.endswith(".tar") and not key.split("/")[1].startswith("_")})
+    """Modalities with shards in ``split``: its folders but the bookkeeping ones (``_keys``, ``_dropped``, ...), from
+    one listing of folder names (not of every shard)."""
+    return [name for name in store.list_folders(split) if not name.startswith("_")]
 
 
 _SHARD_OBJECT = re.compile(r"^([^/]+)/shard-(\d{6})\.(tar|txt)$")

@@ -108,6 +108,11 @@ class Store:
         """All keys below ``prefix`` (recursive), sorted, relative to this store's root."""
         raise NotImplementedError
 
+    def list_folders(self, prefix: str = "") -> list[str]:
+        """The names of the folders directly below ``prefix`` (those holding at least one object), sorted: one
+        listing page on S3 however many objects they hold."""
+        raise NotImplementedError
+
     def list_sizes(self, prefix: str = "") -> list[tuple[str, int]]:
         """``(key, size in bytes)`` of every object below ``prefix``, sorted by key."""
         return [(key, self.size(key)) for key in self.list(prefix)]

@@ -58,6 +58,9 @@ class LayeredStore(Store):
     def list(self, prefix: str = "") -> list[str]:
         return sorted({key for layer in self.layers for key in layer.list(prefix)})
 
+    def list_folders(self, prefix: str = "") -> list[str]:
+        return sorted({name for layer in self.layers for name in layer.list_folders(prefix)})
+
     def _read_only(self, *_: object) -> None:
         raise StorageError(f"{self!r} is read-only: a stage writes into its own output, not into its inputs")
 

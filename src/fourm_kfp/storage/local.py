@@ -111,6 +111,12 @@ class LocalStore(Store):
                 keys.append(path.relative_to(self.root).as_posix())
         return sorted(keys)
 
+    def list_folders(self, prefix: str = "") -> list[str]:
+        base = self._path(prefix.rstrip("/")) if prefix else self.root
+        if not base.is_dir():
+            return []
+        return sorted(p.name for p in base.iterdir() if p.is_dir() and any(f.is_file() for f in p.rglob("*")))
+
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 

@@ -252,6 +252,16 @@ class S3Store(Store):
     def list(self, prefix: str = "") -> list[str]:
         return [key for key, _ in self.list_sizes(prefix)]
 
+    def list_folders(self, prefix: str = "") -> list[str]:
+        full = self._key(prefix)
+        full = f"{full}/" if full and not full.endswith("/") else full
+
+        def listing() -> list[str]:
+            objects = self.client.list_objects(self.bucket, prefix=full or None, recursive=False)
+            return sorted(obj.object_name[len(full):].rstrip("/") for obj in objects if obj.is_dir)
+
+        return self._call("list", prefix, listing)
+
     def list_sizes(self, prefix: str = "") -> list[tuple[str, int]]:
         full = self._listing_prefix(prefix)
         strip = len(self.prefix) + 1 if self.prefix else 0
