@@ -114,7 +114,7 @@ def stage_command(stage: str, n: int, shard_size: int, store: str, root: Path, e
 
 
 def measure_size(n: int, shard_size: int, endpoint: str, env: dict[str, str], work: Path) -> dict:
-    root, store = work / f"n{n}", f"s3://scale-bench/n{n}"
+    root, store = work / f"n{n}", f"s3://scale-bench-n{n}/fourm"  # a bucket per size: no size lists another's
     root.mkdir(parents=True, exist_ok=True)
     log = root / "stages.log"
     out: dict = {"samples": n, "shards": -(-n // shard_size), "stages": {}}
