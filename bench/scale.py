@@ -1,5 +1,5 @@
-"""How the data stages' cost grows with the data: prepare-data → label → train-tokenizers → pretokenize on synthetic
-scenes, against a local S3 server, at several sizes with a fixed shard size, each stage in its own process.
+"""How the data stages' cost grows with the data: prepare-data → label → train-tokenizers → pretokenize on
+synthetic scenes, against a local S3 server, at several sizes with a fixed shard size, each stage in its own process.
 
     .venv/bin/python bench/scale.py [--samples 2000 8000 32000 100000] [--shard-size 250] [--quick]
                                     [--output bench/results/scale-cpu-<date>.json]

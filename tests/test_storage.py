@@ -385,6 +385,9 @@ def test_the_meter_counts_requests_by_kind(s3_uri):
     assert used.requests == {"put": 1, "get": 1, "stat": 2, "list": 1}
     assert used.bytes_up == 5 and used.bytes_down >= 5
     assert metering.request_kind("DELETE", "http://h/b/k?uploadId=x") == "multipart_abort"
+    before = metering.snapshot()
+    store.put_bytes("m/six", b"6" * (6 << 20))  # over minio's own 5 MiB parts, under ours: one PUT
+    assert metering.since(before).requests == {"put": 1}
 
 
 def test_delete_removes_one_object(any_store_uri):

@@ -149,7 +149,9 @@ class S3Store(Store):
             view = memoryview(data)
             self._put_parts(key, len(data), lambda offset, length: bytes(view[offset:offset + length]))
             return
-        self._call("put", key, lambda: self.client.put_object(self.bucket, self._key(key), io.BytesIO(data), len(data)))
+        # part_size: one PUT up to our part size (minio would split from 5 MiB on, with no retry per part)
+        self._call("put", key, lambda: self.client.put_object(self.bucket, self._key(key), io.BytesIO(data),
+                                                              len(data), part_size=part_bytes()))
 
     def put_file(self, key: str, path: str | os.PathLike) -> None:
         size = os.path.getsize(path)
@@ -164,7 +166,7 @@ class S3Store(Store):
 
         def put() -> None:
             with open(path, "rb") as fh:
-                self.client.put_object(self.bucket, self._key(key), fh, size)
+                self.client.put_object(self.bucket, self._key(key), fh, size, part_size=part_bytes())
 
         self._call("put", key, put)
 
