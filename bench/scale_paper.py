@@ -66,7 +66,7 @@ def stage_rows(samples: int) -> dict:
     largest = scale["sizes"][-1]["stages"]
     shards = math.ceil(samples / SAMPLES_PER_SHARD)
     photo = sample_bytes["photos"]
-    synthetic = sample_bytes["synthetic_4m_b"]["label"]["bytes_per_sample"]
+    synthetic = sample_bytes["synthetic_4m_b"]["prepare-data"]["bytes_per_sample"]  # depth, normal, semseg
     tokens = sample_bytes["pretokenized_4m_b_layout"]["bytes_per_sample"]
 
     def row(rate: float, basis: str, bytes_per_sample: float, modalities: int, s3_stage: str | None) -> dict:
