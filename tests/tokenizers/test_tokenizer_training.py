@@ -118,6 +118,7 @@ def test_a_run_stopped_after_a_checkpoint_resumes_to_the_uninterrupted_weights_a
                                       checkpointing=_checkpointing(tmp_path / "reference", 4))
     with pytest.raises(_Killed):  # at step 8, in the middle of the log interval 6-10
         train_vqvae(CONFIG, _NumberedBatches(), **settings, checkpointing=_checkpointing(tmp_path / "run", 4, 8))
+    caplog.clear()  # the runs above logged their steps too (caplog keeps what earlier tests' levels let through)
     with caplog.at_level(logging.INFO, logger="fourm_kfp.tokenizers.training"):
         resumed, records = train_vqvae(CONFIG, _NumberedBatches(), **settings,
                                        checkpointing=_checkpointing(tmp_path / "run", 4))
