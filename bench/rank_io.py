@@ -37,6 +37,7 @@ from fourm_kfp.hardware import cpu_matmul_rate
 from fourm_kfp.local_s3_server import serve_s3
 
 from bench_output import emit
+from process_tree import descendants
 
 BIN = Path(sys.executable).parent
 READ = re.compile(r"checkpoint: rank (\d+) read (\d+) bytes of step (\d+)")
@@ -196,17 +197,8 @@ def main() -> None:
 
 
 def _kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and every process below it, the deepest first found, as a node's loss would."""
-    tree, todo = [pid], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            children = [int(c) for c in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
-        except FileNotFoundError:
-            children = []
-        tree += children
-        todo += children
-    for process in tree:
+    """SIGKILL ``pid`` and every process below it, as a node's loss would."""
+    for process in [pid, *descendants(pid)]:
         try:
             os.kill(process, signal.SIGKILL)
         except ProcessLookupError:

@@ -39,6 +39,7 @@ from fourm_kfp.hardware import cpu_matmul_rate
 from fourm_kfp.local_s3_server import serve_s3
 
 from bench_output import emit
+from process_tree import descendants
 
 STAGES = ("prepare-data", "label", "train-tokenizers", "pretokenize")
 #: Stages whose work is per sample (the per-sample targets apply to them).
@@ -61,19 +62,6 @@ def _vm_hwm_kib(pid: int) -> int:
     return 0
 
 
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        out.extend(int(c) for c in children)
-        todo.extend(int(c) for c in children)
-    return out
-
-
 def run_measured(command: list[str], env: dict[str, str], log_path: Path) -> dict:
     """Run ``command``; its wall time, its own peak RSS (from wait4) and the largest peak RSS among the processes
     it started (their VmHWM, read every 0.2 s while they live)."""
@@ -85,7 +73,7 @@ def run_measured(command: list[str], env: dict[str, str], log_path: Path) -> dic
 
         def watch() -> None:
             while not done.is_set():
-                for child in _descendants(proc.pid):
+                for child in descendants(proc.pid):
                     children_peak[child] = max(children_peak.get(child, 0), _vm_hwm_kib(child))
                 done.wait(0.2)
 

@@ -205,7 +205,7 @@ class S3Store(Store):
         try:
             def fetch(item: tuple[int, tuple[int, int]]) -> None:
                 number, (offset, length) = item
-                data = self._call(f"get part {number + 1} of", key, lambda: self._get_range(key, offset, length))
+                data = self.get_range(key, offset, length)
                 if len(data) != length:
                     raise StorageError(f"get {self.uri_of(key)}: bytes {offset}-{offset + length} came back as "
                                        f"{len(data)} bytes (did the object change during the download?)")
