@@ -1,20 +1,29 @@
 """Where a teacher's weights come from (fourm_kfp.labelers.weights): a local folder, an s3:// folder on the real test
 S3 server, or a hub folder pinned to a commit and read from the cache with HF_HUB_OFFLINE; the digest in the label
-stage's address moves with any file and with nothing else."""
+stage's address moves with any file and with nothing else. A stale teacher never passes: a retrained network of the
+same shape (every file the same size) moves the label stage's address and is labelled again, a same-size rewrite that
+keeps the old modification time is seen through the digest memo, and an s3:// folder's cache loses a file deleted
+upstream."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fourm_kfp.config.loader import load_config
+from fourm_kfp.contract import run_stage
+from fourm_kfp.data.shard_stream import iter_split
 from fourm_kfp.labelers.base import LabelBatch, LabelerError
 from fourm_kfp.labelers.registry import build_labeler
 from fourm_kfp.labelers.weights import (HF_PREFIX, fetch_folder, folder_digest, parse_hf_uri, resolve_weights,
                                         weights_digest)
+from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
+from tests.photos import write_photo_folder
 from tests.teacher_models import save_teacher
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -101,3 +110,75 @@ def test_a_pinned_hub_folder_is_read_from_the_cache_offline_and_its_digest_is_th
     assert labeler.identity()["weights"] == f"hf:test-org/tiny-dpt@{COMMIT}"
     reference = build_labeler("hf_depth", DEPTH, str(dpt))
     np.testing.assert_array_equal(labeler.label(_photo())[0], reference.label(_photo())[0])
+
+
+def _sizes(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in sorted(folder.iterdir())}
+
+
+def test_a_retrained_teacher_of_the_same_shape_moves_the_label_address_and_is_labelled_again(dpt, tmp_path):
+    """Retraining a teacher keeps its folder's shape: the same files, each of the same size. The folder's digest
+    (and so the label stage's address) must follow the bytes, or the stale labels would be reused."""
+    retrained = save_teacher("hf_depth", tmp_path / "retrained", seed=1)
+    assert _sizes(retrained) == _sizes(dpt)
+    assert (retrained / "model.safetensors").read_bytes() != (dpt / "model.safetensors").read_bytes()
+    assert folder_digest(retrained) != folder_digest(dpt)
+
+    teacher = shutil.copytree(dpt, tmp_path / "models" / "dpt")  # the folder the config names
+    modalities = "[rgb, caption, depth]"
+    config = load_config("smoke", overrides=[
+        "prepare_data.source=image_folder", f"prepare_data.source_uri={write_photo_folder(tmp_path / 'photos', 4)}",
+        "prepare_data.val_fraction=0.25", "data.image_size=64", f"data.modalities={modalities}",
+        f"data.input_modalities={modalities}", f"data.target_modalities={modalities}", "label.batch_size=2",
+        f"label.labelers=[{{name: hf_depth, weights: '{teacher}', params: {{depth: relative}}}}]"])
+    store = open_store(str(tmp_path / "run"), create=True)
+    run_stage(get_stage("prepare-data"), config, store)
+    label = get_stage("label")
+    first = run_stage(label, config, store)
+    assert first.status == "ran"
+    assert run_stage(label, config, store).status == "skipped"  # the same teacher: its labels are reused
+
+    shutil.copyfile(retrained / "model.safetensors", teacher / "model.safetensors")  # retrained in place
+    again = run_stage(label, config, store)
+    assert again.status == "ran" and again.output_uri != first.output_uri  # a new address, labelled again
+
+    def depth(uri: str) -> dict[str, np.ndarray]:
+        return {key: sample["depth"] for split in ("train", "val")
+                for key, sample in iter_split(open_store(uri), split, ["depth"])}
+
+    old, new = depth(first.output_uri), depth(again.output_uri)
+    assert sorted(old) == sorted(new) and len(old) == 4
+    assert all(not np.array_equal(old[key], new[key]) for key in old)  # the retrained network's labels
+
+
+def test_a_same_size_rewrite_that_keeps_the_modification_time_moves_the_digest(dpt, tmp_path):
+    """The digest memo must not take a rewritten file for the one it remembered: ``cp -p``, ``rsync -t`` and
+    ``tar x`` write new bytes of the same size and set the old modification time back."""
+    teacher = shutil.copytree(dpt, tmp_path / "teacher")
+    weights = teacher / "model.safetensors"
+    remembered = folder_digest(teacher)
+    assert list((tmp_path / "cache" / "digests").iterdir())  # the memo is in use
+    assert folder_digest(teacher) == remembered
+    retrained = save_teacher("hf_depth", tmp_path / "retrained", seed=1)
+    old = weights.stat()
+    shutil.copyfile(retrained / "model.safetensors", weights)  # in place: the same path and inode
+    os.utime(weights, ns=(old.st_atime_ns, old.st_mtime_ns))  # the old modification time, as cp -p sets it
+    now = weights.stat()
+    assert (now.st_size, now.st_mtime_ns, now.st_ino) == (old.st_size, old.st_mtime_ns, old.st_ino)
+    assert folder_digest(teacher) == folder_digest(retrained) != remembered
+
+
+def test_an_s3_folder_refetched_mirrors_upstream_and_drops_a_file_deleted_there(dpt, s3_uri):
+    store = open_store(f"{s3_uri}/teachers/dpt-mirrored")
+    for path in sorted(dpt.iterdir()):
+        store.put_file(path.name, path)
+    store.put_bytes("extra/notes.txt", b"an extra file, deleted upstream later")
+    uri = store.uri_of()
+    local, digest = resolve_weights("folder", uri, "w")
+    assert (Path(local) / "extra" / "notes.txt").read_bytes() == b"an extra file, deleted upstream later"
+    store.delete("extra/notes.txt")
+    again, moved = resolve_weights("folder", uri, "w")
+    assert again == local and moved != digest
+    cached = sorted(p.relative_to(again).as_posix() for p in Path(again).rglob("*") if p.is_file())
+    assert cached == sorted(store.list()) == sorted(p.name for p in dpt.iterdir())  # upstream exactly
+    assert folder_digest(again) == folder_digest(dpt)

@@ -16,7 +16,9 @@ kind        ``weights``                                          digest (in the 
 ==========  ===================================================  ==================================================
 
 Every step of a run computes the label stage's address, so a folder's digest costs no download: a local folder's
-file digests are remembered by path, size and modification time; an ``s3://`` folder's come from its listing; an
+file digests are remembered by path, size, inode, and modification and change times (a same-size rewrite that keeps
+the old modification time, as ``cp -p``, ``rsync -t`` or ``tar x`` leave one, still moves the change time, which no
+tool can set); an ``s3://`` folder's come from its listing; an
 ``hf://`` folder's is its commit. Every remote source is copied to a local cache once per worker
 (``FOURM_LABELER_CACHE``, else a folder under the system's temp dir) and read from there: an ``s3://`` file again
 only when its version (size, ETag, time) changed, an ``s3://`` folder only when its digest did; an ``hf://`` folder through ``huggingface_hub``'s own cache layout under it, only the files a
@@ -62,10 +64,11 @@ def file_digest(path: str | os.PathLike) -> str:
 
 
 def _remembered_digest(path: Path) -> str:
-    """:func:`file_digest` of a local file, remembered in the cache by its path, size and modification time."""
+    """:func:`file_digest` of a local file, remembered in the cache by its path, size, inode, and modification and
+    change times (see the module docstring)."""
     stat = path.stat()
     memo = cache_dir() / "digests" / (hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24] + ".json")
-    stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns, "inode": stat.st_ino}
     try:
         known = json.loads(memo.read_text())
         if {k: known.get(k) for k in stamp} == stamp:
