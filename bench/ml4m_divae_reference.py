@@ -53,6 +53,26 @@ SCALED_PRESETS = {
     },
 }
 
+#: the scaled-down UViT decoders (ml-4m's ``UViT`` class; its published edge decoder is ``uvit_b_p4_f16``: patch 4,
+#: UNet widths (128, 256) of 2 residual blocks each, a downsampling before the Transformer, 12 blocks of width 768 and
+#: 12 heads). Scaled: the UNet widths to (32, 32), the Transformer to 2 blocks of width 32 and 2 heads; patch size,
+#: levels, blocks per level, the extra downsampling, the MLP ratio and the qkv bias are kept (the long-skip one, for
+#: the cross-attention reference: 1 block per level, 3 Transformer blocks). The port's ``uvit.UVIT_PRESETS`` holds
+#: the same names and sizes.
+UVIT_PRESETS = {
+    "uvit_tiny_p4_f16": {
+        "patch_size": 4, "block_out_channels": [32, 32], "layers_per_block": 2, "downsample_before_mid": True,
+        "mid_layers": 2, "mid_num_heads": 2, "mid_dim": 32, "mid_mlp_ratio": 4, "mid_qkv_bias": True,
+        "mid_use_long_skip": False,
+    },
+    "uvit_tiny_p4_f16_longskip": {
+        "patch_size": 4, "block_out_channels": [32, 32], "layers_per_block": 1, "downsample_before_mid": True,
+        "mid_layers": 3, "mid_num_heads": 2, "mid_dim": 32, "mid_mlp_ratio": 4, "mid_qkv_bias": True,
+        "mid_use_long_skip": True,
+    },
+}
+SCALED_PRESETS["dec_type"].update(UVIT_PRESETS)
+
 #: name -> (channels, codebook size, demo steps, seed); the published ones: rgb 3 ch / 16384, depth and edge 1 ch / 8192
 TOKENIZERS = {
     "rgb": (3, 512, 25, 0),
@@ -61,6 +81,19 @@ TOKENIZERS = {
 }
 IMAGE_SIZE = 64
 BATCH = 2
+
+#: name -> (channels, codebook size, demo steps, seed, the config's differences from :data:`PUBLISHED`' DiVAE
+#: settings, the size the reference images are encoded and decoded at). ``edge_uvit`` is the published edge
+#: tokenizer's structure (``4M_tokenizers_edge_8k_224-512``: 1 channel, ``image_size`` 512, a patch-16 encoder, the
+#: UViT decoder with concatenated codes) with the scaled-down presets and a 512-code codebook (published: 8192), at
+#: 224 px, the size 4M uses it at (14x14 codes); ``uvit_xattn`` covers ml-4m's other UViT paths (codes by
+#: cross-attention, long skips) at 64 px.
+UVIT_TOKENIZERS = {
+    "edge_uvit": (1, 512, 10, 3, {"image_size": 512, "dec_type": "uvit_tiny_p4_f16", "conditioning": "concat"},
+                  224),
+    "uvit_xattn": (3, 256, 25, 4, {"image_size": IMAGE_SIZE, "dec_type": "uvit_tiny_p4_f16_longskip",
+                                   "conditioning": "xattn"}, IMAGE_SIZE),
+}
 
 #: the settings 4M-21's DiVAE tokenizers were trained with (cfgs/default/tokenization/divae/*_224-448_predx0.yaml,
 #: run_training_divae.py's defaults for what those leave out)
@@ -102,6 +135,7 @@ def load_ml4m(path: Path) -> types.SimpleNamespace:
     vqvae = importlib.import_module("fourm.vq.vqvae")
     vit_models = importlib.import_module("fourm.vq.models.vit_models")
     unet = importlib.import_module("fourm.vq.models.unet.unet")
+    uvit = importlib.import_module("fourm.vq.models.uvit")
     scheduling = importlib.import_module("fourm.vq.scheduling")
 
     enc = SCALED_PRESETS["enc_type"]["vit_tiny_enc"]
@@ -120,8 +154,15 @@ def load_ml4m(path: Path) -> types.SimpleNamespace:
             attention_resolutions=list(dec["attention_resolutions"]), channel_mult=tuple(dec["channel_mult"]), **kwargs
         )
 
+    def uvit_factory(settings):
+        def make(**kwargs):
+            return uvit.UViT(**{**settings, "block_out_channels": tuple(settings["block_out_channels"])}, **kwargs)
+        return make
+
     vit_models.vit_tiny_enc = vit_tiny_enc
     unet.unet_patched_tiny = unet_patched_tiny
+    for name, settings in UVIT_PRESETS.items():
+        setattr(uvit, name, uvit_factory(settings))
     return types.SimpleNamespace(vqvae=vqvae, scheduling=scheduling, utils_from=utils_from)
 
 
@@ -129,6 +170,8 @@ def redraw_decoder(decoder: torch.nn.Module, generator: torch.Generator) -> None
     """Random values for every decoder parameter (ml-4m zero-initialises its output convolutions)."""
     with torch.no_grad():
         for name, param in decoder.named_parameters():
+            if not param.requires_grad:  # the UViT's fixed sine-cosine position embedding
+                continue
             if param.ndim == 1:
                 base = 1.0 if name.endswith("weight") else 0.0  # GroupNorm scales near 1, biases near 0
                 param.copy_(base + 0.1 * torch.randn(param.shape, generator=generator))
@@ -137,16 +180,48 @@ def redraw_decoder(decoder: torch.nn.Module, generator: torch.Generator) -> None
                 param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(fan_in))
 
 
+def spec(name: str) -> tuple[int, int, int, int, dict, int]:
+    """(channels, codebook size, steps, seed, config changes, image size) of a reference tokenizer."""
+    if name in UVIT_TOKENIZERS:
+        return UVIT_TOKENIZERS[name]
+    return (*TOKENIZERS[name], {}, IMAGE_SIZE)
+
+
 def build(ml4m, name: str) -> tuple[torch.nn.Module, dict]:
-    channels, codebook_size, _, seed = TOKENIZERS[name]
+    channels, codebook_size, _, seed, changes, _ = spec(name)
     config = dict(
         PUBLISHED, image_size=IMAGE_SIZE, n_channels=channels, enc_type="vit_tiny_enc", dec_type="unet_patched_tiny",
         codebook_size=codebook_size, sync_codebook=False,
     )
+    config.update(changes)
     torch.manual_seed(seed)
     model = ml4m.vqvae.DiVAE(**config)
     redraw_decoder(model.decoder, torch.Generator().manual_seed(1000 + seed))
     return model.eval(), config
+
+
+#: the published DiVAE folders' configurations as rebuilt from ml-4m's training configs
+#: (cfgs/default/tokenization/divae/*/ViTB-UNetP4_*_224-448_predx0.yaml; edges: 224-512 and the UViT decoder, from
+#: its listed file size, see tests/tokenizers/test_ml4m_published_sizes.py)
+PUBLISHED_FOLDERS = {
+    "rgb_16k_224-448": dict(n_channels=3, codebook_size=16384, image_size=448, dec_type="unet_patched"),
+    "depth_8k_224-448": dict(n_channels=1, codebook_size=8192, image_size=448, dec_type="unet_patched"),
+    "normal_8k_224-448": dict(n_channels=3, codebook_size=8192, image_size=448, dec_type="unet_patched"),
+    "edge_8k_224-512": dict(n_channels=1, codebook_size=8192, image_size=512, dec_type="uvit_b_p4_f16",
+                            conditioning="concat"),
+}
+
+
+def published_keys(ml4m) -> dict:
+    """The state-dict keys and shapes of ml-4m's own DiVAE at each published configuration (full size)."""
+    out = {}
+    for name, changes in PUBLISHED_FOLDERS.items():
+        config = dict(PUBLISHED, enc_type="vit_b_enc", sync_codebook=False, **changes)
+        model = ml4m.vqvae.DiVAE(**config)
+        out[name] = {"class": "DiVAE", "config_json": config,
+                     "keys": {k: list(v.shape) for k, v in sorted(model.state_dict().items())}}
+        del model
+    return out
 
 
 def ddim_scheduler(ml4m, config: dict):
@@ -193,30 +268,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reference", default=os.environ.get("FOURM_REFERENCE", "/tmp/ml-4m"))
     parser.add_argument("--out", default=str(OUT))
-    parser.add_argument("--only", nargs="*", default=sorted(TOKENIZERS))
+    parser.add_argument("--only", nargs="*", default=sorted(TOKENIZERS) + sorted(UVIT_TOKENIZERS))
+    parser.add_argument("--keys", action="store_true",
+                        help="also write divae_keys.json: ml-4m's full-size DiVAEs' keys and shapes")
     args = parser.parse_args()
     from safetensors.torch import save_file
 
     path = Path(args.reference)
     ml4m = load_ml4m(path)
     torch.set_num_threads(min(2, torch.get_num_threads()))
+    if args.keys:
+        keys = {"what": "state-dict keys and shapes of ml-4m's DiVAE at the published folders' configurations",
+                "ml4m_commit": ml4m_commit(path),
+                "command": f"FOURM_REFERENCE={args.reference} {interpreter()} bench/ml4m_divae_reference.py --keys",
+                "folders": published_keys(ml4m)}
+        (Path(args.out) / "divae_keys.json").write_text(json.dumps(keys, indent=1) + "\n")
     for name in args.only:
         model, config = build(ml4m, name)
-        channels, _, steps, seed = TOKENIZERS[name]
+        channels, _, steps, seed, _, image_size = spec(name)
         folder = Path(args.out) / f"divae_{name}"
         folder.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(folder, config=config)
         reloaded = ml4m.vqvae.DiVAE.from_pretrained(str(folder)).eval()  # what a user of the folder gets
 
-        images = torch.rand(BATCH, channels, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(seed))
+        batch = BATCH if image_size == IMAGE_SIZE else 1  # one 224-px image keeps the reference small
+        images = torch.rand(batch, channels, image_size, image_size, generator=torch.Generator().manual_seed(seed))
         images = images * 2 - 1
         with torch.no_grad():
             codes = reloaded.tokenize(images)
             noise_seed = 100 + seed
             ddpm = reloaded.decode_tokens(codes, timesteps=steps, generator=torch.Generator().manual_seed(noise_seed),
-                                          image_size=IMAGE_SIZE, verbose=False)
+                                          image_size=image_size, verbose=False)
             ddim = reloaded.decode_tokens(codes, timesteps=steps, scheduler=ddim_scheduler(ml4m, config),
-                                          generator=torch.Generator().manual_seed(noise_seed), image_size=IMAGE_SIZE,
+                                          generator=torch.Generator().manual_seed(noise_seed), image_size=image_size,
                                           verbose=False, scheduler_timesteps_mode="trailing")
         save_file(
             {"images": images.contiguous(), "codes": codes.contiguous(), "decode_ddpm": ddpm.contiguous(),
@@ -232,8 +316,17 @@ def main() -> None:
             "scaled_presets": SCALED_PRESETS,
             "published_shapes": {"rgb": "vit_b_enc + unet_patched, 16384 codes, 3 channels",
                                  "depth": "vit_b_enc + unet_patched, 8192 codes, 1 channel",
-                                 "edge": "vit_b_enc + unet_patched, 8192 codes, 1 channel"}[name],
-            "image_size": IMAGE_SIZE,
+                                 "edge": "vit_b_enc + unet_patched, 8192 codes, 1 channel",
+                                 "edge_uvit": "4M_tokenizers_edge_8k_224-512: vit_b_enc + uvit_b_p4_f16 (concat), "
+                                              "image_size 512, 8192 codes, 1 channel",
+                                 "uvit_xattn": "none published: ml-4m's UViT with codes by cross-attention and "
+                                               "long skips"}[name],
+            "scaled": ("encoder: vit_tiny_enc (published vit_b_enc: width 768, 12 blocks, 12 heads); decoder: "
+                       f"{config['dec_type']} (see scaled_presets); codebook {config['codebook_size']} codes; "
+                       "everything else as published" if name in UVIT_TOKENIZERS else
+                       "encoder vit_tiny_enc, decoder unet_patched_tiny, smaller codebook, 64-px images"),
+            "config_changes": spec(name)[4],
+            "image_size": image_size,
             "steps": steps,
             "noise_seed": noise_seed,
             "decodes": {

@@ -1,9 +1,13 @@
 """The DiVAE port (``fourm_kfp.tokenizers.ml4m.divae``) against apple/ml-4m's own DiVAE.
 
-``tests/tokenizers/ml4m_reference/divae_<name>/`` holds, for rgb, depth and edge, a tokenizer folder that ml-4m's
-``save_pretrained`` wrote (random weights, scaled-down presets) and ml-4m's codes and decodes of it
-(``bench/ml4m_divae_reference.py``, whose ``manifest.json`` says how): the port must give the same codes and the same
-decodes from the same seeded noise, for ml-4m's DDPM pipeline (the DiVAE's default) and for its DDIM scheduler.
+``tests/tokenizers/ml4m_reference/divae_<name>/`` holds, for rgb, depth and edge (patched UNet decoders), for
+``edge_uvit`` (the published edge tokenizer's structure: image size 512, the UViT decoder with concatenated codes,
+used at 224 px) and ``uvit_xattn`` (ml-4m's UViT with cross-attended codes and long skips), a tokenizer folder that
+ml-4m's ``save_pretrained`` wrote (random weights, scaled-down presets) and ml-4m's codes and decodes of it
+(``bench/ml4m_divae_reference.py``, whose ``manifest.json`` says how and what was scaled): the port must give the
+same codes and the same decodes from the same seeded noise, for ml-4m's DDPM pipeline (the DiVAE's default) and for
+its DDIM scheduler. ``divae_keys.json``: ml-4m's own full-size DiVAEs' keys and shapes at the published folders'
+configurations.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from fourm_kfp.tokenizers.ml4m.divae import DiVAE, load_divae
 from fourm_kfp.tokenizers.ml4m.folder import TokenizerFolderError
 
 REFERENCE = Path(__file__).parent / "ml4m_reference"
-NAMES = ("rgb", "depth", "edge")
+UNET_NAMES = ("rgb", "depth", "edge")
+UVIT_NAMES = ("edge_uvit", "uvit_xattn")
+NAMES = UNET_NAMES + UVIT_NAMES
 TOLERANCE = 1e-3
 
 
@@ -60,7 +66,7 @@ def test_decode_is_ml4ms(name, scheduler):
     """ml-4m's ``decode_tokens`` with its DiVAE's own DDPM pipeline, and with its DDIM scheduler (trailing), from a
     generator seeded as the manifest says; the demos' step counts (25; 10 for edges) are the defaults here."""
     ref, model, manifest = _reference(name), _model(name), _manifest(name)
-    assert model.default_steps == manifest["steps"] == (10 if name == "edge" else 25)
+    assert model.default_steps == manifest["steps"] == (10 if "edge" in name else 25)
     out = model.decode_tokens(ref["codes"], generator=_generator(name), scheduler=scheduler)
     expected = ref[f"decode_{scheduler}"]
     assert out.shape == expected.shape
@@ -182,7 +188,7 @@ def test_a_folder_without_weights_names_the_file(tmp_path):
 def test_the_references_are_small_and_say_what_made_them():
     for name in NAMES:
         folder = REFERENCE / f"divae_{name}"
-        assert sum(p.stat().st_size for p in folder.iterdir()) < 1.5e6
+        assert sum(p.stat().st_size for p in folder.iterdir()) < (3e6 if name in UVIT_NAMES else 1.5e6)
         manifest = _manifest(name)
         assert manifest["ml4m_commit"].startswith("cda590f")
         assert "bench/ml4m_divae_reference.py" in manifest["command"]
@@ -194,7 +200,7 @@ def test_the_references_scaled_presets_are_the_ports():
     """The reference folders name presets ml-4m lacks; the port's tables must build the same networks."""
     from fourm_kfp.tokenizers.ml4m import unet, vit
 
-    for name in NAMES:
+    for name in UNET_NAMES:
         presets = _manifest(name)["scaled_presets"]
         enc = presets["enc_type"]["vit_tiny_enc"]
         size = vit.preset("vit_tiny_enc", "enc")
@@ -204,3 +210,95 @@ def test_the_references_scaled_presets_are_the_ports():
         dec = presets["dec_type"]["unet_patched_tiny"]
         assert unet.UNET_PRESETS["unet_patched_tiny"].as_dict() == {
             key: tuple(value) if isinstance(value, list) else value for key, value in dec.items()}
+
+
+def test_the_uvit_references_scaled_presets_are_the_ports():
+    from fourm_kfp.tokenizers.ml4m import uvit
+
+    for name in UVIT_NAMES:
+        manifest = _manifest(name)
+        dec_type = json.loads((REFERENCE / f"divae_{name}" / "config.json").read_text())["dec_type"]
+        expected = manifest["scaled_presets"]["dec_type"][dec_type]
+        assert uvit.UVIT_PRESETS[dec_type].as_dict() == {
+            key: tuple(value) if isinstance(value, list) else value for key, value in expected.items()}, (
+            f"uvit.UVIT_PRESETS[{dec_type!r}] no longer matches the reference: rerun bench/ml4m_divae_reference.py")
+
+
+def test_the_edge_uvit_reference_has_the_published_edge_structure():
+    """Patch-16 encoder, 1 channel, image size 512, ml-4m's UViT decoder with concatenated codes (its factory's
+    structure: patch 4, two UNet levels of two blocks, a downsampling before the Transformer), used at 224 px."""
+    from fourm_kfp.tokenizers.ml4m import uvit
+
+    config = json.loads((REFERENCE / "divae_edge_uvit" / "config.json").read_text())
+    assert (config["patch_size"], config["n_channels"], config["image_size"], config["conditioning"]) == (
+        16, 1, 512, "concat")
+    tiny, published = uvit.UVIT_PRESETS[config["dec_type"]], uvit.UVIT_PRESETS["uvit_b_p4_f16"]
+    for field in ("patch_size", "layers_per_block", "downsample_before_mid", "mid_mlp_ratio", "mid_qkv_bias",
+                  "mid_use_long_skip"):
+        assert getattr(tiny, field) == getattr(published, field), field
+    assert len(tiny.block_out_channels) == len(published.block_out_channels)
+    assert tuple(_reference("edge_uvit")["codes"].shape[-2:]) == (14, 14)
+    assert _model("edge_uvit").decoder.mid_block.cond_type == "concat"
+
+
+def test_a_uvit_folder_stores_the_shared_downsampling_once_and_loads():
+    """diffusers' ``Downsample2D`` holds one convolution as ``conv`` and ``Conv2d_0``; ml-4m's save stores it once
+    (safetensors drops the alias): the port loads it under both names from the one stored."""
+    stored = load_file(str(REFERENCE / "divae_edge_uvit" / "model.safetensors"))
+    assert "decoder.downsample_mid.Conv2d_0.weight" in stored and "decoder.downsample_mid.conv.weight" not in stored
+    model = _model("edge_uvit")
+    assert model.decoder.downsample_mid.conv is model.decoder.downsample_mid.Conv2d_0
+    assert torch.equal(model.decoder.downsample_mid.conv.weight, stored["decoder.downsample_mid.Conv2d_0.weight"])
+
+
+DIVAE_KEYS = json.loads((REFERENCE / "divae_keys.json").read_text())
+
+
+@pytest.mark.parametrize("folder", sorted(DIVAE_KEYS["folders"]))
+def test_keys_and_shapes_of_the_published_divae_configurations(folder):
+    """ml-4m's own full-size DiVAE at each published folder's configuration (rgb, depth, normal: the patched UNet;
+    edge: ``uvit_b_p4_f16`` at 512 px) has the keys and shapes the port builds."""
+    entry = DIVAE_KEYS["folders"][folder]
+    with torch.device("meta"):
+        model = DiVAE(entry["config_json"])
+    assert {k: list(v.shape) for k, v in sorted(model.state_dict().items())} == entry["keys"]
+
+
+def test_unused_tensors_are_reported_and_ignored(tmp_path, caplog):
+    """As ml-4m's non-strict ``from_pretrained``: a tensor the architecture does not use is ignored, and the
+    warning names the folder and the key."""
+    folder = _copy(tmp_path, "edge_uvit")
+    weights = load_file(str(folder / "model.safetensors"))
+    weights["decoder.loss.ema_weight"] = torch.ones(3)
+    weights["encoder.pos_emb_448"] = torch.zeros(2, 2)
+    save_file(weights, str(folder / "model.safetensors"))
+    with caplog.at_level("WARNING", logger="fourm_kfp.tokenizers.ml4m.folder"):
+        model = load_divae(folder, modality="edge")
+    messages = [r.getMessage() for r in caplog.records if r.name == "fourm_kfp.tokenizers.ml4m.folder"]
+    assert len(messages) == 1
+    assert str(folder) in messages[0] and "'decoder.loss.ema_weight'" in messages[0]
+    assert "'encoder.pos_emb_448'" in messages[0]
+    ref = _reference("edge_uvit")
+    assert torch.equal(model.encode(ref["images"]), ref["codes"])
+
+
+def test_a_missing_uvit_tensor_is_refused_by_name(tmp_path):
+    folder = _copy(tmp_path, "edge_uvit")
+    weights = load_file(str(folder / "model.safetensors"))
+    missing = ("decoder.mid_block.mid_block.1.adaLN_gate.weight", "decoder.downsample_mid.Conv2d_0.bias")
+    for key in missing:
+        del weights[key]
+    save_file(weights, str(folder / "model.safetensors"))
+    with pytest.raises(TokenizerFolderError) as caught:
+        load_divae(folder)
+    message = str(caught.value)
+    assert str(folder) in message and all(key in message for key in missing[:1])
+    assert "decoder.downsample_mid.conv.bias" in message or "decoder.downsample_mid.Conv2d_0.bias" in message
+
+
+def test_an_unknown_conditioning_is_named(tmp_path):
+    folder = _copy(tmp_path, "edge_uvit")
+    _edit_config(folder, conditioning="film")
+    with pytest.raises(TokenizerFolderError, match="conditioning 'film'") as caught:
+        load_divae(folder)
+    assert str(folder) in str(caught.value)

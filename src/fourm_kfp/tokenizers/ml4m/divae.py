@@ -2,8 +2,10 @@
 tokenizers, whose decoder is a diffusion model conditioned on the quantized codes.
 
 :class:`DiVAE` is the shared encoder (:class:`~fourm_kfp.tokenizers.ml4m.vqvae.VQEncoder`: ``encode(x) -> codes``,
-``tokens_to_embedding``) plus ``decoder``, the patched UNet of :mod:`.unet` built from the config's ``dec_type``
-with ``n_channels`` in and out and ``latent_dim`` conditioning channels. ``decode_tokens(codes, steps, noise=...,
+``tokens_to_embedding``) plus ``decoder``, built from the config's ``dec_type`` with ``n_channels`` in and out and
+``latent_dim`` conditioning channels: the patched UNet of :mod:`.unet` (``unet_patched``: rgb, depth, normal) or
+the UViT of :mod:`.uvit` (``uvit_*``: the edge tokenizer; the config's ``conditioning``, ml-4m's default
+``concat``, says how the codes enter). ``decode_tokens(codes, steps, noise=...,
 generator=...)`` looks the codes up in the codebook and runs the reverse diffusion of :mod:`.sampling`: ml-4m's
 schedule (the config's ``scheduler``, ``num_train_timesteps``, ``beta_schedule``, ``prediction_type``,
 ``clip_sample``, ``thresholding``, ``zero_terminal_snr``, with ml-4m's defaults) on diffusers' own DDPM / DDIM
@@ -28,6 +30,7 @@ import torch
 from fourm_kfp.tokenizers.ml4m import sampling
 from fourm_kfp.tokenizers.ml4m.folder import TokenizerFolder, TokenizerFolderError, load_into, read_folder
 from fourm_kfp.tokenizers.ml4m.unet import UNET_PRESETS, build_unet
+from fourm_kfp.tokenizers.ml4m.uvit import UVIT_PRESETS, build_uvit
 from fourm_kfp.tokenizers.ml4m.vqvae import VQConfig, VQEncoder
 
 PREDICTION_TYPES = ("sample", "epsilon", "v_prediction")
@@ -59,11 +62,16 @@ class DiVAE(VQEncoder):
     def __init__(self, config: VQConfig | dict[str, Any], modality: str | None = None):
         super().__init__(config)
         cfg = self.config
-        if cfg.dec_type not in UNET_PRESETS:
+        image_size = cfg.image_size_dec or cfg.image_size
+        if cfg.dec_type in UNET_PRESETS:
+            self.decoder = build_unet(cfg.dec_type, channels=cfg.n_channels, cond_channels=cfg.latent_dim,
+                                      image_size=image_size)
+        elif cfg.dec_type in UVIT_PRESETS:
+            self.decoder = build_uvit(cfg.dec_type, channels=cfg.n_channels, cond_dim=cfg.latent_dim,
+                                      image_size=image_size, conditioning=cfg.other.get("conditioning", "concat"))
+        else:
             raise KeyError(f"dec_type {cfg.dec_type!r} is not a DiVAE decoder this port builds (known: "
-                           f"{sorted(UNET_PRESETS)}; ml-4m's UViT decoders are not ported)")
-        self.decoder = build_unet(cfg.dec_type, channels=cfg.n_channels, cond_channels=cfg.latent_dim,
-                                  image_size=cfg.image_size_dec or cfg.image_size)
+                           f"{sorted(UNET_PRESETS) + sorted(UVIT_PRESETS)})")
         self.schedule = sampling.schedule_settings(cfg.other)
         check_schedule(self.schedule)
         self.modality = modality or cfg.other.get("domain")

@@ -4,14 +4,16 @@
 folders. Nothing here fetches from a hub.
 
 :func:`read_folder` gives the config, the tensors and a digest of the two files (sha256 of each, and one over
-both), so a run can record which tokenizer it used. :func:`load_into` fills a module from the tensors and fails,
-naming the folder and the key, on a missing key, a key of the wrong shape or an unexpected key.
+both), so a run can record which tokenizer it used. :func:`load_into` fills a module from the tensors as leniently
+as ml-4m loads its folders (non-strict): tensors the architecture does not use are reported in a warning naming
+them and ignored; a missing tensor, or one of the wrong shape, fails naming the folder and the key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from fourm_kfp.errors import UserError
 from fourm_kfp.storage import open_store
 
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
+log = logging.getLogger(__name__)
 
 
 class TokenizerFolderError(UserError, ValueError):
@@ -85,25 +88,45 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_into(module: torch.nn.Module, folder: TokenizerFolder, ignore: Iterable[str] = ()) -> None:
-    """Copy ``folder``'s tensors into ``module``'s state, strictly: every key of the module must be in the folder
-    with its shape, and every key of the folder must be the module's, except those starting with a prefix in
-    ``ignore`` (an encoder-only load skips the decoder's). Errors name the folder and the key."""
+def _aliases(state: dict[str, torch.Tensor]) -> dict[str, list[str]]:
+    """For each key, the other keys of ``state`` that are the same tensor (diffusers' ``Downsample2D`` registers its
+    convolution as ``conv`` and ``Conv2d_0``; a safetensors save stores such a tensor once, under one name)."""
+    by_tensor: dict[tuple[int, int, tuple[int, ...]], list[str]] = {}
+    for key, tensor in state.items():
+        if tensor.device.type == "meta":
+            continue
+        by_tensor.setdefault((tensor.data_ptr(), tensor.dtype.itemsize, tuple(tensor.shape)), []).append(key)
+    return {key: [other for other in group if other != key] for group in by_tensor.values() for key in group}
+
+
+def load_into(module: torch.nn.Module, folder: TokenizerFolder, ignore: Iterable[str] = ()) -> list[str]:
+    """Copy ``folder``'s tensors into ``module``'s state, as leniently as ml-4m's ``from_pretrained`` (huggingface_hub
+    with ``strict=False``) but never silently: a tensor the folder holds and the module does not use is reported (one
+    warning naming the folder and the keys) and ignored, except those starting with a prefix in ``ignore`` (an
+    encoder-only load skips the decoder's), which are skipped without a word; a tensor the module needs that the
+    folder lacks (and holds under no alias of the same tensor), or one of another shape, fails naming the folder and
+    the keys. Returns the keys ignored."""
     ignore = tuple(ignore)
     state = module.state_dict()
+    aliases = _aliases(state)
     problems = []
     for key, target in state.items():
         if key not in folder.tensors:
-            problems.append(f"missing key {key!r} (shape {list(target.shape)})")
+            if not any(other in folder.tensors for other in aliases.get(key, ())):
+                problems.append(f"missing key {key!r} (shape {list(target.shape)})")
         elif tuple(folder.tensors[key].shape) != tuple(target.shape):
             problems.append(f"key {key!r} has shape {list(folder.tensors[key].shape)}, the config makes "
                             f"{list(target.shape)}")
-    for key in sorted(set(folder.tensors) - set(state)):
-        if not key.startswith(ignore):
-            problems.append(f"unexpected key {key!r} (not in the model the config builds)")
     if problems:
         shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
         raise TokenizerFolderError(f"{folder.uri}: {shown}")
+    unused = sorted(key for key in set(folder.tensors) - set(state) if not key.startswith(ignore))
+    if unused:
+        shown = ", ".join(repr(key) for key in unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
+        log.warning("%s: %d tensor(s) the model its config builds does not use, ignored (as ml-4m's non-strict load "
+                    "ignores them): %s", folder.uri, len(unused), shown)
     with torch.no_grad():
         for key, target in state.items():
-            target.copy_(folder.tensors[key].to(target.dtype))
+            source = key if key in folder.tensors else next(o for o in aliases[key] if o in folder.tensors)
+            target.copy_(folder.tensors[source].to(target.dtype))
+    return unused
