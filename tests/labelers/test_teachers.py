@@ -164,7 +164,7 @@ def test_clip_map_is_the_projected_normed_patch_tokens_as_clip_pools_its_class_t
     import torch
     from transformers import CLIPImageProcessor, CLIPVisionModelWithProjection
 
-    teacher = _teacher(folders, "hf_clip")
+    teacher = _teacher(folders, "hf_clip", preprocess="processor")  # ml-4m's input: test_feature_teachers.py
     maps = teacher.label(photos)
     assert teacher.modality_settings == {"channels": 24, "grid": SIDE // 16}
     model = CLIPVisionModelWithProjection.from_pretrained(folders["hf_clip"]).eval()
@@ -186,7 +186,7 @@ def test_dinov2_map_is_the_normed_patch_tokens(folders, photos):
     import torch
     from transformers import AutoImageProcessor, Dinov2Model
 
-    teacher = _teacher(folders, "hf_dinov2")
+    teacher = _teacher(folders, "hf_dinov2", preprocess="processor")  # ml-4m's input: test_feature_teachers.py
     maps = teacher.label(photos)
     assert teacher.modality_settings == {"channels": 32, "grid": 4}  # a 56 px centre crop of 14 px patches
     model = Dinov2Model.from_pretrained(folders["hf_dinov2"]).eval()

@@ -16,8 +16,9 @@ normal    8-bit RGB ``H x W x 3``                     ``3 x H x W`` float32: ``(
 semseg    8-bit COCO ids ``H x W`` (255: none)        ``H x W`` int64 class ids 0..133: ``(id + 1) mod 256``, so
                                                       0 is "no class" and COCO's 133 classes are 1..133
 CLIP      CLIP-B/16's last tokens without [CLS],      ``512 x 14 x 14`` at 224 px: ``B x (N_H N_W) x D`` laid out
-          after its projection                        as ``B x D x N_H x N_W`` (:func:`feature_map`), unscaled
-DINOv2    DINOv2-B/14's ``x_norm_patchtokens``        ``768 x 16 x 16`` at 224 px, the same layout
+          after its projection                        as ``B x D x N_H x N_W`` (:func:`feature_map`), unscaled;
+                                                      the teacher's own input: :func:`feature_teacher_input`
+DINOv2    DINOv2-B/14's ``x_norm_patchtokens``        ``768 x 16 x 16`` at 224 px, the same layout and input
 global    DINOv2's ``x_norm_clstoken`` /              ``B x D x 1 x 1`` (:func:`global_feature`)
           ImageBind's token 0; human poses' 207
           pose numbers
@@ -33,6 +34,8 @@ the ``1e-6`` in the variance (:func:`standardise_depth` takes floats).
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -66,6 +69,28 @@ def rgb(image: np.ndarray) -> torch.Tensor:
 def rgb_imagenet(image: np.ndarray) -> torch.Tensor:
     """4M's pixel input (``rgb@224``): ImageNet mean and std."""
     return _normalise(_to_float_chw(image), IMAGENET_MEAN, IMAGENET_STD)
+
+
+def feature_teacher_input(images: Sequence[np.ndarray], side: int) -> torch.Tensor:
+    """What ml-4m feeds CLIP-B/16 and DINOv2-B/14 to make the feature maps its CLIP and DINOv2 tokenizers were
+    trained on (``run_training_vqvae.py``; ``save_vq_tokens.py`` at pre-tokenization): each 8-bit ``H x W x 3``
+    photo's centred square (``CenterCropImageAugmenter``: offsets floored) resized to ``side`` x ``side`` by Pillow's
+    bicubic (``RGBTransform.image_augment`` with ``resample_mode`` None, both scripts' default), then ImageNet's mean
+    and std (the tokenizers' training configs set ``imagenet_default_mean_and_std: True``; ``save_vq_tokens.py``
+    itself would take Inception's 0.5 / 0.5, which the published tokenizers never saw): float32
+    ``B x 3 x side x side``."""
+    from PIL import Image
+
+    squares = []
+    for image in images:
+        height, width = image.shape[:2]
+        square = min(height, width)
+        top, left = (height - square) // 2, (width - square) // 2
+        crop = np.ascontiguousarray(image[top:top + square, left:left + square])
+        if square != side:
+            crop = np.asarray(Image.fromarray(crop).resize((side, side), Image.Resampling.BICUBIC))
+        squares.append(crop)
+    return rgb_imagenet(np.stack(squares))
 
 
 def normal(image: np.ndarray) -> torch.Tensor:
