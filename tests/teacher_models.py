@@ -1,19 +1,49 @@
 """Tiny random-weight teacher networks for the tests: the folders of :mod:`fourm_kfp.labelers.teachers.random_folders`
-at its ``tiny`` size (64 px photos), and two more families the built-in teachers read, to check transformers'
-other code paths: SegFormer (per-pixel semantic logits) and DETR over a transformers ResNet given by its config.
-Nothing is downloaded; backbones are config objects, never names."""
+at its ``tiny`` size (64 px photos), and more families the built-in teachers read, each saved as the hub's
+checkpoints of the family are laid out, to check transformers' other code paths: SegFormer (per-pixel semantic
+logits), MaskFormer, DETR over a transformers ResNet given by its config (facebook/detr-resnet-50's ``no_timm``
+revision), DETR and YOLOS with COCO's 91-id ``id2label`` (:data:`COCO_91_ID2LABEL`), a ViT+GPT2
+VisionEncoderDecoder captioner with an image processor and a tokenizer but no processor (the layout of
+nlpconnect/vit-gpt2-image-captioning), and ZoeDepth and DepthPro (which ``hf_depth`` refuses).
+Nothing is downloaded; backbones are config objects, never names; tokenizers are built in memory."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from fourm_kfp.labelers.teachers.random_folders import (FAMILIES, TINY_DET_CLASSES, TINY_SEG_CLASSES, labels,
-                                                         save_random_teacher)
+                                                         save_random_teacher, spread)
 
 #: every transformers teacher of the registry (tests/labelers/test_teachers.py tests each)
 TEACHER_LABELERS = (*FAMILIES, "normal_from_depth")
 SEG_CLASSES = TINY_SEG_CLASSES
 COCO_LIKE = TINY_DET_CLASSES
+
+#: facebook/detr-resnet-50's id2label (config.json), the layout YOLOS and the DETR family ship: COCO's category
+#: ids 0..90, the 11 that no category uses named "N/A"
+COCO_91_ID2LABEL = (
+    "N/A", "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
+    "fire hydrant", "N/A", "stop sign", "parking meter", "bench", "bird", "cat", "dog", "horse", "sheep", "cow",
+    "elephant", "bear", "zebra", "giraffe", "N/A", "backpack", "umbrella", "N/A", "N/A", "handbag", "tie",
+    "suitcase", "frisbee", "skis", "snowboard", "sports ball", "kite", "baseball bat", "baseball glove",
+    "skateboard", "surfboard", "tennis racket", "bottle", "N/A", "wine glass", "cup", "fork", "knife", "spoon",
+    "bowl", "banana", "apple", "sandwich", "orange", "broccoli", "carrot", "hot dog", "pizza", "donut", "cake",
+    "chair", "couch", "potted plant", "bed", "N/A", "dining table", "N/A", "N/A", "toilet", "N/A", "tv", "laptop",
+    "mouse", "remote", "keyboard", "cell phone", "microwave", "oven", "toaster", "sink", "refrigerator", "N/A",
+    "book", "clock", "vase", "scissors", "teddy bear", "hair drier", "toothbrush")
+
+
+def teacher_photos(side: int = 64, count: int = 3):
+    """A label batch of ``count`` of scikit-image's photos resized to ``side`` px."""
+    import numpy as np
+    from PIL import Image
+    from skimage import data
+
+    from fourm_kfp.labelers.base import LabelBatch
+
+    names = ("astronaut", "chelsea", "coffee", "rocket", "motorcycle_left")[:count]
+    images = tuple(np.asarray(Image.fromarray(getattr(data, n)()).convert("RGB").resize((side, side))) for n in names)
+    return LabelBatch(tuple(f"photo-{i}" for i in range(len(images))), images)
 
 
 def _seeded(seed: int):
@@ -41,8 +71,10 @@ def save_segformer(folder: Path, side: int = 64, seed: int = 0) -> Path:
     return Path(folder)
 
 
-def save_detr(folder: Path, side: int = 64, seed: int = 0) -> Path:
-    """DETR over a transformers ResNet given by its config (not timm's, not by name)."""
+def save_detr(folder: Path, side: int = 64, seed: int = 0, classes: tuple[str, ...] = COCO_LIKE,
+              std: float = 0.0) -> Path:
+    """DETR over a transformers ResNet given by its config (not timm's, not by name), with ``classes``, its weights
+    spread by ``std`` (:func:`~fourm_kfp.labelers.teachers.random_folders.spread`)."""
     from transformers import DetrConfig, DetrForObjectDetection, DetrImageProcessor, ResNetConfig
 
     _seeded(seed)
@@ -50,8 +82,109 @@ def save_detr(folder: Path, side: int = 64, seed: int = 0) -> Path:
                           out_features=["stage4"])
     config = DetrConfig(use_timm_backbone=False, backbone_config=resnet, d_model=32, encoder_layers=1,
                         decoder_layers=1, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=2,
-                        decoder_attention_heads=2, num_queries=12, num_labels=len(COCO_LIKE),
-                        **labels(COCO_LIKE))
-    DetrForObjectDetection(config).save_pretrained(folder)
+                        decoder_attention_heads=2, num_queries=12, num_labels=len(classes), **labels(classes))
+    spread(DetrForObjectDetection(config), std).save_pretrained(folder)
     DetrImageProcessor(size={"height": side, "width": side}).save_pretrained(folder)
+    return Path(folder)
+
+
+def save_yolos(folder: Path, side: int = 64, seed: int = 0, classes: tuple[str, ...] = COCO_91_ID2LABEL) -> Path:
+    """YOLOS (a ViT with detection tokens) with ``classes``, COCO's 91 ids as hustvl/yolos-small has them."""
+    from transformers import YolosConfig, YolosForObjectDetection, YolosImageProcessor
+
+    _seeded(seed)
+    config = YolosConfig(image_size=[side, side], patch_size=16, hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, intermediate_size=64, num_detection_tokens=12,
+                         num_labels=len(classes), **labels(classes))
+    spread(YolosForObjectDetection(config), 0.3).save_pretrained(folder)
+    YolosImageProcessor(size={"shortest_edge": side, "longest_edge": side}).save_pretrained(folder)
+    return Path(folder)
+
+
+def save_maskformer(folder: Path, side: int = 64, seed: int = 0) -> Path:
+    """MaskFormer over Swin (facebook/maskformer-swin-*'s layout): its ``decoder_config`` is a DETR config, which
+    transformers writes with DETR's default backbone name though MaskFormer builds only its decoder."""
+    from transformers import MaskFormerConfig, MaskFormerForInstanceSegmentation, MaskFormerImageProcessor, SwinConfig
+
+    _seeded(seed)
+    swin = SwinConfig(image_size=side, patch_size=4, embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2],
+                      window_size=4, out_features=["stage1", "stage2", "stage3", "stage4"])
+    decoder = dict(model_type="detr", d_model=32, decoder_layers=1, decoder_ffn_dim=64, decoder_attention_heads=2,
+                   encoder_layers=1, encoder_ffn_dim=64, encoder_attention_heads=2)
+    config = MaskFormerConfig(backbone_config=swin, decoder_config=decoder, fpn_feature_size=32,
+                              mask_feature_size=32, num_queries=8, num_labels=len(SEG_CLASSES), **labels(SEG_CLASSES))
+    spread(MaskFormerForInstanceSegmentation(config), 0.5).save_pretrained(folder)
+    MaskFormerImageProcessor(size={"height": side, "width": side}, do_reduce_labels=False).save_pretrained(folder)
+    return Path(folder)
+
+
+def gpt2_tokenizer():
+    """A byte-level BPE tokenizer of GPT-2's kind built in memory: the 256 byte symbols and ``<|endoftext|>``."""
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import GPT2Tokenizer
+
+    vocab = {symbol: i for i, symbol in enumerate(sorted(ByteLevel.alphabet()))}
+    vocab["<|endoftext|>"] = len(vocab)
+    return GPT2Tokenizer(vocab=vocab, merges=[])
+
+
+def save_vit_gpt2(folder: Path, side: int = 64, seed: int = 0) -> Path:
+    """A ViT+GPT2 VisionEncoderDecoder captioner as nlpconnect/vit-gpt2-image-captioning is laid out: the model, a
+    ViT image processor and GPT-2's tokenizer, no processor; generation starts from, pads with and ends at
+    ``<|endoftext|>``."""
+    from transformers import GPT2Config, ViTConfig, ViTImageProcessor, VisionEncoderDecoderConfig, \
+        VisionEncoderDecoderModel
+
+    _seeded(seed)
+    tokenizer = gpt2_tokenizer()
+    end = tokenizer.eos_token_id
+    encoder = ViTConfig(image_size=side, patch_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64)
+    decoder = GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_embd=32, n_layer=1, n_head=2,
+                         bos_token_id=end, eos_token_id=end)
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    config.decoder_start_token_id = config.pad_token_id = config.eos_token_id = end
+    spread(VisionEncoderDecoderModel(config), 0.5).save_pretrained(folder)
+    ViTImageProcessor(size={"height": side, "width": side}).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
+def save_zoedepth(folder: Path, side: int = 64, seed: int = 0) -> Path:
+    """ZoeDepth over a BEiT backbone (Intel/zoedepth-nyu-kitti's layout), with its image processor."""
+    from transformers import BeitConfig, ZoeDepthConfig, ZoeDepthForDepthEstimation, ZoeDepthImageProcessor
+
+    _seeded(seed)
+    beit = BeitConfig(image_size=side, patch_size=16, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                      intermediate_size=64, use_relative_position_bias=True, reshape_hidden_states=False,
+                      out_features=["stage1", "stage2", "stage3", "stage4"])
+    config = ZoeDepthConfig(backbone_config=beit, neck_hidden_sizes=[8, 16, 32, 32], fusion_hidden_size=16,
+                            bottleneck_features=16, bin_embedding_dim=16, num_relative_features=8,
+                            num_patch_transformer_layers=1, patch_transformer_hidden_size=16,
+                            patch_transformer_intermediate_size=32, patch_transformer_num_attention_heads=2)
+    ZoeDepthForDepthEstimation(config).save_pretrained(folder)
+    ZoeDepthImageProcessor(size={"height": side, "width": side}).save_pretrained(folder)
+    return Path(folder)
+
+
+def save_depth_pro(folder: Path, seed: int = 0) -> Path:
+    """DepthPro over DINOv2 image, patch and field-of-view encoders (apple/DepthPro-hf's layout). Its image
+    processor needs torchvision even to be built, so its ``preprocessor_config.json`` is written as the hub's
+    is."""
+    import json
+
+    from transformers import DepthProConfig, DepthProForDepthEstimation, Dinov2Config
+
+    _seeded(seed)
+    dinov2 = Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                          image_size=32, patch_size=8)
+    config = DepthProConfig(fusion_hidden_size=16, patch_size=32, intermediate_hook_ids=[1, 0],
+                            intermediate_feature_dims=[16, 16], scaled_images_feature_dims=[32, 32, 16],
+                            image_model_config=dinov2, patch_model_config=dinov2, fov_model_config=dinov2,
+                            use_fov_model=True)
+    DepthProForDepthEstimation(config).save_pretrained(folder)
+    processor = {"image_processor_type": "DepthProImageProcessorFast", "do_resize": True, "do_rescale": True,
+                 "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                 "rescale_factor": 1 / 255, "resample": 2, "size": {"height": 128, "width": 128}}
+    (Path(folder) / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
     return Path(folder)

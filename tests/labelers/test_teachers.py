@@ -19,23 +19,15 @@ from fourm_kfp.labelers.registry import build_labeler
 from fourm_kfp.labelers.teachers.boxes import det_name
 from fourm_kfp.labelers.teachers.depth import RELATIVE_DEPTH_TOP, depth_from_prediction
 from fourm_kfp.labelers.teachers.normals import normals_from_depth
-from tests.teacher_models import COCO_LIKE, SEG_CLASSES, save_detr, save_segformer, save_teacher
+from tests.teacher_models import COCO_LIKE, SEG_CLASSES, save_detr, save_segformer, save_teacher, teacher_photos
 
 SIDE = 64
 PARAMS = {"hf_depth": {"depth": "relative", "inverse": True}, "hf_det": {"threshold": 0.3, "max_boxes": 4}}
 
 
-def _photos(count: int = 3) -> tuple[np.ndarray, ...]:
-    from skimage import data
-
-    names = ("astronaut", "chelsea", "coffee", "rocket", "motorcycle_left")[:count]
-    return tuple(np.asarray(Image.fromarray(getattr(data, n)()).convert("RGB").resize((SIDE, SIDE))) for n in names)
-
-
 @pytest.fixture(scope="module")
 def photos() -> LabelBatch:
-    images = _photos()
-    return LabelBatch(tuple(f"photo-{i}" for i in range(len(images))), images)
+    return teacher_photos(SIDE)
 
 
 @pytest.fixture(scope="module")

@@ -69,18 +69,27 @@ def labeler_class(name: str) -> type[Labeler]:
     return cls
 
 
+def located(message: str, name: str, where: str | None) -> str:
+    """An error of labeler ``name`` that names it once, behind the config entry ``where`` when given: a built-in
+    labeler's errors start with ``labeler '<name>':`` already; a plug-in's may not."""
+    own = f"labeler {name!r}"
+    if not message.startswith(f"{own}:"):
+        message = f"{own}: {message}"
+    return f"{where}: {message}" if where and where != own else message
+
+
 def build_labeler(name: str, params: Mapping[str, Any] | None = None, weights: str = "", device: str = "cpu",
                   where: str | None = None) -> Labeler:
-    """The labeler ``name`` built from its params and weights URI (see :class:`LabelerSetup`)."""
-    where = where or f"labeler {name!r}"
+    """The labeler ``name`` built from its params and weights URI (see :class:`LabelerSetup`); ``where`` names its
+    config entry in errors (``label.labelers[2]``)."""
     cls = labeler_class(name)
     path = digest = None
     if cls.needs_weights or weights:
-        path, digest = resolve_weights(cls.weights_kind, weights, where)
+        path, digest = resolve_weights(cls.weights_kind, weights, where or f"labeler {name!r}")
     try:
         labeler = cls(LabelerSetup(dict(params or {}), path, digest, device))
     except LabelerError as exc:
-        raise LabelerError(f"{where}: {exc}") from None
+        raise LabelerError(located(str(exc), name, where)) from None
     if not labeler.modality:
-        raise LabelerError(f"{where}: the labeler does not say which modality it produces")
+        raise LabelerError(located("the labeler does not say which modality it produces", name, where))
     return labeler

@@ -1,4 +1,4 @@
-"""Depth from any transformers depth-estimation network (DPT, hybrid DPT, Depth Anything, ZoeDepth, ...).
+"""Depth from transformers' depth-estimation networks (DPT, hybrid DPT, GLPN, Depth Anything v1 and v2, ...).
 
 Config (``label.labelers[]``): ``name: hf_depth``, ``weights``: the model folder, ``params``:
 
@@ -13,17 +13,19 @@ A relative depth is then scaled per image so that its largest value is :data:`RE
 millimetres in a 16-bit PNG, so the scale keeps about four significant digits), and the dataset records it as
 relative: the depth tokenizer standardises it per image, as 4M does its Omnidata depth. Pixels the model gives no
 positive depth are invalid (0). NaN stays NaN, so the data gate fails a broken teacher naming it.
+
+ZoeDepth and DepthPro are refused when the labeler is built: their image processors need torchvision, which the
+teachers extra and the images do not install (:func:`~fourm_kfp.labelers.teachers.loading.needs_torchvision`).
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
 from fourm_kfp.labelers.base import LabelBatch, LabelerError, LabelerSetup, check_labels
-from fourm_kfp.labelers.teachers.loading import TransformersTeacher, host
+from fourm_kfp.labelers.teachers.loading import TransformersTeacher, auto_model_types, host
 
 #: The largest value of a relative depth map once scaled (below the 65.535 a shard's millimetre PNG holds).
 RELATIVE_DEPTH_TOP = 60.0
@@ -51,6 +53,7 @@ class DepthTeacher(TransformersTeacher):
     version: ClassVar[str] = "1"
     modality = "depth"
     model_class: ClassVar[str] = "AutoModelForDepthEstimation"
+    reads_models: ClassVar[str] = "depth-estimation models"
     defaults: ClassVar[Mapping[str, Any]] = {"depth": None, "inverse": False, "bf16": True}
 
     def __init__(self, setup: LabelerSetup) -> None:
@@ -62,15 +65,15 @@ class DepthTeacher(TransformersTeacher):
             raise LabelerError(f"labeler {self.name!r}: param 'inverse' must be true or false")
         self.relative_depth = self.params["depth"] == "relative"
 
+    def accepted_model_types(self) -> frozenset[str]:
+        return auto_model_types("MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES")
+
     def predict(self, batch: LabelBatch) -> list[np.ndarray]:
         """The processor's post-processed depth of each photo, at the photo's size, float32 ``[H, W]``."""
         outputs = self.forward(batch)
         outputs.predicted_depth = outputs.predicted_depth.float()
-        post = self.processor.post_process_depth_estimation
-        kwargs: dict[str, Any] = {"target_sizes": self.target_sizes(batch)}
-        if "source_sizes" in inspect.signature(post).parameters:  # ZoeDepth removes its padding by them
-            kwargs["source_sizes"] = self.target_sizes(batch)
-        return host([item["predicted_depth"] for item in post(outputs, **kwargs)])
+        found = self.processor.post_process_depth_estimation(outputs, target_sizes=self.target_sizes(batch))
+        return host([item["predicted_depth"] for item in found])
 
     def label(self, batch: LabelBatch) -> list[Any]:
         values = [depth_from_prediction(p, self.relative_depth, self.params["inverse"]) for p in self.predict(batch)]

@@ -4,8 +4,19 @@
 writes it (the config, safetensors weights, the pre-processor's and tokenizer's files), fetched and hashed by
 :mod:`fourm_kfp.labelers.weights`; the network and its pre-processor are built from that folder alone
 (``local_files_only``: nothing is looked up on a hub), once per process and device (:func:`load_model`), shared by
-every labeler that reads the same folder. A folder whose config names a backbone by name instead of holding its
-config is refused (:func:`check_folder`): transformers would resolve the name on the hub or through timm.
+every labeler that reads the same folder. Building a teacher checks the folder first, so a folder it cannot read
+fails there, once, naming the labeler, the folder and its model type (:func:`read_config`,
+:meth:`TransformersTeacher.check_model_type`):
+
+* its ``model_type`` must be one the teacher reads (:meth:`TransformersTeacher.accepted_model_types`: the model
+  types of the transformers auto class it loads, e.g. depth estimation for ``hf_depth``);
+* a model type whose image processor needs torchvision is refused where torchvision is not installed (the
+  project's environment and images have none: PyPI's torchvision wheel is built for CUDA and cannot load beside the
+  CPU torch; :func:`needs_torchvision`), e.g. ZoeDepth and DepthPro;
+* a config that names a backbone by name instead of holding its config is refused (:func:`check_backbones`):
+  transformers would resolve the name on the hub or through timm. A sub-config the model never builds a backbone
+  from is not read (:data:`UNBUILT_SUBCONFIGS`: MaskFormer's ``decoder_config``, a DETR config of which MaskFormer
+  builds only the decoder, where transformers writes DETR's default backbone name).
 
 A batch is pre-processed by the folder's own processor in one call, run through one forward on the device (bf16
 autocast on a GPU unless ``bf16: false``), post-processed on the device by the processor's own post-processing, and
@@ -18,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping
@@ -27,21 +39,29 @@ import numpy as np
 from fourm_kfp.labelers.base import LabelBatch, Labeler, LabelerError, LabelerSetup
 
 
-def _backbone_by_name(config: Any, path: str = "config") -> str | None:
-    """Where in a config dict a backbone is named (``backbone: <name>``) with no ``backbone_config``, else None."""
+#: model type -> the keys of its config that hold a sub-config the model never builds a backbone from
+UNBUILT_SUBCONFIGS: dict[str, tuple[str, ...]] = {"maskformer": ("decoder_config",)}
+
+#: model types whose PIL image processor still calls torchvision (ZoeDepth's post-processing resizes with it)
+PIL_PROCESSORS_NEEDING_TORCHVISION = frozenset({"zoedepth"})
+
+
+def _backbone_by_name(config: Any, path: str = "config", skip: tuple[str, ...] = ()) -> str | None:
+    """Where in a config dict a backbone is named (``backbone: <name>``) with no ``backbone_config``, else None;
+    the keys in ``skip`` are not read."""
     if isinstance(config, Mapping):
         named = config.get("backbone")
         if isinstance(named, str) and named and not config.get("backbone_config"):
             return f"{path}.backbone = {named!r}"
         for key, value in config.items():
-            found = _backbone_by_name(value, f"{path}.{key}")
+            found = None if key in skip else _backbone_by_name(value, f"{path}.{key}")
             if found:
                 return found
     return None
 
 
-def check_folder(folder: str, where: str) -> dict[str, Any]:
-    """The folder's ``config.json``, after checking the folder is a transformers model that builds offline."""
+def read_config(folder: str, where: str) -> dict[str, Any]:
+    """The folder's ``config.json``, with a ``model_type``."""
     config_file = Path(folder) / "config.json"
     if not config_file.is_file():
         raise LabelerError(f"{where}: {folder} holds no config.json: not a model folder as save_pretrained writes it")
@@ -49,12 +69,43 @@ def check_folder(folder: str, where: str) -> dict[str, Any]:
         config = json.loads(config_file.read_text())
     except json.JSONDecodeError as exc:
         raise LabelerError(f"{where}: {config_file} is not JSON: {exc}") from None
-    named = _backbone_by_name(config)
-    if named:
-        raise LabelerError(f"{where}: {config_file} names its backbone by name ({named}) with no backbone_config: "
-                           "transformers would look that name up on a hub or in timm; save the model with its "
-                           "backbone's config object (backbone_config=...) instead")
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise LabelerError(f"{where}: {config_file} has no model_type: not a transformers model config")
     return config
+
+
+def check_backbones(config: Mapping[str, Any], folder: str, where: str) -> None:
+    """Refuse a config that names a backbone by name with no ``backbone_config`` where the model builds it."""
+    named = _backbone_by_name(config, skip=UNBUILT_SUBCONFIGS.get(config["model_type"], ()))
+    if named:
+        raise LabelerError(f"{where}: {Path(folder) / 'config.json'} names its backbone by name ({named}) with no "
+                           "backbone_config: transformers would look that name up on a hub or in timm; save the "
+                           "model with its backbone's config object (backbone_config=...) instead")
+
+
+def torchvision_available() -> bool:
+    """Whether torchvision can be imported here."""
+    return importlib.util.find_spec("torchvision") is not None
+
+
+def needs_torchvision(model_type: str) -> bool:
+    """Whether the image processor of ``model_type`` needs torchvision and it is not installed: transformers has
+    only a torchvision processor for it, or its PIL processor calls torchvision
+    (:data:`PIL_PROCESSORS_NEEDING_TORCHVISION`)."""
+    if torchvision_available():
+        return False
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    backends = IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+    no_pil_processor = isinstance(backends, Mapping) and "pil" not in backends
+    return no_pil_processor or model_type in PIL_PROCESSORS_NEEDING_TORCHVISION
+
+
+def auto_model_types(*mappings: str) -> frozenset[str]:
+    """The model types of transformers' auto mappings named (``modeling_auto``'s ``*_MAPPING_NAMES``)."""
+    from transformers.models.auto import modeling_auto
+
+    return frozenset(t for name in mappings for t in getattr(modeling_auto, name))
 
 
 def _quiet_transformers() -> Any:
@@ -106,13 +157,18 @@ class TransformersTeacher(Labeler):
     weights_kind: ClassVar[str] = "folder"
     model_class: ClassVar[str] = ""
     processor_class: ClassVar[str] = "AutoImageProcessor"
+    #: what the teacher reads, in words, for errors ("depth-estimation models")
+    reads_models: ClassVar[str] = "transformers models"
 
     def __init__(self, setup: LabelerSetup) -> None:
         super().__init__(setup)
         if not isinstance(self.params["bf16"], bool):
             raise LabelerError(f"labeler {self.name!r}: param 'bf16' must be true or false, got {self.params['bf16']!r}")
         self.folder = str(setup.weights_path)
-        self.config = check_folder(self.folder, f"labeler {self.name!r}")
+        where = f"labeler {self.name!r}"
+        self.config = read_config(self.folder, where)
+        self.check_model_type(self.config["model_type"])
+        check_backbones(self.config, self.folder, where)
         self._model_class, processor_class = self.classes_for(self.config)
         self.device = setup.device
         with self._loading(processor_class):
@@ -133,6 +189,28 @@ class TransformersTeacher(Labeler):
         """The network, loaded on first use."""
         with self._loading(self._model_class):
             return load_model(self.folder, self.setup.weights_digest, self._model_class, self.device)
+
+    def accepted_model_types(self) -> frozenset[str] | None:
+        """The config ``model_type``\ s this teacher reads, before :func:`needs_torchvision` removes some; None: any."""
+        return None
+
+    def check_model_type(self, model_type: str) -> None:
+        """Refuse, naming the labeler, the folder and what it reads, a model type it does not read or whose
+        image processor needs the torchvision this environment lacks."""
+        accepted = self.accepted_model_types()
+        if accepted is None:
+            return
+        refused = {t for t in accepted | {model_type} if needs_torchvision(t)}
+        reads = ", ".join(sorted(accepted - refused))
+        if model_type in refused:
+            raise LabelerError(f"labeler {self.name!r}: {self.folder} holds a {model_type!r} model, whose image "
+                               "processor needs torchvision, which this environment does not have (PyPI's "
+                               "torchvision wheel is built for CUDA and cannot load beside the CPU torch of the "
+                               f"teachers extra); {self.name} reads {self.reads_models} of the types {reads}")
+        if model_type not in accepted:
+            raise LabelerError(f"labeler {self.name!r}: {self.folder} holds a {model_type!r} model (its config.json's "
+                               f"model_type), which {self.name} does not read: it reads {self.reads_models} of the "
+                               f"types {reads}")
 
     def classes_for(self, config: Mapping[str, Any]) -> tuple[str | type, str]:
         """The model class (a transformers name, or a class) and processor class name that read this folder."""

@@ -71,7 +71,11 @@ class NormalTeacher(TransformersTeacher):
     name: ClassVar[str] = "hf_normal"
     version: ClassVar[str] = "1"
     modality = "normal"
+    reads_models: ClassVar[str] = "DPTs with a 3-channel head"
     defaults: ClassVar[Mapping[str, Any]] = {"bf16": True}
+
+    def accepted_model_types(self) -> frozenset[str]:
+        return frozenset({"dpt"})
 
     def classes_for(self, config: Mapping[str, Any]) -> tuple[type, str]:
         return _dpt_normal_class(), "AutoImageProcessor"

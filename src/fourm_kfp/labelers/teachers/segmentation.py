@@ -17,7 +17,7 @@ import numpy as np
 
 from fourm_kfp.data.modalities import class_id_dtype
 from fourm_kfp.labelers.base import LabelBatch, LabelerError, LabelerSetup, check_labels
-from fourm_kfp.labelers.teachers.loading import TransformersTeacher, host
+from fourm_kfp.labelers.teachers.loading import TransformersTeacher, auto_model_types, host
 
 #: model types transformers loads as universal segmentation (masks with classes) rather than per-pixel logits
 UNIVERSAL_TYPES = frozenset({"mask2former", "maskformer"})
@@ -71,12 +71,16 @@ class SegmentationTeacher(TransformersTeacher):
     name: ClassVar[str] = "hf_semseg"
     version: ClassVar[str] = "1"
     modality = "semseg"
+    reads_models: ClassVar[str] = "semantic-segmentation models and MaskFormer/Mask2Former"
     defaults: ClassVar[Mapping[str, Any]] = {"bf16": True}
 
     def __init__(self, setup: LabelerSetup) -> None:
         super().__init__(setup)
         self._classes = vocabulary(self.config, f"labeler {self.name!r}")
         self.dtype = class_id_dtype(len(self._classes))
+
+    def accepted_model_types(self) -> frozenset[str]:
+        return auto_model_types("MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES") | UNIVERSAL_TYPES
 
     def classes_for(self, config: Mapping[str, Any]) -> tuple[str, str]:
         universal = config.get("model_type") in UNIVERSAL_TYPES
