@@ -7,7 +7,9 @@ Each sample gets ``n_crops`` crops: crop 0 is the full view, the others random r
 Every modality is cut to the same window and resized back its own way, the rule its record names (``crop``, a key
 of :data:`CROP_RULES`):
 
-* ``camera`` (``rgb``) — bilinear (a photo tolerates interpolation);
+* ``camera`` (``rgb``) — bilinear (a photo tolerates interpolation), or Pillow's bicubic when the crops are for an
+  ml-4m tokenizer (``camera_resample="bicubic"``: what ml-4m's ``save_vq_tokens.py`` does by default, its
+  ``resample_mode`` None, i.e. ``PIL.Image.resize``'s default filter on the uint8 photo);
 * ``nearest`` (``depth``, ``semseg``, ``edge``, ``canny_edge``, ...) — nearest neighbour: values stay exact and
   invalid pixels (depth 0) never blend into valid ones, class ids and edge bits stay ids and bits;
 * ``normal`` — nearest neighbour, and a flip negates the x component (camera frame, x to the right);
@@ -77,10 +79,16 @@ def draw_crops(key: str, seed: int, n_crops: int, image_size: int, scale: tuple[
     return crops
 
 
-def _resize(array: np.ndarray, crop: Crop, size: int, bilinear: bool) -> np.ndarray:
+#: Pillow's filter for each ``camera_resample``
+CAMERA_RESAMPLE = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+
+
+def _resize(array: np.ndarray, crop: Crop, size: int, resample: str | None) -> np.ndarray:
+    """The window resized to ``size`` by Pillow's ``resample`` filter (a key of :data:`CAMERA_RESAMPLE`), or by
+    nearest neighbour when None; then mirrored if the crop flips."""
     window = array[crop.y0:crop.y0 + crop.height, crop.x0:crop.x0 + crop.width]
-    if bilinear:
-        out = np.asarray(Image.fromarray(window).resize((size, size), Image.BILINEAR))
+    if resample is not None:
+        out = np.asarray(Image.fromarray(window).resize((size, size), CAMERA_RESAMPLE[resample]))
     else:  # nearest: pixel centres of the output map to source pixels
         rows = np.minimum(((np.arange(size) + 0.5) * crop.height / size).astype(np.int64), crop.height - 1)
         cols = np.minimum(((np.arange(size) + 0.5) * crop.width / size).astype(np.int64), crop.width - 1)
@@ -120,14 +128,15 @@ def _crop_grid(array: np.ndarray, crop: Crop, image_size: int) -> np.ndarray:
 
 
 def _crop_normal(normal: np.ndarray, crop: Crop, image_size: int) -> np.ndarray:
-    normal = _resize(normal, crop, image_size, bilinear=False)
+    normal = _resize(normal, crop, image_size, None)
     return normal * np.array([-1.0, 1.0, 1.0], np.float32) if crop.flip else normal
 
 
-#: How a crop transforms a modality's value, by the rule its record names: ``(value, crop, image size)`` → value.
+#: How a crop transforms a modality's value, by the rule its record names: ``(value, crop, image size)`` → value
+#: (``camera`` bilinearly; :func:`apply_crop` can make it bicubic).
 CROP_RULES: dict[str, Callable[[Any, Crop, int], Any]] = {
-    "camera": lambda value, crop, size: _resize(value, crop, size, bilinear=True),
-    "nearest": lambda value, crop, size: _resize(value, crop, size, bilinear=False),
+    "camera": lambda value, crop, size: _resize(value, crop, size, "bilinear"),
+    "nearest": lambda value, crop, size: _resize(value, crop, size, None),
     "normal": _crop_normal,
     "grid": _crop_grid,
     "boxes": crop_det,
@@ -135,9 +144,13 @@ CROP_RULES: dict[str, Callable[[Any, Crop, int], Any]] = {
 }
 
 
-def apply_crop(sample: dict[str, Any], crop: Crop, image_size: int) -> dict[str, Any]:
+def apply_crop(sample: dict[str, Any], crop: Crop, image_size: int,
+               camera_resample: str = "bilinear") -> dict[str, Any]:
     """The sample seen through ``crop`` (modalities it lacks stay absent; a name outside the modality table is
-    kept as it is)."""
-    out = {m: CROP_RULES[MODALITIES[m].crop](v, crop, image_size) if m in MODALITIES else v
+    kept as it is); ``camera_resample``: the ``camera`` rule's filter (a key of :data:`CAMERA_RESAMPLE`)."""
+    if camera_resample not in CAMERA_RESAMPLE:
+        raise ValueError(f"camera_resample must be one of {sorted(CAMERA_RESAMPLE)}, not {camera_resample!r}")
+    rules = {**CROP_RULES, "camera": lambda value, c, size: _resize(value, c, size, camera_resample)}
+    out = {m: rules[MODALITIES[m].crop](v, crop, image_size) if m in MODALITIES else v
            for m, v in sample.items()}
     return {k: np.ascontiguousarray(v) if isinstance(v, np.ndarray) else v for k, v in out.items()}

@@ -46,6 +46,17 @@ def _source_modalities(config: Any) -> dict[str, list[str]]:
     return {"data.modalities": [m for m in config.data.modalities if m in source]}
 
 
+def _pretokenize_view(config: Any) -> dict[str, Any]:
+    """What pretokenize's address covers of ``pretokenize``: the section, and with an ml-4m rgb tokenizer
+    (``train_tokenizers.from_ml4m.rgb``) that its rgb crops are resized bicubically, as ml-4m's ``save_vq_tokens.py``
+    does (other configs: the section as it is, their addresses unmoved)."""
+    if "rgb" not in (config.train_tokenizers.from_ml4m or {}):
+        return {}
+    from fourm_kfp.config.schema import versioned_dict
+
+    return {"pretokenize": {**versioned_dict(config.pretokenize), "camera_resample": "bicubic"}}
+
+
 PREPARE_DATA = StageSpec(
     name="prepare-data",
     dataset_layer=True,
@@ -98,6 +109,7 @@ PRETOKENIZE = StageSpec(
     run_part=_body("pretokenize", "run_part"),
     resumable=True,
     config_keys=("data.image_size", "pretokenize"),
+    narrow_config=_pretokenize_view,
     upstream=(*DATASET, TRAIN_TOKENIZERS),
     code_version=2,  # 2: reproducible bytes (no timings or absolute URIs in the index and the report)
 )

@@ -53,12 +53,19 @@ def _plan(ctx: StageContext) -> dict[str, Any]:
             "names": output_names(image, text, keep_rgb)}
 
 
+def camera_resample(rgb_tokenizer: Any) -> str:
+    """How rgb crops are resized: as the rgb tokenizer's inputs were (an ml-4m tokenizer's bicubic), else
+    bilinearly. The address says so (``stages._pretokenize_view``)."""
+    return getattr(rgb_tokenizer, "camera_resample", "bilinear")
+
+
 def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
     cfg = ctx.config.pretokenize
     plan = _plan(ctx)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bundle = load_tokenizers(ctx.inputs[TOKENIZERS].store, device=str(device))
-    crops = CropSettings(cfg.n_crops, tuple(cfg.crop_scale), tuple(cfg.crop_ratio), cfg.flip_probability, cfg.seed)
+    crops = CropSettings(cfg.n_crops, tuple(cfg.crop_scale), tuple(cfg.crop_ratio), cfg.flip_probability, cfg.seed,
+                         camera_resample=camera_resample(bundle.image.get("rgb")))
     pretokenizer = Pretokenizer({m: bundle.image[m] for m in plan["image"]}, ctx.config.data.image_size, crops,
                                 cfg.batch_size, device, plan["text"], plan["keep_rgb"])
     jobs = plan["jobs"][part::parts]

@@ -55,6 +55,8 @@ class CropSettings:
     ratio: tuple[float, float]
     flip_probability: float
     seed: int
+    #: how rgb crops are resized (``fourm_kfp.data.crops.CAMERA_RESAMPLE``): bicubic for an ml-4m rgb tokenizer
+    camera_resample: str = "bilinear"
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,8 @@ def _crop(chunk: RawChunk, key: str, stored: dict[str, bytes], settings: CropSet
     crops = draw_crops(key, settings.seed, settings.n_crops, image_size, settings.scale, settings.ratio,
                        settings.flip_probability)
     try:
-        return [apply_crop(sample, c, image_size) for c in crops], [c.to_dict() for c in crops]
+        return ([apply_crop(sample, c, image_size, settings.camera_resample) for c in crops],
+                [c.to_dict() for c in crops])
     except Exception as exc:
         raise CropError(f"sample {key!r} of shard {chunk.shard} cannot be cropped to {image_size} px "
                         f"({type(exc).__name__}: {exc})") from exc

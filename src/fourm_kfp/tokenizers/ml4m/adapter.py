@@ -281,6 +281,10 @@ def _network(folder: TokenizerFolder, config: Ml4mTokenizerConfig) -> nn.Module:
 class Ml4mTokenizer(nn.Module):
     """An ml-4m tokenizer with our tokenizers' interface (module docstring)."""
 
+    #: how pretokenize resizes the rgb crops this tokenizer encodes: Pillow's bicubic on the uint8 photo, as ml-4m's
+    #: ``save_vq_tokens.py`` does by default (``resample_mode`` None: ``PIL.Image.resize``'s default filter)
+    camera_resample = "bicubic"
+
     def __init__(self, network: nn.Module, config: Ml4mTokenizerConfig):
         super().__init__()
         self.network, self.config = network, config
@@ -293,7 +297,9 @@ class Ml4mTokenizer(nn.Module):
 
     @property
     def decoder_kind(self) -> str:
-        return "ml-4m DiVAE (UNet)" if self.config.family == "divae" else "ml-4m VQ-VAE"
+        if self.config.family != "divae":
+            return "ml-4m VQ-VAE"
+        return "ml-4m DiVAE (UViT)" if "uvit" in type(self.network.decoder).__name__.lower() else "ml-4m DiVAE (UNet)"
 
     @property
     def decoder_passes(self) -> int:
