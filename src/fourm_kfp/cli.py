@@ -225,8 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "built (default: the package version, or $FOURM_IMAGE_TAG)")
 
     teachers = sub.add_parser(
-        "teachers", help="list the label stage's teachers and where their weights are; print the commands that fetch "
-                         "the missing model folders")
+        "teachers", help="list the label stage's teachers, where their weights are and where each pinned hub commit "
+                         "was seen in public; print the commands that fetch the missing model folders")
     _add_config_args(teachers)
 
     config = sub.add_parser("config", help="print the resolved config (or --describe every field)")
@@ -519,11 +519,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_teachers(args: argparse.Namespace) -> int:
-    """Each labeler of ``label.labelers`` with its weights; for a model folder that is missing and names its
-    ``source``, the command that fetches it (exit status 1 when any is missing)."""
+    """Each labeler of ``label.labelers`` with its weights, and under it each hub commit it pins (its ``source``, or
+    ``hf://`` weights) with where that commit was seen in public (:mod:`fourm_kfp.labelers.hub_pins`); for a model
+    folder that is missing and names its ``source``, the command that fetches it (exit status 1 when any is
+    missing)."""
     from fourm_kfp.config.loader import load_config
-    from fourm_kfp.labelers.registry import labeler_class
     from fourm_kfp.labelers.base import LabelerError
+    from fourm_kfp.labelers.hub_pins import hub_addresses, pin_source
+    from fourm_kfp.labelers.registry import labeler_class
     from fourm_kfp.labelers.weights import check_local_folder, fetch_command
 
     config = load_config(args.preset, overrides=args.overrides)
@@ -538,6 +541,10 @@ def cmd_teachers(args: argparse.Namespace) -> int:
                 missing.append(fetch_command(entry.source, entry.weights, where) if entry.source
                                else f"# {where}: {entry.weights} (no source: copy the folder there)")
         print(f"{where:20s} {entry.name:18s} {entry.weights or '-'}{state}")
+        for uri in hub_addresses(entry.weights, entry.source):
+            seen = pin_source(uri, where)
+            trace = f"seen in {seen.where}: {seen.what}" if seen else "no public trace of this commit is recorded"
+            print(f"{'':20s} pinned {uri}\n{'':22s} {trace}")
     if missing:
         print("\n# fetch the missing model folders:\n" + "\n".join(missing))
     return 1 if missing else 0
