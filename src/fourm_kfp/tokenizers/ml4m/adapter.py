@@ -42,6 +42,12 @@ features  ``[g, g, C]`` → ``[C, g, g]`` unscaled, ``C``  ``[C, g, g]`` → ``[
           the folder's ``n_channels``
 ========  ===========================================  ===================================================
 
+A feature map is taken as the dataset holds it: the maps of the ``hf_clip`` and ``hf_dinov2`` teachers with their
+default ``preprocess: ml4m`` are the ones ml-4m's CLIP and DINOv2 tokenizers were trained on (ml-4m's crop, resize
+and normalisation: :func:`.conventions.feature_teacher_input`), laid out as ml-4m's ``b d nh nw``
+(``tests/labelers/test_feature_teachers.py`` checks both against ml-4m's code); maps made with ``preprocess:
+processor`` are not.
+
 Encoding runs in float32 (no autocast), as the folder's own computation. A DiVAE's decode is a reverse diffusion:
 :data:`DECODE_SEED` seeds its noise for every call, so decoding the same codes gives the same arrays
 (``decode_steps``: ml-4m's demo step counts unless given).
