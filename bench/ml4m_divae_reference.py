@@ -57,8 +57,8 @@ SCALED_PRESETS = {
 #: UNet widths (128, 256) of 2 residual blocks each, a downsampling before the Transformer, 12 blocks of width 768 and
 #: 12 heads). Scaled: the UNet widths to (32, 32), the Transformer to 2 blocks of width 32 and 2 heads; patch size,
 #: levels, blocks per level, the extra downsampling, the MLP ratio and the qkv bias are kept (the long-skip one, for
-#: the cross-attention reference: 1 block per level, 3 Transformer blocks). The port's ``uvit.UVIT_PRESETS`` holds
-#: the same names and sizes.
+#: the cross-attention reference: 1 block per level, 5 Transformer blocks, two long skips so that their order
+#: shows). The port's ``uvit.UVIT_PRESETS`` holds the same names and sizes.
 UVIT_PRESETS = {
     "uvit_tiny_p4_f16": {
         "patch_size": 4, "block_out_channels": [32, 32], "layers_per_block": 2, "downsample_before_mid": True,
@@ -67,7 +67,7 @@ UVIT_PRESETS = {
     },
     "uvit_tiny_p4_f16_longskip": {
         "patch_size": 4, "block_out_channels": [32, 32], "layers_per_block": 1, "downsample_before_mid": True,
-        "mid_layers": 3, "mid_num_heads": 2, "mid_dim": 32, "mid_mlp_ratio": 4, "mid_qkv_bias": True,
+        "mid_layers": 5, "mid_num_heads": 2, "mid_dim": 32, "mid_mlp_ratio": 4, "mid_qkv_bias": True,
         "mid_use_long_skip": True,
     },
 }

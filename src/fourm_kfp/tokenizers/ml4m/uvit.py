@@ -82,7 +82,7 @@ UVIT_PRESETS: dict[str, UViTPreset] = {
     # scaled down for the committed references (not ml-4m's; see bench/ml4m_divae_reference.py)
     "uvit_tiny_p4_f16": _family((32, 32), True, 2, 2, 32),
     "uvit_tiny_p4_f16_longskip": UViTPreset(patch_size=4, block_out_channels=(32, 32), layers_per_block=1,
-                                            downsample_before_mid=True, mid_layers=3, mid_num_heads=2, mid_dim=32,
+                                            downsample_before_mid=True, mid_layers=5, mid_num_heads=2, mid_dim=32,
                                             mid_use_long_skip=True),
 }
 
