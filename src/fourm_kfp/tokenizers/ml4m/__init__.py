@@ -1,15 +1,16 @@
 """apple/ml-4m's tokenizers (the Hugging Face folders ``EPFL-VILAB/4M_tokenizers_*``) without an ml-4m dependency.
 
 A folder is ``config.json`` (the constructor arguments) beside ``model.safetensors``, local or ``s3://``
-(:mod:`.folder`). Its network is built from the config (never by name from a hub) with ml-4m's parameter names:
+(:mod:`.folder`: loaded as leniently as ml-4m loads it, unused tensors reported and ignored, missing ones refused).
+Its network is built from the config (never by name from a hub) with ml-4m's parameter names:
 
 * :mod:`.vit`: the ViT encoder and decoder; :mod:`.mlp`: the MLP ones (global features, human poses);
 * :mod:`.quantizers`: the lucid VQ (cosine-similarity codebooks) and Memcodes;
 * :mod:`.vqvae`: the encoder every tokenizer shares (:class:`~.vqvae.VQEncoder`, ``encode(x) -> codes``,
   ``tokens_to_embedding``) and the VQ-VAE (:class:`~.vqvae.VQVAE`, ``decode_tokens(codes)``);
-* :mod:`.unet`, :mod:`.sampling`, :mod:`.divae`: the diffusion decoders (rgb, depth, normal, edge): ml-4m's
-  patched UNet predicting x0, sampled on diffusers' DDPM or DDIM scheduler set to ml-4m's schedule (the folder's
-  ``scheduler``, ml-4m's default DDPM), 25 steps by default, 10 for edges;
+* :mod:`.unet`, :mod:`.uvit`, :mod:`.sampling`, :mod:`.divae`: the diffusion decoders (rgb, depth, normal, edge):
+  ml-4m's patched UNet or its UViT (the edge tokenizer's), sampled on diffusers' DDPM or DDIM scheduler set to
+  ml-4m's schedule (the folder's ``scheduler``, ml-4m's default DDPM), 25 steps by default, 10 for edges;
 * :mod:`.conventions`: each modality's input as ml-4m's transforms make it (rgb, depth, normals, semseg ids,
   CLIP / DINOv2 feature maps).
 
