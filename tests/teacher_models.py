@@ -6,7 +6,7 @@ revision), DETR and YOLOS with COCO's 91-id ``id2label`` (:data:`COCO_91_ID2LABE
 VisionEncoderDecoder captioner with an image processor and a tokenizer but no processor (the layout of
 nlpconnect/vit-gpt2-image-captioning), ZoeDepth and DepthPro (which ``hf_depth`` refuses), and the other families
 of :data:`MORE_FAMILIES` (GLPN, Depth Anything, DPT-hybrid, UperNet, BEiT, Conditional/Deformable DETR, RT-DETR v2,
-DAB-DETR, GIT, Pix2Struct). Nothing is downloaded; backbones are config objects, never names; tokenizers are built in memory."""
+DAB-DETR, GIT, Pix2Struct, BLIP with the hub's processor files). Nothing is downloaded; backbones are config objects, never names; tokenizers are built in memory."""
 
 from __future__ import annotations
 
@@ -349,6 +349,16 @@ def save_pix2struct(folder: Path, side: int = 64) -> None:
     save_with_hub_processor_files(Pix2StructProcessor(image_processor=images, tokenizer=tokenizer), folder)
 
 
+def save_blip_hub_layout(folder: Path, side: int = 64) -> None:
+    """The tiny BLIP captioner with its processor files as Salesforce/blip-image-captioning-base has them."""
+    from transformers import AutoProcessor
+
+    save_random_teacher("hf_caption", folder, side, "tiny", seed=0)
+    processor = AutoProcessor.from_pretrained(folder)
+    (Path(folder) / "processor_config.json").unlink()
+    save_with_hub_processor_files(processor, folder)
+
+
 #: more families of each teacher, beyond :mod:`~fourm_kfp.labelers.teachers.random_folders`' (tested by
 #: tests/labelers/test_teacher_families.py): name -> (labeler, saver)
 MORE_FAMILIES = {
@@ -364,6 +374,7 @@ MORE_FAMILIES = {
     "dab_detr": ("hf_det", save_dab_detr),
     "git": ("hf_caption", save_git),
     "pix2struct": ("hf_caption", save_pix2struct),
+    "blip_hub_layout": ("hf_caption", save_blip_hub_layout),
 }
 
 
