@@ -26,13 +26,9 @@ check our export against).
 
     FOURM_REFERENCE=/path/to/ml-4m python bench/ml4m_compare.py [--output f.json]
     FOURM_REFERENCE=/path/to/ml-4m python bench/ml4m_compare.py keys --output tests/model/ml4m_tiny_keys.json
-    FOURM_REFERENCE=/path/to/ml-4m python bench/ml4m_compare.py reference --reference-commit cda590f
 
-``reference`` writes ``tests/model/ml4m_reference/``: a tiny random FM saved by ml-4m's own ``save_pretrained``
-(weights rounded to float16, stored so) and what ml-4m's code computes on the batches below (per-modality losses,
-each target token's first logits and log-sum-exp), with this command and the commit in its ``manifest.json``: the
-always-on tests compare our import of that folder with ml-4m's numbers, so a bug made the same way in our export and
-import (say, SwiGLU's gate and up halves swapped in both) still fails without a checkout.
+The references the always-on tests compare our import with (ml-4m's own FM at 4M-21's and 4M-7's shapes, on a batch
+from ml-4m's ``UnifiedMasking``) are made by ``bench/ml4m_fm_reference.py``.
 
 ml-4m's model code needs ``einops`` and ``huggingface_hub`` (its ``PyTorchModelHubMixin``); see
 ``bench/ml4m_reference.py`` for how it is loaded without its data pipeline.
@@ -247,58 +243,6 @@ def ml4m_to_ours(ref) -> dict:
     return result
 
 
-#: the committed reference of ml-4m's own FM (the always-on tests compare our import with its numbers)
-REFERENCE_DIR = Path(__file__).resolve().parents[1] / "tests" / "model" / "ml4m_reference"
-REFERENCE_DIM, REFERENCE_HEADS, REFERENCE_LAYERS = 8, 2, (1, 1)
-#: the first logits of each target token kept (with its log-sum-exp): the files stay small, the check exact
-REFERENCE_LOGITS = 32
-
-
-def reference_specs() -> tuple[ModalitySpec, ...]:
-    """A tiny FM's modalities: image tokens (semseg's 4096) and text (caption's 30000), so its tables stay small."""
-    return (ModalitySpec("semseg", "image", 4096, grid=(14, 14)),
-            ModalitySpec("caption", "sequence", 30000, max_length=TEXT_MAX))
-
-
-def write_fm_reference(ref, out: Path) -> dict:
-    """ml-4m's own FM, random, in ml-4m's layout at dim 8, its weights rounded to float16 (and stored so; its fixed
-    sin-cos positions in float32), saved as
-    ml-4m saves it; and what ml-4m's code computes on :func:`batches`: per-modality losses, and each target token's
-    first logits and log-sum-exp. ``tests/model/test_ml4m.py`` imports the folder and compares ours with these."""
-    from safetensors.torch import save_file
-
-    args = FourMArgs(reference_specs(), *REFERENCE_LAYERS, REFERENCE_DIM, REFERENCE_HEADS, tie_embeddings=False,
-                     context_bias=True)
-    config = ml4m_config(args)
-    torch.manual_seed(3)
-    fm = ref.fm.FM(config=config)
-    randomise(fm, seed=2)
-    with torch.no_grad():  # weights 10x randomise's scale: at dim 8 its 0.05 leaves SwiGLU near-linear, where a
-        for name, p in fm.named_parameters():  # swapped gate and up compute almost the same
-            p.copy_((p if "norm" in name else 10 * p).half().float())
-    fm.eval()
-    folder = out / "fm_tiny"
-    folder.mkdir(parents=True, exist_ok=True)
-    fm.save_pretrained(str(folder))
-    state = {k: (v if k.endswith("pos_emb") else v.half()).contiguous() for k, v in  # the fixed sin-cos buffers
-             ref.checkpoint.load_safetensors(str(folder / "model.safetensors"))[0].items()}  # stay float32
-    save_file(state, str(folder / "model.safetensors"), metadata={k: json.dumps(v) for k, v in config.items()})
-    tensors, losses = {}, {}
-    for name, _, samples, raw, budget in batches(args.modalities):
-        mod_dict = ml4m_batch(samples, raw, args.modalities, domain_map(args.modalities), (TEXT_MAX + 1) * 2)
-        logits = ml4m_logits(fm, mod_dict, budget, args.modalities)
-        for spec in args.modalities:  # per modality: its vocabulary is its logits' length
-            keys = sorted(k for k in logits if k[1] == spec.name)
-            stacked = torch.stack([logits[k] for k in keys])
-            tensors[f"{name}.{spec.name}.keys"] = torch.tensor([[b, pos] for b, _, pos in keys])
-            tensors[f"{name}.{spec.name}.first_logits"] = stacked[:, :REFERENCE_LOGITS].contiguous()
-            tensors[f"{name}.{spec.name}.logsumexp"] = torch.logsumexp(stacked, dim=-1)
-        losses[name] = ml4m_losses(fm, mod_dict, budget, args.modalities)
-    save_file(tensors, str(out / "fm_tiny_outputs.safetensors"))
-    return {"losses": losses, "dim": REFERENCE_DIM, "heads": REFERENCE_HEADS, "layers": list(REFERENCE_LAYERS),
-            "modalities": [s.name for s in args.modalities], "first_logits": REFERENCE_LOGITS}
-
-
 def reference_keys(ref) -> dict:
     config = ml4m_config(our_model("ml4m_layout").args)
     fm = ref.fm.FM(config=config)
@@ -307,7 +251,7 @@ def reference_keys(ref) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", nargs="?", choices=["compare", "keys", "reference"], default="compare")
+    parser.add_argument("what", nargs="?", choices=["compare", "keys"], default="compare")
     parser.add_argument("--reference", default=None, help="ml-4m checkout (default $FOURM_REFERENCE or /tmp/ml-4m)")
     parser.add_argument("--reference-commit", default="", help="the checkout's commit, recorded in the JSON")
     parser.add_argument("--output", default=None)
@@ -322,9 +266,6 @@ def main(argv: list[str] | None = None) -> dict:
             "command": "python bench/ml4m_compare.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     if args.what == "keys":
         result = {**meta, **reference_keys(ref)}
-    elif args.what == "reference":
-        result = {**meta, **write_fm_reference(ref, REFERENCE_DIR)}
-        (REFERENCE_DIR / "manifest.json").write_text(json.dumps(result, indent=2) + "\n")
     else:
         result = {**meta, "model": {"layers": LAYERS, "dim": DIM, "heads": HEADS, "batch": BATCH,
                                     "budgets": [BUDGET, PADDED_BUDGET]},

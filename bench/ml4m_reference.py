@@ -1,6 +1,8 @@
 """apple/ml-4m's model code loaded from a checkout (``--reference PATH`` / ``$FOURM_REFERENCE``), never vendored, and
-our masked batches written in its input format. Shared by ``bench/reference_compare.py`` (train-step speed) and
-``bench/ml4m_compare.py`` (our converter against ml-4m's ``FM``).
+our masked batches written in its input format (:func:`ml4m_batch`) and ml-4m's read in ours (:func:`ours_from_ml4m`).
+Shared by ``bench/reference_compare.py`` (train-step speed), ``bench/ml4m_compare.py`` (our converter against ml-4m's
+``FM``), ``bench/ml4m_fm_reference.py`` and ``tests/model/test_ml4m.py`` (ml-4m's ``UnifiedMasking`` batches, which
+:func:`ours_from_ml4m` reads without ml-4m).
 
 ml-4m's package ``__init__`` files import its whole data pipeline (torchvision, OpenCV, albumentations, boto3,
 webdataset, wandb, ...), none of which the model needs, so :func:`load_reference` registers the packages without
@@ -180,3 +182,66 @@ def ml4m_batch(samples, raw: Sequence[dict], specs, domains: dict[str, tuple[str
                 attention[start:start + len(target)] = 1
             add(enc_domain or dec_domain, tensor, input_mask, target_mask, attention)
     return {domain: {key: torch.stack(v) for key, v in d.items()} for domain, d in out.items()}
+
+
+def ours_from_ml4m(mod_dict: dict[str, dict[str, torch.Tensor]], specs,
+                   domains: dict[str, tuple[str | None, str | None]]):
+    """ml-4m's collated ``UnifiedMasking`` output (``True`` in a mask = not used) as our ``MaskedBatch``, and per
+    decoder slot the index into its ml-4m domain's ``tensor`` (``-1`` on padding), which is how ml-4m's logits are
+    keyed. ``domains[name] = (encoder domain, decoder domain)`` for each of ``specs``; the pixel domain's ``tensor``
+    is the normalised image, which becomes ``pixels``.
+
+    As ml-4m's embeddings read them: an input image token sits at its grid index; an input text token at its rank
+    among the sample's unmasked inputs; a text target ``tensor[i + 1]`` is predicted from ``tensor[i]`` (both in
+    the target span), at ``i``'s rank in that span. A rank past the modality's positions is refused (ml-4m's
+    decoder would fold it to position 0)."""
+    from fourm_kfp.batch import IGNORE_INDEX, MaskedBatch
+
+    batch_size = next(iter(mod_dict.values()))["tensor"].shape[0]
+    enc = [[] for _ in range(batch_size)]
+    dec = [[] for _ in range(batch_size)]
+    pixels = None
+    for m, spec in enumerate(specs):
+        enc_domain, dec_domain = domains[spec.name]
+        for b in range(batch_size):
+            if enc_domain in mod_dict:
+                d = mod_dict[enc_domain]
+                used = torch.nonzero(~d["input_mask"][b])[:, 0].tolist()
+                if spec.pixel_input:
+                    pixels = d["tensor"]
+                    enc[b] += [(0, m, i) for i in used]
+                elif spec.kind == "image":
+                    enc[b] += [(int(d["tensor"][b, i]), m, i) for i in used]
+                else:
+                    enc[b] += [(int(d["tensor"][b, i]), m, rank) for rank, i in enumerate(used)]
+            if dec_domain in mod_dict:
+                d = mod_dict[dec_domain]
+                target, tensor = ~d["target_mask"][b], d["tensor"][b]
+                if spec.kind == "image":
+                    dec[b] += [(0, int(tensor[i]), m, i, i) for i in torch.nonzero(target)[:, 0].tolist()]
+                    continue
+                rank = target.int().cumsum(0) - 1
+                for i in torch.nonzero(target[1:] & target[:-1])[:, 0].tolist():
+                    if int(rank[i]) >= spec.max_length:
+                        raise ValueError(f"{dec_domain}: sample {b}'s target position {int(rank[i])} is past its "
+                                         f"{spec.max_length} positions")
+                    dec[b].append((int(tensor[i]), int(tensor[i + 1]), m, int(rank[i]), i))
+    e, d = max(1, max(map(len, enc))), max(1, max(map(len, dec)))
+    enc_t = torch.zeros(3, batch_size, e, dtype=torch.long)
+    dec_t = torch.zeros(5, batch_size, d, dtype=torch.long)
+    dec_t[1], dec_t[4] = IGNORE_INDEX, -1
+    enc_valid = torch.zeros(batch_size, e, dtype=torch.bool)
+    dec_valid = torch.zeros(batch_size, d, dtype=torch.bool)
+    for b in range(batch_size):
+        if enc[b]:
+            enc_t[:, b, :len(enc[b])] = torch.tensor(enc[b]).T
+            enc_valid[b, :len(enc[b])] = True
+        if dec[b]:
+            dec_t[:, b, :len(dec[b])] = torch.tensor(dec[b]).T
+            dec_valid[b, :len(dec[b])] = True
+    flat = torch.where(dec_valid, dec_t[2], len(specs)).reshape(-1)
+    order = torch.argsort(flat, stable=True)[:int(dec_valid.sum())]
+    counts = torch.bincount(flat, minlength=len(specs) + 1)[:len(specs)].tolist()
+    batch = MaskedBatch(enc_t[0], enc_t[1], enc_t[2], enc_valid, dec_t[0], dec_t[1], dec_t[2], dec_t[3], dec_valid,
+                        order, counts, pixels, enc_all_valid=bool(enc_valid.all()))
+    return batch, dec_t[4]

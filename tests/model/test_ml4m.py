@@ -323,48 +323,108 @@ def test_the_pretrain_stage_writes_ml4m_beside_the_weights_and_records_it(tmp_pa
 
 
 REFERENCE_FM = Path(__file__).parent / "ml4m_reference"
+#: ml-4m's domain of each modality of ours (written out here, not read from the product: a modality mapped to the wrong
+#: domain would give its tokens another domain's weights, and the converter would follow the product's mistake)
+ML4M_DOMAIN = {"rgb": "tok_rgb@224", "depth": "tok_depth@224", "normal": "tok_normal@224", "semseg": "tok_semseg@224",
+               "edge": "tok_sam_edge@224", "canny_edge": "tok_canny_edge@224", "clip": "tok_clip@224",
+               "dinov2": "tok_dinov2@224", "caption": "caption", "det": "det", "metadata": "metadata",
+               "color_palette": "color_palette"}
+#: every modality of ours ml-4m's 4M-21 and 4M-7 have (4M-21 has them all)
+REFERENCE_SHAPES = {"4m21": sorted(ML4M_DOMAIN), "4m7": ["caption", "clip", "depth", "det", "normal", "rgb", "semseg"]}
 
 
-def _ours_against_ml4m_numbers(model: FourM, compare, outputs, manifest) -> float:
-    """The largest difference between our logits (first ones and log-sum-exp) and losses on the reference batches
-    and what ml-4m's own code computed; fails when the target tokens differ."""
-    worst = 0.0
-    names = [s.name for s in model.args.modalities]
-    for name, batch, _, _, _ in compare.batches(model.args.modalities):
-        with torch.no_grad():
-            ours = compare.our_logits(model, batch)
-        for modality in names:
-            keys = outputs[f"{name}.{modality}.keys"].tolist()
-            assert sorted((b, p) for b, m, p in ours if m == modality) == sorted(map(tuple, keys))
-            first, lse = outputs[f"{name}.{modality}.first_logits"], outputs[f"{name}.{modality}.logsumexp"]
-            for row, (b, position) in enumerate(keys):
-                logit = ours[(b, modality, position)]
-                worst = max(worst, float((logit[:first.shape[1]] - first[row]).abs().max()),
-                            abs(float(torch.logsumexp(logit, -1) - lse[row])))
-        losses = compare.our_losses(model, batch)
-        worst = max(worst, *(abs(losses[m] - manifest["losses"][name][m]) for m in names))
+def _ml4m_reference(shape: str, tmp_path: Path):
+    """The committed reference ``fm_<shape>`` (``bench/ml4m_fm_reference.py``): ml-4m's folder as its
+    ``save_pretrained`` wrote it (checked against the manifest's digest), its ``UnifiedMasking`` batch (the image
+    ImageNet-normalised, as the generator gave it to ml-4m) and the manifest and outputs of ml-4m's code."""
+    import hashlib
+    import lzma
+
+    import numpy as np
+    from safetensors.torch import load, load_file
+
+    from fourm_kfp.batch import normalised_pixels
+
+    source = REFERENCE_FM / f"fm_{shape}"
+    manifest = json.loads((source / "manifest.json").read_text())
+    folder = tmp_path / f"fm_{shape}"
+    folder.mkdir()
+    weights = lzma.decompress((source / "model.safetensors.xz").read_bytes())
+    assert hashlib.sha256(weights).hexdigest() == manifest["model_safetensors_sha256"]
+    (folder / "model.safetensors").write_bytes(weights)
+    (folder / "config.json").write_bytes((source / "config.json").read_bytes())
+    mod_dict: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in load(lzma.decompress((source / "batch.safetensors.xz").read_bytes())).items():
+        domain, name = key.rsplit(".", 1)
+        if name == "pixels":
+            name, value = "tensor", torch.from_numpy(np.ascontiguousarray(normalised_pixels(value.numpy(), "imagenet")))
+        mod_dict.setdefault(domain, {})[name] = value.double() if value.is_floating_point() else value
+    return folder, manifest, mod_dict, load_file(str(source / "outputs.safetensors"))
+
+
+def _ours_against_ml4m(model: FourM, mod_dict, outputs, manifest) -> dict[str, float]:
+    """Per modality, the largest difference between our model's numbers on ml-4m's batch (converted by
+    ``bench/ml4m_reference.py``'s ``ours_from_ml4m``) and ml-4m's: each target's first logits, log-sum-exp and
+    target logit, and the modality's loss. Fails when the target tokens differ."""
+    sys.path.insert(0, str(BENCH))
+    from ml4m_reference import ours_from_ml4m
+
+    specs = model.args.modalities
+    domains = {s.name: ("rgb@224" if s.pixel_input else ML4M_DOMAIN[s.name], ML4M_DOMAIN[s.name]) for s in specs}
+    batch, index = ours_from_ml4m(mod_dict, specs, domains)
+    with torch.no_grad():
+        hidden = model.decode(model.encode(batch), batch)
+        losses = model(batch).modality_losses
+        return _worst_by_modality(model, batch, index, hidden, losses, domains, outputs, manifest)
+
+
+def _worst_by_modality(model, batch, index, hidden, losses, domains, outputs, manifest) -> dict[str, float]:
+    specs = model.args.modalities
+    worst = {}
+    for m, spec in enumerate(specs):
+        domain = domains[spec.name][1]
+        slots = torch.nonzero(batch.dec_valid & (batch.dec_modality == m)).tolist()
+        ours = {(b, int(index[b, j])): model.logits(hidden[b, j], m) for b, j in slots}
+        keys = [tuple(k) for k in outputs[f"{domain}.keys"].tolist()]
+        assert sorted(ours) == sorted(keys), f"{spec.name}: not ml-4m's target tokens"
+        logits = torch.stack([ours[k] for k in keys])
+        first = outputs[f"{domain}.first_logits"]
+        targets = outputs[f"{domain}.targets"]
+        worst[spec.name] = max(float((logits[:, :first.shape[1]] - first).abs().max()),
+                               float((torch.logsumexp(logits, -1) - outputs[f"{domain}.logsumexp"]).abs().max()),
+                               float((logits.gather(1, targets[:, None])[:, 0] - outputs[f"{domain}.target_logit"])
+                                     .abs().max()),
+                               abs(float(losses[spec.name]) - manifest["losses"][domain]))
     return worst
 
 
-def test_ml4m_s_own_tiny_fm_imports_computing_ml4m_s_numbers():
-    """Without a checkout: a tiny random FM saved by ml-4m's own code, and the logits and losses ml-4m's code
-    computed on the benchmark's batches (tests/model/ml4m_reference, made by ``bench/ml4m_compare.py reference``).
-    Our import computes them; a bug made alike in our export and import (SwiGLU's gate and up halves swapped in
-    both) would not."""
-    from safetensors.torch import load_file
-
-    sys.path.insert(0, str(BENCH))
-    import ml4m_compare as compare
-
-    manifest = json.loads((REFERENCE_FM / "manifest.json").read_text())
-    assert manifest["reference_commit"] == "cda590f" and manifest["command"].endswith("reference --reference-commit cda590f")
-    outputs = load_file(str(REFERENCE_FM / "fm_tiny_outputs.safetensors"))
-    model, report = import_ml4m(REFERENCE_FM / "fm_tiny")
-    model.eval()
-    assert [(s.name, s.vocab_size) for s in model.args.modalities] == [("semseg", 4096), ("caption", 30000)]
-    assert report.missing == [] and report.dropped == []
-    assert _ours_against_ml4m_numbers(model, compare, outputs, manifest) <= 1e-4
-    with torch.no_grad():  # the check can fail: swap SwiGLU's halves in one block and ml-4m's numbers are lost
+@pytest.mark.parametrize("shape", list(REFERENCE_SHAPES))
+def test_ml4m_s_own_fm_at_4m21_and_4m7_shapes_imports_computing_ml4m_s_logits(tmp_path, shape):
+    """Without a checkout: ml-4m's own FM at 4M-21's (4M-7's) domains, saved by its ``save_pretrained``, and what its
+    code computed on a batch from its ``UnifiedMasking`` (tests/model/ml4m_reference/fm_<shape>, made by
+    ``bench/ml4m_fm_reference.py``). Our import has every modality of ours the shape has and matches ml-4m's logits
+    and losses on each within 1e-5 (both in float64). The check has teeth: a modality given another's embedding,
+    and SwiGLU's gate and up halves swapped in one block (alike in our export and import: no round trip sees it),
+    each lose ml-4m's numbers."""
+    folder, manifest, mod_dict, outputs = _ml4m_reference(shape, tmp_path)
+    assert manifest["reference_commit"] == "cda590f" and "bench/ml4m_fm_reference.py" in manifest["command"]
+    model, report = import_ml4m(folder)
+    assert sorted(model.args.names) == REFERENCE_SHAPES[shape]
+    assert report.missing == [] and report.dropped_domains == []
+    # rgb is read from rgb@224's pixels: tok_rgb@224's encoder embedding is all that is left out
+    assert {d.split(":")[0].rsplit(".", 1)[0] for d in report.dropped} <= {"encoder_embeddings.tok_rgb@224",
+                                                                           "encoder_embeddings.tok_rgb@224.token_emb"}
+    model = model.double()
+    worst = _ours_against_ml4m(model, mod_dict, outputs, manifest)
+    assert set(worst) == set(REFERENCE_SHAPES[shape])
+    assert max(worst.values()) <= 1e-5, worst
+    with torch.no_grad():
+        rows = model.modality_embed.weight
+        clip, other = model.args.names.index("clip"), model.args.names.index("det")
+        rows[[clip, other]] = rows[[other, clip]]
+    assert _ours_against_ml4m(model, mod_dict, outputs, manifest)["clip"] > 1e-2
+    with torch.no_grad():
+        rows[[clip, other]] = rows[[other, clip]]
         gate, up = model.encoder[0].mlp.gate_up.weight.chunk(2, dim=0)
         model.encoder[0].mlp.gate_up.weight.copy_(torch.cat([up, gate]))
-    assert _ours_against_ml4m_numbers(model, compare, outputs, manifest) > 1e-2
+    assert min(_ours_against_ml4m(model, mod_dict, outputs, manifest).values()) > 1e-2
