@@ -137,6 +137,23 @@ def test_a_missing_key_is_named_with_the_folder(tmp_path):
     assert isinstance(error.value, UserError) and str(folder) in str(error.value)
 
 
+def test_an_unused_tensor_is_reported_and_ignored_as_ml4m_does(tmp_path, caplog):
+    """ml-4m loads its folders with ``strict=False``: a tensor its architecture does not use is ignored. The port
+    ignores it too, in one warning naming the folder and the key; an encoder-only load skips the decoder's quietly."""
+    folder = _copy("semseg", tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["loss.perceptual.weight"] = torch.ones(2)
+    save_file(tensors, folder / "model.safetensors")
+    with caplog.at_level("WARNING", logger="fourm_kfp.tokenizers.ml4m.folder"):
+        model = load_vqvae(folder)
+        load_vq_encoder(folder)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "fourm_kfp.tokenizers.ml4m.folder"]
+    assert len(warnings) == 2 and all("'loss.perceptual.weight'" in w and str(folder) in w for w in warnings)
+    assert "decoder" not in warnings[1]
+    x = _inputs("semseg")
+    assert torch.equal(model.encode(x), load_vqvae(REFERENCE / "semseg" / "folder").encode(x))
+
+
 def test_a_wrong_shape_is_named_with_the_folder(tmp_path):
     folder = _copy("clip", tmp_path)
     tensors = load_file(folder / "model.safetensors")
