@@ -15,7 +15,7 @@ from PIL import Image
 from fourm_kfp.data.label_checks import CheckSettings, check_value
 from fourm_kfp.data.modalities import format_det
 from fourm_kfp.labelers.base import LabelerError, label_one_by_one
-from fourm_kfp.labelers.registry import build_labeler
+from fourm_kfp.labelers.registry import build_labeler, located
 from fourm_kfp.labelers.teachers import loading
 from fourm_kfp.labelers.teachers.boxes import det_name
 from tests.teacher_models import (COCO_91_ID2LABEL, SEG_CLASSES, save_depth_pro, save_detr, save_maskformer,
@@ -197,3 +197,15 @@ def test_errors_at_build_name_the_labeler_once(family_folders):
         with pytest.raises(LabelerError, match=pattern) as refused:
             build_labeler("hf_depth", params, family_folders["dpt"])
         assert str(refused.value).count("labeler 'hf_depth'") == 1
+    # a plug-in's error that does not name its labeler gets the name, once, behind the config entry
+    assert located("no such file", "my_depth", None) == "labeler 'my_depth': no such file"
+    assert located("labeler 'my_depth': bad", "my_depth", "label.labelers[1]") == \
+        "label.labelers[1]: labeler 'my_depth': bad"
+
+
+def test_a_model_of_another_family_is_refused_as_such_even_where_torchvision_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(loading, "torchvision_available", lambda: False)
+    folder = save_depth_pro(tmp_path / "depth-pro")
+    with pytest.raises(LabelerError, match=r"holds a 'depth_pro' model \(its config.json's model_type\), which "
+                                           r"hf_det does not read: it reads object-detection models"):
+        build_labeler("hf_det", {}, str(folder))

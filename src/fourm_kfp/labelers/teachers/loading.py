@@ -191,7 +191,7 @@ class TransformersTeacher(Labeler):
             return load_model(self.folder, self.setup.weights_digest, self._model_class, self.device)
 
     def accepted_model_types(self) -> frozenset[str] | None:
-        """The config ``model_type``\ s this teacher reads, before :func:`needs_torchvision` removes some; None: any."""
+        """The config model types this teacher reads, before :func:`needs_torchvision` removes some; None: any."""
         return None
 
     def check_model_type(self, model_type: str) -> None:
@@ -200,17 +200,17 @@ class TransformersTeacher(Labeler):
         accepted = self.accepted_model_types()
         if accepted is None:
             return
-        refused = {t for t in accepted | {model_type} if needs_torchvision(t)}
+        refused = {t for t in accepted if needs_torchvision(t)}
         reads = ", ".join(sorted(accepted - refused))
+        if model_type not in accepted:
+            raise LabelerError(f"labeler {self.name!r}: {self.folder} holds a {model_type!r} model (its config.json's "
+                               f"model_type), which {self.name} does not read: it reads {self.reads_models} of the "
+                               f"types {reads}")
         if model_type in refused:
             raise LabelerError(f"labeler {self.name!r}: {self.folder} holds a {model_type!r} model, whose image "
                                "processor needs torchvision, which this environment does not have (PyPI's "
                                "torchvision wheel is built for CUDA and cannot load beside the CPU torch of the "
                                f"teachers extra); {self.name} reads {self.reads_models} of the types {reads}")
-        if model_type not in accepted:
-            raise LabelerError(f"labeler {self.name!r}: {self.folder} holds a {model_type!r} model (its config.json's "
-                               f"model_type), which {self.name} does not read: it reads {self.reads_models} of the "
-                               f"types {reads}")
 
     def classes_for(self, config: Mapping[str, Any]) -> tuple[str | type, str]:
         """The model class (a transformers name, or a class) and processor class name that read this folder."""
