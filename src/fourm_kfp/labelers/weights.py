@@ -18,12 +18,12 @@ kind        ``weights``                                          digest (in the 
 Every step of a run computes the label stage's address, so a folder's digest costs no download: a local folder's
 file digests are remembered by path, size, inode, and modification and change times (a same-size rewrite that keeps
 the old modification time, as ``cp -p``, ``rsync -t`` or ``tar x`` leave one, still moves the change time, which no
-tool can set); an ``s3://`` folder's come from its listing; an
-``hf://`` folder's is its commit. Every remote source is copied to a local cache once per worker
-(``FOURM_LABELER_CACHE``, else a folder under the system's temp dir) and read from there: an ``s3://`` file again
-only when its version (size, ETag, time) changed, an ``s3://`` folder only when its digest did; an ``hf://`` folder through ``huggingface_hub``'s own cache layout under it, only the files a
-transformers folder needs (:data:`HF_FILES`), and never with ``HF_HUB_OFFLINE`` set, which then reads the cache
-alone. An ``hf://`` address must pin a commit: a branch or tag name is refused, because labels must not move under a
+tool can set); an ``s3://`` folder's come from its listing; an ``hf://`` folder's is its commit. Every remote source
+is copied to a local cache once per worker (``FOURM_LABELER_CACHE``, else a folder under the system's temp dir) and
+read from there: an ``s3://`` file again only when its version (size, ETag, time) changed, an ``s3://`` folder only
+when its digest did (the copy is made anew, so a file deleted upstream leaves the cache too); an ``hf://`` folder
+through ``huggingface_hub``'s own cache layout under it, only the files a transformers folder needs
+(:data:`HF_FILES`), and never with ``HF_HUB_OFFLINE`` set, which then reads the cache alone. An ``hf://`` address must pin a commit: a branch or tag name is refused, because labels must not move under a
 fixed address. Nothing is fetched that the config does not name.
 """
 
