@@ -36,14 +36,16 @@ DIM, HEADS, LAYERS = 16, 2, 1
 SIDE, PATCH = 64, 16  # 4 x 4 codes a side, and rgb's 16-px pixel patches as rgb@224's
 IMAGE = ("rgb", "depth", "normal", "semseg", "edge")  # the preset's image modalities
 TEXT = ("caption", "det")
-#: ml-4m's tokenizers' layouts (DiVAEs with a patched UNet decoder; semseg a ViT VQ-VAE over 134 labels), scaled down
+#: ml-4m's tokenizers' layouts (DiVAEs with a patched UNet decoder, edge's a UViT as the published folder's; semseg a
+#: ViT VQ-VAE over 134 labels), scaled down
 TINY = {"enc_type": "vit_tiny_enc", "quant_type": "lucid", "latent_dim": 8, "post_mlp": True, "norm_codes": True,
         "num_codebooks": 1, "image_size": SIDE, "patch_size": PATCH}
 DIVAE = {**TINY, "dec_type": "unet_patched_tiny", "num_train_timesteps": 1000, "beta_schedule": "linear",
          "prediction_type": "sample", "thresholding": True, "zero_terminal_snr": True,
          "cls_free_guidance_dropout": 0.0}
 CONFIGS = {"rgb": {**DIVAE, "n_channels": 3}, "depth": {**DIVAE, "n_channels": 1},
-           "normal": {**DIVAE, "n_channels": 3}, "edge": {**DIVAE, "n_channels": 1},
+           "normal": {**DIVAE, "n_channels": 3},
+           "edge": {**DIVAE, "dec_type": "uvit_tiny_p4_f16", "conditioning": "concat", "n_channels": 1},
            "semseg": {**TINY, "dec_type": "vit_tiny_dec", "n_channels": 8, "n_labels": 134, "patch_proj": True}}
 
 

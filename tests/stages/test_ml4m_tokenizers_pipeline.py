@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract import lineage, run_stage
@@ -27,7 +26,7 @@ from fourm_kfp.evaluation.any_to_any import AnyToAny
 from fourm_kfp.stages import TRAIN_TOKENIZERS, get_stage
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers
-from fourm_kfp.tokenizers.ml4m import VQVAE, conventions, load_vqvae, read_folder
+from fourm_kfp.tokenizers.ml4m import VQVAE, VQConfig, conventions, load_vqvae, read_folder
 from fourm_kfp.tokenizers.ml4m.adapter import Ml4mTokenizer
 from tests.labeler_plugins import GATE_LABELERS, expose_entry_points
 
@@ -52,10 +51,12 @@ def make_folder(path: Path, config: dict, seed: int) -> Path:
     out."""
     from fourm_kfp.tokenizers.ml4m.divae import DiVAE
 
+    from safetensors.torch import save_model
+
     torch.manual_seed(seed)
-    model = DiVAE(config) if "unet" in config["dec_type"] else VQVAE(config)
+    model = DiVAE(config) if VQConfig.from_dict(config).kind == "divae" else VQVAE(config)
     path.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
+    save_model(model, str(path / "model.safetensors"))  # a tensor held under two names stored once, as ml-4m saves
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     return path
 
