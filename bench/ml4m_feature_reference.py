@@ -26,9 +26,13 @@ input, so 14 x 14 and 16 x 16 grids as published), with seeded random weights at
 tokenizer reference's :func:`ml4m_tokenizer_reference.randomise`). The photos (:data:`PHOTOS`, from scikit-image's
 sample images) are none of them square, and are saved as PNG so the test reads exactly what was put through.
 
-Written to ``--output``: ``<photo>.png``, ``clip.safetensors`` / ``dinov2.safetensors`` (the networks' state dicts
-under ml-4m's and DINOv2's own names), ``maps.safetensors`` (``clip/<photo>``, ``dinov2/<photo>``: ``D x nh x
-nw`` float32) and ``manifest.json`` (commits, command, environment, configs).
+Also a DINOv2 with registers (:data:`DINOV2_REG`, the hub's ``dinov2_vitb14_reg`` arguments: not an ml-4m teacher,
+but what ``hf_dinov2`` also reads) on the same inputs.
+
+Written to ``--output``: ``<photo>.png``, ``clip.safetensors`` / ``dinov2.safetensors`` / ``dinov2_reg.safetensors``
+(the networks' state dicts under ml-4m's and DINOv2's own names), ``maps.safetensors`` (``clip/<photo>``,
+``dinov2/<photo>``, ``dinov2_reg/<photo>``: ``D x nh x nw`` float32) and ``manifest.json`` (commits, command,
+environment, configs).
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ CLIP = {"input_resolution": 224, "patch_size": 16, "width": 32, "layers": 2, "he
 DINOV2 = {"img_size": 518, "patch_size": 14, "init_values": 1.0, "ffn_layer": "mlp", "block_chunks": 0,
           "num_register_tokens": 0, "interpolate_antialias": False, "interpolate_offset": 0.1,
           "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 4}
+#: DINOv2's hub ``dinov2_vitb14_reg`` arguments at the same scale (not an ml-4m teacher: it checks ``hf_dinov2`` on
+#: a registers model against DINOv2's own code, on ml-4m's inputs)
+DINOV2_REG = {**DINOV2, "num_register_tokens": 4, "interpolate_antialias": True, "interpolate_offset": 0.0}
 #: name → (scikit-image sample, (width, height) it is resized to before being saved): none square; two with a
 #: shorter side of 224 and an even margin (prepare-data at 224 only crops them), two that ml-4m resizes (down and
 #: up) with an odd margin (the crop's offset floored)
@@ -133,20 +140,25 @@ def main() -> None:
     randomise(clip, SEED)
     dinov2 = load_dinov2(Path(args.dinov2))(**DINOV2).eval()
     randomise(dinov2, SEED + 1)
+    dinov2_reg = load_dinov2(Path(args.dinov2))(**DINOV2_REG).eval()
+    randomise(dinov2_reg, SEED + 3)
     with torch.no_grad():  # the tokenizer reference's rule gives a [1, N, D] table a tiny scale: a ViT's instead
-        dinov2.pos_embed.copy_(0.5 * torch.randn(dinov2.pos_embed.shape, generator=torch.Generator().manual_seed(
-            SEED + 2)))
+        for index, model in enumerate((dinov2, dinov2_reg)):
+            model.pos_embed.copy_(0.5 * torch.randn(model.pos_embed.shape, generator=torch.Generator().manual_seed(
+                SEED + 10 + index)))
     photos = save_photos(out)
     maps = {}
     with torch.no_grad():
         batch = torch.stack([ml4m_input(parts, path) for path in photos.values()])
         clip_maps = as_grid(clip(batch, return_final_tokens_no_cls=True), SIDE // CLIP["patch_size"])
         dino_maps = as_grid(dinov2(batch, is_training=True)["x_norm_patchtokens"], SIDE // DINOV2["patch_size"])
+        reg_maps = as_grid(dinov2_reg(batch, is_training=True)["x_norm_patchtokens"], SIDE // DINOV2["patch_size"])
     for index, name in enumerate(photos):
         maps[f"clip/{name}"] = clip_maps[index].contiguous()
         maps[f"dinov2/{name}"] = dino_maps[index].contiguous()
-    save_file({k: v.contiguous() for k, v in clip.state_dict().items()}, out / "clip.safetensors")
-    save_file({k: v.contiguous() for k, v in dinov2.state_dict().items()}, out / "dinov2.safetensors")
+        maps[f"dinov2_reg/{name}"] = reg_maps[index].contiguous()
+    for name, model in (("clip", clip), ("dinov2", dinov2), ("dinov2_reg", dinov2_reg)):
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out / f"{name}.safetensors")
     save_file(maps, out / "maps.safetensors")
     import einops
     import PIL
@@ -170,7 +182,7 @@ def main() -> None:
                         "scikit-image": skimage.__version__, "threads": 1, "made_by": "bash bench/ml4m_env.sh"},
         "stand_ins": STAND_INS + ["fourm.utils.clip (package registered, its __init__.py not run)"],
         "side": SIDE, "seed": SEED,
-        "clip": CLIP, "dinov2": DINOV2,
+        "clip": CLIP, "dinov2": DINOV2, "dinov2_reg": DINOV2_REG,
         "photos": {name: {"sample": sample, "size": list(size)} for name, (sample, size) in PHOTOS.items()},
         "maps": {k: list(v.shape) for k, v in maps.items()},
     }

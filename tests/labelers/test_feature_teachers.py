@@ -3,8 +3,9 @@ and DINOv2 tokenizers were trained on (``tests/labelers/ml4m_feature_maps/``, ma
 ``bench/ml4m_feature_reference.py`` with ml-4m's centre crop, resize and normalisation, ml-4m's CLIP
 ``VisionTransformer`` and DINOv2's ``DinoVisionTransformer``, from random weights): the same weights, converted to
 transformers' folders as transformers' own conversion scripts name them, give the same maps on photos that are not
-square, given raw and through prepare-data; the maps reach an ml-4m tokenizer's input as ml-4m lays them out; and a
-folder of another family is refused at build."""
+square, given raw and through prepare-data (and a DINOv2 with registers gives DINOv2's own code's maps on the same
+inputs); the maps reach an ml-4m tokenizer's input as ml-4m lays them out; and a folder of another family is
+refused at build."""
 
 from __future__ import annotations
 
@@ -83,18 +84,26 @@ def _clip_folder(folder: Path) -> Path:
     return folder
 
 
-def _dinov2_folder(folder: Path) -> Path:
-    """DINOv2's ``DinoVisionTransformer`` weights as a ``Dinov2Model`` folder (the names of transformers'
-    ``convert_dinov2_to_hf.py``), with DINOv2-B/14's processor files (256 px, a 224 px centre crop)."""
-    from transformers import BitImageProcessor, Dinov2Config, Dinov2Model
+def _dinov2_folder(folder: Path, reference: str = "dinov2") -> Path:
+    """DINOv2's ``DinoVisionTransformer`` weights (``reference``: ``dinov2``, or ``dinov2_reg`` with registers) as a
+    ``Dinov2Model`` / ``Dinov2WithRegistersModel`` folder (the names of transformers' ``convert_dinov2_to_hf.py`` and
+    ``convert_dinov2_with_registers_to_hf.py``), with DINOv2-B/14's processor files (256 px, a 224 px centre crop)."""
+    from transformers import (BitImageProcessor, Dinov2Config, Dinov2Model, Dinov2WithRegistersConfig,
+                              Dinov2WithRegistersModel)
 
-    spec, theirs = MANIFEST["dinov2"], _reference("dinov2")
-    config = Dinov2Config(hidden_size=spec["embed_dim"], num_hidden_layers=spec["depth"],
+    spec, theirs = MANIFEST[reference], _reference(reference)
+    registers = spec["num_register_tokens"]
+    config_class, model_class = ((Dinov2WithRegistersConfig, Dinov2WithRegistersModel) if registers
+                                 else (Dinov2Config, Dinov2Model))
+    config = config_class(hidden_size=spec["embed_dim"], num_hidden_layers=spec["depth"],
                           num_attention_heads=spec["num_heads"], mlp_ratio=spec["mlp_ratio"],
                           patch_size=spec["patch_size"], image_size=spec["img_size"],
-                          layerscale_value=spec["init_values"], layer_norm_eps=1e-6)
+                          layerscale_value=spec["init_values"], layer_norm_eps=1e-6,
+                          **({"num_register_tokens": registers} if registers else {}))
     ours = {"embeddings.cls_token": theirs["cls_token"], "embeddings.mask_token": theirs["mask_token"],
             "embeddings.position_embeddings": theirs["pos_embed"]}
+    if registers:
+        ours["embeddings.register_tokens"] = theirs["register_tokens"]
     for part in ("weight", "bias"):
         ours[f"embeddings.patch_embeddings.projection.{part}"] = theirs[f"patch_embed.proj.{part}"]
         ours[f"layernorm.{part}"] = theirs[f"norm.{part}"]
@@ -108,7 +117,7 @@ def _dinov2_folder(folder: Path) -> Path:
     for i in range(spec["depth"]):
         ours[f"encoder.layer.{i}.layer_scale1.lambda1"] = theirs[f"blocks.{i}.ls1.gamma"]
         ours[f"encoder.layer.{i}.layer_scale2.lambda1"] = theirs[f"blocks.{i}.ls2.gamma"]
-    _save_hub_folder(Dinov2Model, config, ours, folder)
+    _save_hub_folder(model_class, config, ours, folder)
     BitImageProcessor(size={"shortest_edge": 256}, crop_size={"height": 224, "width": 224}, do_center_crop=True,
                       image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225]).save_pretrained(folder)
     return folder
@@ -117,7 +126,8 @@ def _dinov2_folder(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("ml4m-features")
-    return {"hf_clip": str(_clip_folder(root / "clip")), "hf_dinov2": str(_dinov2_folder(root / "dinov2"))}
+    return {"clip": str(_clip_folder(root / "clip")), "dinov2": str(_dinov2_folder(root / "dinov2")),
+            "dinov2_reg": str(_dinov2_folder(root / "dinov2_reg", "dinov2_reg"))}
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +143,8 @@ def _prepared(name: str) -> np.ndarray:
     return normalize_image_sized(buffer.getvalue(), MANIFEST["side"], name)[0]
 
 
-def _modality(labeler: str) -> str:
-    return {"hf_clip": "clip", "hf_dinov2": "dinov2"}[labeler]
+#: each reference network: the labeler that reads it
+LABELER = {"clip": "hf_clip", "dinov2": "hf_dinov2", "dinov2_reg": "hf_dinov2"}
 
 
 def test_the_reference_photos_are_not_square_and_some_only_crop_in_prepare_data():
@@ -144,65 +154,69 @@ def test_the_reference_photos_are_not_square_and_some_only_crop_in_prepare_data(
     assert PREPARED_AS_ML4M and set(PREPARED_AS_ML4M) < set(PHOTOS)
 
 
-@pytest.mark.parametrize("labeler", ["hf_clip", "hf_dinov2"])
-def test_the_maps_are_ml4m_s_on_photos_that_are_not_square(folders, maps, labeler):
-    teacher = build_labeler(labeler, {}, folders[labeler])
+def _reference_map(maps: dict[str, torch.Tensor], network: str, photo: str) -> np.ndarray:
+    return maps[f"{network}/{photo}"].permute(1, 2, 0).numpy()  # ml-4m's D x nh x nw as our [grid, grid, D]
+
+
+@pytest.mark.parametrize("network", list(LABELER))
+def test_the_maps_are_ml4m_s_on_photos_that_are_not_square(folders, maps, network):
+    teacher = build_labeler(LABELER[network], {}, folders[network])
     assert teacher.params["preprocess"] == "ml4m"
-    modality = _modality(labeler)
-    grid = MANIFEST["side"] // MANIFEST[modality]["patch_size"]
+    grid = MANIFEST["side"] // MANIFEST[network]["patch_size"]
     assert teacher.modality_settings["grid"] == grid
     made = teacher.label(LabelBatch(tuple(PHOTOS), tuple(_photo(name) for name in PHOTOS)))
     for name, mine in zip(PHOTOS, made):
-        theirs = maps[f"{modality}/{name}"].permute(1, 2, 0).numpy()  # ml-4m's D x nh x nw
+        theirs = _reference_map(maps, network, name)
         assert mine.shape == theirs.shape == (grid, grid, teacher.channels)
-        np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-5, err_msg=f"{labeler} on {name}")
+        np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-5, err_msg=f"{network} on {name}")
 
 
-@pytest.mark.parametrize("labeler", ["hf_clip", "hf_dinov2"])
-def test_photos_prepared_by_prepare_data_give_ml4m_s_maps(folders, maps, labeler):
-    teacher = build_labeler(labeler, {}, folders[labeler])
+@pytest.mark.parametrize("network", list(LABELER))
+def test_photos_prepared_by_prepare_data_give_ml4m_s_maps(folders, maps, network):
+    teacher = build_labeler(LABELER[network], {}, folders[network])
     prepared = tuple(_prepared(name) for name in PREPARED_AS_ML4M)
     assert all(p.shape == (MANIFEST["side"], MANIFEST["side"], 3) for p in prepared)
     made = teacher.label(LabelBatch(tuple(PREPARED_AS_ML4M), prepared))
     for name, mine in zip(PREPARED_AS_ML4M, made):
-        theirs = maps[f"{_modality(labeler)}/{name}"].permute(1, 2, 0).numpy()
-        np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-5, err_msg=f"{labeler} on prepared {name}")
+        np.testing.assert_allclose(mine, _reference_map(maps, network, name), rtol=0, atol=1e-5,
+                                   err_msg=f"{network} on prepared {name}")
 
 
-@pytest.mark.parametrize("labeler", ["hf_clip", "hf_dinov2"])
-def test_an_ml4m_tokenizer_sees_the_maps_as_ml4m_feeds_them(folders, maps, labeler):
+@pytest.mark.parametrize("network", ["clip", "dinov2"])
+def test_an_ml4m_tokenizer_sees_the_maps_as_ml4m_feeds_them(folders, maps, network):
     from fourm_kfp.tokenizers.ml4m.adapter import CONVENTIONS
 
-    teacher = build_labeler(labeler, {}, folders[labeler])
+    teacher = build_labeler(LABELER[network], {}, folders[network])
     made = teacher.label(LabelBatch(tuple(PHOTOS), tuple(_photo(name) for name in PHOTOS)))
     tokenizer_input = CONVENTIONS["features"].to_input(np.stack(made), teacher.modality_settings)
-    theirs = torch.stack([maps[f"{_modality(labeler)}/{name}"] for name in PHOTOS])  # what ml-4m's tokenize takes
+    theirs = torch.stack([maps[f"{network}/{name}"] for name in PHOTOS])  # what ml-4m's tokenize takes
     assert tokenizer_input.shape == theirs.shape and tokenizer_input.dtype == torch.float32
     np.testing.assert_allclose(tokenizer_input.numpy(), theirs.numpy(), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("labeler", ["hf_clip", "hf_dinov2"])
-def test_the_processor_setting_is_the_folder_s_processor_and_transformers_forward(folders, maps, labeler):
-    from transformers import AutoImageProcessor, CLIPVisionModelWithProjection, Dinov2Model
+@pytest.mark.parametrize("network", list(LABELER))
+def test_the_processor_setting_is_the_folder_s_processor_and_transformers_forward(folders, network):
+    from transformers import AutoImageProcessor, AutoModel, CLIPVisionModelWithProjection
 
+    labeler = LABELER[network]
     photos = tuple(_prepared(name) for name in PHOTOS)
-    teacher = build_labeler(labeler, {"preprocess": "processor"}, folders[labeler])
+    teacher = build_labeler(labeler, {"preprocess": "processor"}, folders[network])
     made = teacher.label(LabelBatch(tuple(PHOTOS), photos))
-    model_class = CLIPVisionModelWithProjection if labeler == "hf_clip" else Dinov2Model
-    model = model_class.from_pretrained(folders[labeler]).eval()
-    inputs = AutoImageProcessor.from_pretrained(folders[labeler])(images=list(photos), return_tensors="pt")
+    model_class = CLIPVisionModelWithProjection if network == "clip" else AutoModel
+    model = model_class.from_pretrained(folders[network]).eval()
+    inputs = AutoImageProcessor.from_pretrained(folders[network])(images=list(photos), return_tensors="pt")
     with torch.no_grad():
-        if labeler == "hf_clip":
-            hidden = model(**inputs).last_hidden_state[:, 1:]
-            tokens = model.visual_projection(model.vision_model.post_layernorm(hidden))
+        hidden = model(**inputs).last_hidden_state
+        if network == "clip":
+            tokens = model.visual_projection(model.vision_model.post_layernorm(hidden[:, 1:]))
         else:
-            tokens = model(**inputs).last_hidden_state[:, 1:]
+            tokens = hidden[:, 1 + MANIFEST[network]["num_register_tokens"]:]
     for mine, theirs in zip(made, tokens.numpy()):
         np.testing.assert_allclose(mine.reshape(theirs.shape), theirs, atol=1e-5)
-    ml4m = build_labeler(labeler, {}, folders[labeler]).label(LabelBatch(tuple(PHOTOS), photos))
+    ml4m = build_labeler(labeler, {}, folders[network]).label(LabelBatch(tuple(PHOTOS), photos))
     assert all(np.abs(a - b).max() > 1e-2 for a, b in zip(made, ml4m))  # not ml-4m's maps
     assert teacher.identity()["params"]["preprocess"] == "processor"
-    assert teacher.identity() != build_labeler(labeler, {}, folders[labeler]).identity()
+    assert teacher.identity() != build_labeler(labeler, {}, folders[network]).identity()
 
 
 def test_dinov2_s_position_table_is_resized_as_dinov2_s_own_code_not_as_transformers(folders):
@@ -210,7 +224,7 @@ def test_dinov2_s_position_table_is_resized_as_dinov2_s_own_code_not_as_transfor
 
     from fourm_kfp.labelers.teachers.features import dinov2_position_table
 
-    model = Dinov2Model.from_pretrained(folders["hf_dinov2"]).eval()
+    model = Dinov2Model.from_pretrained(folders["dinov2"]).eval()
     embeddings = model.embeddings
     side = MANIFEST["side"]
     ours = dinov2_position_table(embeddings.position_embeddings, side, side, embeddings.patch_size)
@@ -223,7 +237,7 @@ def test_dinov2_s_position_table_is_resized_as_dinov2_s_own_code_not_as_transfor
 
 def test_preprocess_must_be_a_known_setting(folders):
     with pytest.raises(LabelerError, match=r"'hf_clip'.*preprocess.*ml4m, processor.*'bicubic'"):
-        build_labeler("hf_clip", {"preprocess": "bicubic"}, folders["hf_clip"])
+        build_labeler("hf_clip", {"preprocess": "bicubic"}, folders["clip"])
 
 
 def _siglip_folder(folder: Path) -> Path:
