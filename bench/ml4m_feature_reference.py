@@ -180,7 +180,7 @@ def main() -> None:
                         "torch": torch.__version__, "numpy": np.__version__, "pillow": PIL.__version__,
                         "einops": einops.__version__, "safetensors": safetensors.__version__,
                         "scikit-image": skimage.__version__, "threads": 1, "made_by": "bash bench/ml4m_env.sh"},
-        "stand_ins": STAND_INS + ["fourm.utils.clip (package registered, its __init__.py not run)"],
+        "stand_ins": STAND_INS,
         "side": SIDE, "seed": SEED,
         "clip": CLIP, "dinov2": DINOV2, "dinov2_reg": DINOV2_REG,
         "photos": {name: {"sample": sample, "size": list(size)} for name, (sample, size) in PHOTOS.items()},
