@@ -1,6 +1,6 @@
 """The DiVAE port against apple/ml-4m's own DiVAE tokenizers, and what a decode costs on this machine.
 
-    .venv/bin/python bench/ml4m_divae_compare.py --output bench/results/ml4m_divae-cpu-2026-11-28.json
+    .venv/bin/python bench/ml4m_divae_compare.py --output bench/results/ml4m_divae-cpu-2026-12-02.json
 
 Reads ``tests/tokenizers/ml4m_reference/divae_<name>/`` (made by ``bench/ml4m_divae_reference.py`` in ml-4m's
 environment: ml-4m's ``save_pretrained`` folders with random weights at scaled-down sizes, the codes ml-4m's
@@ -10,9 +10,9 @@ pipeline and with its DDIM scheduler), loads each folder with ``fourm_kfp.tokeni
 the largest decode difference (target: 1e-3).
 
 Decode cost: images per second of ``decode_tokens`` per tokenizer (their decoders at the references' small shapes,
-64 px, the demos' step counts, batch 2, median of ``--rounds``), and the time of one pass of ml-4m's full-size
-``unet_patched`` decoder (random weights) on one 224-px image, from which a 25-step decode's cost follows; printed
-with the machine's square-matmul rate, since 2-core machines differ.
+the demos' step counts, median of ``--rounds``), and the time of one pass of ml-4m's full-size ``unet_patched``
+decoder and of the edge tokenizer's ``uvit_b_p4_f16`` (random weights) on one 224-px image, from which a decode's
+cost follows; printed with the machine's square-matmul rate, since 2-core machines differ.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from bench_output import emit  # noqa: E402
 from fourm_kfp.hardware import cpu_matmul_rate  # noqa: E402
 from fourm_kfp.tokenizers.ml4m.divae import load_divae  # noqa: E402
 from fourm_kfp.tokenizers.ml4m.unet import build_unet  # noqa: E402
+from fourm_kfp.tokenizers.ml4m.uvit import build_uvit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "tests" / "tokenizers" / "ml4m_reference"
@@ -91,21 +92,25 @@ def decode_cost(name: str, rounds: int) -> dict:
     }
 
 
-def full_size_pass(channels: int = 3, image_size: int = 224) -> dict:
-    """One forward of ml-4m's ``unet_patched`` (random weights) on one image: the unit a real decode repeats."""
+def full_size_pass(decoder: str = "unet_patched", channels: int = 3, image_size: int = 224) -> dict:
+    """One forward of ml-4m's full-size ``decoder`` (``unet_patched``, or the edge tokenizer's ``uvit_b_p4_f16``;
+    random weights) on one image: the unit a real decode repeats."""
     torch.manual_seed(0)
-    unet = build_unet("unet_patched", channels=channels, cond_channels=32, image_size=image_size).eval()
+    if decoder.startswith("uvit"):
+        net = build_uvit(decoder, channels=channels, cond_dim=32, image_size=image_size).eval()
+    else:
+        net = build_unet(decoder, channels=channels, cond_channels=32, image_size=image_size).eval()
     x = torch.randn(1, channels, image_size, image_size)
     cond = torch.randn(1, 32, image_size // 16, image_size // 16)
     times = []
     with torch.no_grad():
         for _ in range(2):  # the first includes allocation
             start = time.perf_counter()
-            unet(x, torch.tensor(999), cond)
+            net(x, torch.tensor(999), cond)
             times.append(time.perf_counter() - start)
     one = times[-1]
     return {
-        "decoder": "unet_patched", "unet_parameters": sum(p.numel() for p in unet.parameters()),
+        "decoder": decoder, "unet_parameters": sum(p.numel() for p in net.parameters()),
         "image_size": image_size, "channels": channels, "batch": 1, "one_pass_s": round(one, 3),
         "decode_s_at_25_steps": round(25 * one, 2), "images_per_s_at_25_steps": round(1 / (25 * one), 4),
         "decode_s_at_10_steps": round(10 * one, 2),
@@ -114,7 +119,7 @@ def full_size_pass(channels: int = 3, image_size: int = 224) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--names", nargs="*", default=["rgb", "depth", "edge"])
+    parser.add_argument("--names", nargs="*", default=["rgb", "depth", "edge", "edge_uvit", "uvit_xattn"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-full-size", action="store_true", help="skip the full-size UNet pass")
     parser.add_argument("--output")
@@ -131,6 +136,7 @@ def main() -> None:
     result["decode_cost"] = {name: decode_cost(name, args.rounds) for name in names}
     if not args.no_full_size:
         result["decode_cost"]["unet_patched@224"] = full_size_pass()
+        result["decode_cost"]["uvit_b_p4_f16@224"] = full_size_pass("uvit_b_p4_f16", channels=1)
     import diffusers
 
     result["environment"] = {"torch": torch.__version__, "diffusers": diffusers.__version__,
