@@ -399,7 +399,8 @@ class UViT(nn.Module):
                  cond_type: str = "concat"):
         super().__init__()
         if cond_type not in CONDITIONING:
-            raise ValueError(f"conditioning {cond_type!r} is not one of ml-4m's UViT conditionings {list(CONDITIONING)}")
+            raise ValueError(f"conditioning {cond_type!r} is not one of ml-4m's UViT conditionings "
+                             f"{list(CONDITIONING)}")
         blocks = preset.block_out_channels
         if any(c % GROUPS for c in blocks):
             raise ValueError(f"the UViT's block_out_channels {list(blocks)} must be multiples of {GROUPS} (GroupNorm)")
