@@ -23,7 +23,8 @@ which tensor index each target came from), kept as the first :data:`FIRST_LOGITS
 logit; and the per-modality losses of ``FM.forward(loss_type="mod")``.
 
 Written to ``tests/model/ml4m_reference/fm_<shape>/``: ``config.json`` (ml-4m's), ``model.safetensors.xz``
-(ml-4m's file, xz-compressed; its sha256 in the manifest), ``batch.safetensors.xz`` (the masked batch, the image as
+(ml-4m's file, xz-compressed; its sha256 in the manifest: a rerun writes the same tensors, but the header's list
+of shared names comes in Python's set order, so the bytes can differ), ``batch.safetensors.xz`` (the masked batch, the image as
 uint8), ``outputs.safetensors`` and ``manifest.json`` (this command, the ml-4m commit, the versions, the shape).
 Run it in the ``bench/ml4m_env.sh`` environment (plus ``tokenizers``, which ``fourm.data.masking`` imports)::
 
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--reference-commit", default="", help="the checkout's commit, recorded in the manifest")
     parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=OUT, help=f"where the fm_<shape> folders go (default {OUT})")
     args = parser.parse_args(argv)
     path = reference_path(args.reference)
     if path is None:
@@ -256,8 +258,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for shape in args.shapes:
         result = {"command": command, "reference_commit": args.reference_commit, "python": platform.python_version(),
-                  "versions": versions, "stand_ins": list(STAND_INS), **write_reference(ref, shape, OUT, args.seed)}
-        (OUT / f"fm_{shape}" / "manifest.json").write_text(json.dumps(result, indent=2) + "\n")
+                  "versions": versions, "stand_ins": list(STAND_INS), **write_reference(ref, shape, args.out, args.seed)}
+        (args.out / f"fm_{shape}" / "manifest.json").write_text(json.dumps(result, indent=2) + "\n")
         results[shape] = result
     print(json.dumps({s: {"targets": r["targets_per_domain"], "losses": r["losses"]} for s, r in results.items()},
                      indent=1))
