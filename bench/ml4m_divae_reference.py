@@ -180,6 +180,20 @@ def redraw_decoder(decoder: torch.nn.Module, generator: torch.Generator) -> None
                 param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(fan_in))
 
 
+def _uvit_scaling(config: dict) -> str:
+    """What a UViT reference scales down, against the published edge tokenizer (``vit_b_enc`` + ``uvit_b_p4_f16``,
+    8192 codes)."""
+    enc = SCALED_PRESETS["enc_type"]["vit_tiny_enc"]
+    dec = UVIT_PRESETS[config["dec_type"]]
+    return (f"encoder vit_tiny_enc: width {enc['dim_tokens']}, {enc['depth']} blocks, {enc['num_heads']} heads "
+            f"(vit_b_enc: 768, 12, 12); decoder {config['dec_type']}: UNet widths {dec['block_out_channels']} "
+            f"with {dec['layers_per_block']} residual block(s) a level (uvit_b_p4_f16: [128, 256], 2), Transformer "
+            f"{dec['mid_layers']} blocks of width {dec['mid_dim']}, {dec['mid_num_heads']} heads (12 of 768, 12 "
+            f"heads); codebook {config['codebook_size']} codes (8192); kept as published: patch sizes (16 encoder, "
+            "4 decoder), two UNet levels, the downsampling before the Transformer, MLP ratio 4, qkv bias, latent "
+            "dim 32, the diffusion settings; image_size and conditioning as config_changes say")
+
+
 def spec(name: str) -> tuple[int, int, int, int, dict, int]:
     """(channels, codebook size, steps, seed, config changes, image size) of a reference tokenizer."""
     if name in UVIT_TOKENIZERS:
@@ -321,9 +335,7 @@ def main() -> None:
                                               "image_size 512, 8192 codes, 1 channel",
                                  "uvit_xattn": "none published: ml-4m's UViT with codes by cross-attention and "
                                                "long skips"}[name],
-            "scaled": ("encoder: vit_tiny_enc (published vit_b_enc: width 768, 12 blocks, 12 heads); decoder: "
-                       f"{config['dec_type']} (see scaled_presets); codebook {config['codebook_size']} codes; "
-                       "everything else as published" if name in UVIT_TOKENIZERS else
+            "scaled": (_uvit_scaling(config) if name in UVIT_TOKENIZERS else
                        "encoder vit_tiny_enc, decoder unet_patched_tiny, smaller codebook, 64-px images"),
             "config_changes": spec(name)[4],
             "image_size": image_size,
