@@ -1,6 +1,8 @@
 """The ml-4m converter (``fourm_kfp.model.ml4m``): round trips, the key and shape layout ml-4m's ``FM`` has (a list
 generated once from ml-4m: ``ml4m_tiny_keys.json`` names its command and commit), what import refuses and drops,
-and, when an ml-4m checkout is given (``FOURM_REFERENCE``), both directions against ml-4m's own ``FM``."""
+ml-4m's own ``FM`` at 4M-21's and 4M-7's shapes against the numbers ml-4m's code computed on a ``UnifiedMasking``
+batch (``ml4m_reference/``, made by ``bench/ml4m_fm_reference.py``), and, when an ml-4m checkout is given
+(``FOURM_REFERENCE``), both directions against ml-4m's own ``FM``."""
 
 from __future__ import annotations
 
@@ -412,8 +414,7 @@ def test_ml4m_s_own_fm_at_4m21_and_4m7_shapes_imports_computing_ml4m_s_logits(tm
     assert sorted(model.args.names) == REFERENCE_SHAPES[shape]
     assert report.missing == [] and report.dropped_domains == []
     # rgb is read from rgb@224's pixels: tok_rgb@224's encoder embedding is all that is left out
-    assert {d.split(":")[0].rsplit(".", 1)[0] for d in report.dropped} <= {"encoder_embeddings.tok_rgb@224",
-                                                                           "encoder_embeddings.tok_rgb@224.token_emb"}
+    assert report.dropped and all(d.startswith("encoder_embeddings.tok_rgb@224.") for d in report.dropped)
     model = model.double()
     worst = _ours_against_ml4m(model, mod_dict, outputs, manifest)
     assert set(worst) == set(REFERENCE_SHAPES[shape])
