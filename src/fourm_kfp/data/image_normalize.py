@@ -1,7 +1,7 @@
 """Real-world image bytes → the ``rgb`` modality: a uint8 ``[S, S, 3]`` square, or a :class:`BadSampleError`.
 
 :func:`normalize_image` decodes fully (so a truncated file fails here, not in a later stage), applies the EXIF
-orientation, converts every Pillow mode to 8-bit RGB and resizes the shorter side to ``S`` with a centre crop;
+orientation, converts every Pillow mode to 8-bit RGB and keeps the centred square resized to ``S`` (as ml-4m does);
 :func:`normalize_image_sized` also returns the upright image's size before the crop.
 
 Mode handling:
@@ -116,9 +116,12 @@ def _stretch_to_uint8(values: np.ndarray) -> np.ndarray:
 
 
 def _resize_center_crop(image: Image.Image, size: int) -> Image.Image:
-    """Scale the shorter side to ``size`` and keep the centred square, in one resampling step."""
+    """Keep the largest centred square and resize it to ``size`` with Pillow's bicubic filter, as ml-4m's
+    ``CenterCropImageAugmenter`` and its image transform prepare a photo (``fourm/data/image_augmenter.py``): the
+    offsets are rounded down, the crop is whole pixels, and the resampling reads no pixel beyond the crop. So the
+    teachers that resize this square again (``hf_clip``, ``hf_dinov2`` at 224 px) see what ml-4m's scripts saw."""
     width, height = image.size
     side = min(width, height)
-    left, top = (width - side) / 2, (height - side) / 2
-    return image.resize((size, size), Image.Resampling.BICUBIC, box=(left, top, left + side, top + side),
-                        reducing_gap=3.0)
+    left, top = (width - side) // 2, (height - side) // 2
+    square = image.crop((left, top, left + side, top + side))
+    return square if side == size else square.resize((size, size), Image.Resampling.BICUBIC)

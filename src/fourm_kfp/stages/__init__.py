@@ -39,11 +39,18 @@ SOURCE_MODALITIES = {"synthetic": ("rgb", "depth", "normal", "semseg", "edge", "
                      "image_folder": ("rgb", "caption"), "webdataset": ("rgb", "caption")}
 
 
-def _source_modalities(config: Any) -> dict[str, list[str]]:
+def _prepare_data_view(config: Any) -> dict[str, Any]:
     """What prepare-data's address covers of ``data.modalities``: those its source writes, in their order, so that
-    adding a labelled modality to the data config does not move it."""
+    adding a labelled modality to the data config does not move it. For a photo source, also that its photos are
+    cropped as ml-4m crops them (whole-pixel centred square, one bicubic resize: ``data/image_normalize.py``); the
+    synthetic scenes are rendered square, their addresses unmoved."""
     source = SOURCE_MODALITIES[config.prepare_data.source]
-    return {"data.modalities": [m for m in config.data.modalities if m in source]}
+    view: dict[str, Any] = {"data.modalities": [m for m in config.data.modalities if m in source]}
+    if config.prepare_data.source != "synthetic":
+        from fourm_kfp.config.schema import versioned_dict
+
+        view["prepare_data"] = {**versioned_dict(config.prepare_data), "photo_crop": "ml4m"}
+    return view
 
 
 def _pretokenize_view(config: Any) -> dict[str, Any]:
@@ -64,7 +71,7 @@ PREPARE_DATA = StageSpec(
     config_keys=("data.image_size", "data.modalities", "prepare_data"),
     source_fingerprint=_body("prepare_data", "source_fingerprint"),
     run_part=_body("prepare_data", "run_part"),
-    narrow_config=_source_modalities,
+    narrow_config=_prepare_data_view,
     resumable=True,  # a fan-out worker skips the output shards already committed
     # 2: closer camera in the synthetic scenes (objects ~12% of pixels, was ~6%); 3: per-shard key index
     code_version=3,
