@@ -30,6 +30,11 @@ Run it in the ``bench/ml4m_env.sh`` environment (plus ``tokenizers``, which ``fo
 
     FOURM_REFERENCE=/tmp/ml-4m PYTHONPATH=src .venv-ml4m/bin/python bench/ml4m_fm_reference.py \\
         --reference-commit cda590f
+
+``--compare`` writes nothing: it takes *every* domain of the shape (those we drop included) at ``--dim`` (64),
+``--layers`` (2 2), ``--heads`` (4) with ml-4m's own initialisation, imports ``save_pretrained``'s folder and
+prints, per modality, the largest logit difference (float32) and the argmax agreement on a ``UnifiedMasking`` batch
+(issue 64's measurement).
 """
 
 from __future__ import annotations
@@ -121,19 +126,75 @@ def ml4m_target_logits(fm, mod_dict, num_encoder: int, num_decoder: int) -> dict
     return out
 
 
-def write_reference(ref, shape: str, out: Path, seed: int) -> dict:
-    path = ref.path
+def shape_of(path: Path, shape: str) -> types.SimpleNamespace:
+    """``shape``'s training config, dataset entry, domains in and out (ml-4m's order) and token budgets."""
     train_cfg = yaml.safe_load((path / SHAPES[shape]).read_text())
     data_cfg_path = train_cfg["data_config"]
     dataset = next(iter(yaml.safe_load((path / data_cfg_path).read_text())["train"]["datasets"].values()))
-    domains_in, domains_out = dataset["in_domains"].split("-"), dataset["out_domains"].split("-")
-    config = {"domains_in": [d for d in domains_in if d in MAPPED],
-              "domains_out": [d for d in domains_out if d in MAPPED],
-              "image_size": 224, "patch_size": 16, "dim": DIM, "encoder_depth": LAYERS[0],
-              "decoder_depth": LAYERS[1], "num_heads": HEADS, **SWIGLU_NOBIAS}
-    unmapped = sorted(set(domains_in + domains_out) - MAPPED)
-    num_input = dataset.get("num_input_tokens") or train_cfg["num_input_tokens"]
-    num_target = dataset.get("num_target_tokens") or train_cfg["num_target_tokens"]
+    return types.SimpleNamespace(
+        train_cfg=train_cfg, data_cfg_path=data_cfg_path, dataset=dataset,
+        domains_in=dataset["in_domains"].split("-"), domains_out=dataset["out_domains"].split("-"),
+        num_input=dataset.get("num_input_tokens") or train_cfg["num_input_tokens"],
+        num_target=dataset.get("num_target_tokens") or train_cfg["num_target_tokens"])
+
+
+def fm_config(domains_in: list[str], domains_out: list[str], dim: int, layers: tuple[int, int], heads: int) -> dict:
+    return {"domains_in": domains_in, "domains_out": domains_out, "image_size": 224, "patch_size": 16, "dim": dim,
+            "encoder_depth": layers[0], "decoder_depth": layers[1], "num_heads": heads, **SWIGLU_NOBIAS}
+
+
+def masked_batch(path: Path, info: types.SimpleNamespace, config: dict, seed: int):
+    """:data:`BATCH` random samples of ``config``'s domains masked by ml-4m's ``UnifiedMasking`` as its training
+    sets it up (see the module docstring): ``(collated mod_dict, the uint8 images, the masking's modality info)``."""
+    from fourm.data.masking import UnifiedMasking
+    from fourm.data.modality_info import MODALITY_INFO
+    from tokenizers import Tokenizer
+
+    all_domains = sorted(set(config["domains_in"]) | set(config["domains_out"]))
+    setup_modality_info = upstream_function(path / "run_training_4m.py", "setup_modality_info",
+                                            {"MODALITY_INFO": MODALITY_INFO})
+    setup_sampling = upstream_function(path / "fourm/data/pretrain_utils.py", "setup_sampling_mod_info",
+                                       {"copy": copy, "yaml": yaml, "print": lambda *a, **k: None})
+    modality_info = setup_modality_info(types.SimpleNamespace(all_domains=all_domains, input_size=224,
+                                                              patch_size=16))
+    dataset_cfg = {**info.dataset, "in_domains": "-".join(config["domains_in"]),
+                   "out_domains": "-".join(config["domains_out"]),
+                   "alphas_config": str(path / info.dataset["alphas_config"])}
+    mod_info, weights_mix = setup_sampling(dataset_cfg, modality_info)
+    mod_info["tok_rgb@224"]["input_alphas"] = [0.0] * len(mod_info["tok_rgb@224"]["input_alphas"])
+    text_tokenizer = Tokenizer.from_file(str(path / info.train_cfg["tokenizer_path"]))
+    masking = UnifiedMasking(modality_info=mod_info, text_tokenizer=text_tokenizer,
+                             input_tokens_range=(info.num_input, info.num_input),
+                             target_tokens_range=(info.num_target, info.num_target), sampling_weights=weights_mix)
+    words = sorted(w for w in text_tokenizer.get_vocab() if w.isalpha() and w.islower())
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    samples, images = [], []
+    for _ in range(BATCH):
+        raw = {}
+        for domain, entry in mod_info.items():
+            if domain == PIXEL_DOMAIN:  # 2x2 blocks of 32 levels: compresses, still varies inside every patch
+                image = np.repeat(np.repeat(rng.integers(0, 32, (112, 112, 3)) * 8, 2, 0), 2, 1).astype(np.uint8)
+                images.append(image)
+                raw[domain] = torch.from_numpy(np.ascontiguousarray(normalised_pixels(image, "imagenet")))
+            elif entry["type"] == "img":
+                raw[domain] = torch.from_numpy(rng.integers(0, entry["vocab_size"], entry["max_tokens"]))
+            else:
+                raw[domain] = " ".join(rng.choice(words, int(rng.integers(4, 40))))
+        samples.append(masking(raw))
+    mod_dict = {d: {k: torch.stack([s[d][k] for s in samples]) for k in samples[0][d]} for d in mod_info}
+    return mod_dict, images, mod_info
+
+
+def write_reference(ref, shape: str, out: Path, seed: int) -> dict:
+    path = ref.path
+    info = shape_of(path, shape)
+    data_cfg_path, dataset, num_input, num_target = info.data_cfg_path, info.dataset, info.num_input, info.num_target
+    config = fm_config([d for d in info.domains_in if d in MAPPED], [d for d in info.domains_out if d in MAPPED],
+                       DIM, LAYERS, HEADS)
+    unmapped = sorted(set(info.domains_in + info.domains_out) - MAPPED)
 
     torch.manual_seed(seed)
     fm = ref.fm.FM(config=config)
@@ -147,47 +208,7 @@ def write_reference(ref, shape: str, out: Path, seed: int) -> dict:
         (folder / "config.json").write_bytes((Path(tmp) / "config.json").read_bytes())
     (folder / "model.safetensors.xz").write_bytes(lzma.compress(weights, preset=9 | lzma.PRESET_EXTREME))
 
-    # the masking ml-4m's training builds, from its own functions
-    from fourm.data.masking import UnifiedMasking
-    from fourm.data.modality_info import MODALITY_INFO
-    from tokenizers import Tokenizer
-
-    all_domains = sorted(set(config["domains_in"]) | set(config["domains_out"]))
-    setup_modality_info = upstream_function(path / "run_training_4m.py", "setup_modality_info",
-                                            {"MODALITY_INFO": MODALITY_INFO})
-    setup_sampling = upstream_function(path / "fourm/data/pretrain_utils.py", "setup_sampling_mod_info",
-                                       {"copy": copy, "yaml": yaml, "print": lambda *a, **k: None})
-    modality_info = setup_modality_info(types.SimpleNamespace(all_domains=all_domains, input_size=224,
-                                                              patch_size=16))
-    dataset_cfg = {**dataset, "in_domains": "-".join(config["domains_in"]),
-                   "out_domains": "-".join(config["domains_out"]),
-                   "alphas_config": str(path / dataset["alphas_config"])}
-    mod_info, weights_mix = setup_sampling(dataset_cfg, modality_info)
-    mod_info["tok_rgb@224"]["input_alphas"] = [0.0] * len(mod_info["tok_rgb@224"]["input_alphas"])
-    text_tokenizer = Tokenizer.from_file(str(path / train_cfg["tokenizer_path"]))
-    masking = UnifiedMasking(modality_info=mod_info, text_tokenizer=text_tokenizer,
-                             input_tokens_range=(num_input, num_input), target_tokens_range=(num_target, num_target),
-                             sampling_weights=weights_mix)
-    words = sorted(w for w in text_tokenizer.get_vocab() if w.isalpha() and w.islower())
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    samples, images = [], []
-    for _ in range(BATCH):
-        raw = {}
-        for domain, info in mod_info.items():
-            if domain == PIXEL_DOMAIN:  # 2x2 blocks of 32 levels: compresses, still varies inside every patch
-                image = np.repeat(np.repeat(rng.integers(0, 32, (112, 112, 3)) * 8, 2, 0), 2, 1).astype(np.uint8)
-                images.append(image)
-                raw[domain] = torch.from_numpy(np.ascontiguousarray(normalised_pixels(image, "imagenet")))
-            elif info["type"] == "img":
-                raw[domain] = torch.from_numpy(rng.integers(0, info["vocab_size"], info["max_tokens"]))
-            else:
-                raw[domain] = " ".join(rng.choice(words, int(rng.integers(4, 40))))
-        samples.append(masking(raw))
-    mod_dict = {d: {k: torch.stack([s[d][k] for s in samples]) for k in samples[0][d]} for d in mod_info}
-
+    mod_dict, images, mod_info = masked_batch(path, info, config, seed)
     stored = {f"{d}.{k}": v.contiguous() for d, entry in mod_dict.items() for k, v in entry.items()
               if not (d == PIXEL_DOMAIN and k == "tensor")}
     stored[f"{PIXEL_DOMAIN}.pixels"] = torch.from_numpy(np.stack(images))
@@ -231,12 +252,58 @@ def write_reference(ref, shape: str, out: Path, seed: int) -> dict:
             "losses": {m: float(v) for m, v in losses.items()}}
 
 
+def compare_at_scale(ref, shape: str, dim: int, layers: tuple[int, int], heads: int, seed: int) -> dict:
+    """The issue-64 measurement: ml-4m's FM with *all* of ``shape``'s domains (ours and those we drop) at ``dim``,
+    ml-4m's own initialisation, saved by ``save_pretrained`` and imported by ``import_ml4m``; both run in float32 on a
+    ``UnifiedMasking`` batch of the domains we map. Per modality: target tokens, the largest logit difference and
+    how often the two argmaxes agree."""
+    from fourm_kfp.model.ml4m import import_ml4m
+    from ml4m_reference import ours_from_ml4m
+
+    path = ref.path
+    info = shape_of(path, shape)
+    torch.manual_seed(seed)
+    fm = ref.fm.FM(config=fm_config(info.domains_in, info.domains_out, dim, layers, heads)).eval()
+    with tempfile.TemporaryDirectory(prefix="ml4m-fm-") as tmp:
+        fm.save_pretrained(tmp)
+        model, report = import_ml4m(tmp)
+    mapped = fm_config([d for d in info.domains_in if d in MAPPED], [d for d in info.domains_out if d in MAPPED],
+                       dim, layers, heads)
+    mod_dict = masked_batch(path, info, mapped, seed)[0]
+    theirs = ml4m_target_logits(fm, mod_dict, info.num_input, info.num_target)
+    specs = model.args.modalities
+    domains = {s.name: (PIXEL_DOMAIN if s.pixel_input else DOMAINS[s.name].name, DOMAINS[s.name].name) for s in specs}
+    batch, index = ours_from_ml4m(mod_dict, specs, domains)
+    per_modality = {}
+    with torch.no_grad():
+        hidden = model.decode(model.encode(batch), batch)
+        for m, spec in enumerate(specs):
+            slots = torch.nonzero(batch.dec_valid & (batch.dec_modality == m)).tolist()
+            ours = {(domains[spec.name][1], b, int(index[b, j])): model.logits(hidden[b, j], m) for b, j in slots}
+            keys = sorted(k for k in theirs if k[0] == domains[spec.name][1])
+            if sorted(ours) != keys:
+                raise AssertionError(f"{spec.name}: the target tokens differ from ml-4m's")
+            per_modality[spec.name] = {
+                "targets": len(keys),
+                "max_abs_diff": max(float((ours[k] - theirs[k]).abs().max()) for k in keys) if keys else 0.0,
+                "argmax_agreement": (sum(int(ours[k].argmax() == theirs[k].argmax()) for k in keys) / len(keys)
+                                     if keys else None)}
+    return {"shape": shape, "dim": dim, "layers": list(layers), "heads": heads, "weights": "ml-4m's own init",
+            "imported_tensors": len(report.imported), "dropped_domains": report.dropped_domains,
+            "max_abs_diff": max(v["max_abs_diff"] for v in per_modality.values()), "per_modality": per_modality}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reference", default=None, help="ml-4m checkout (default $FOURM_REFERENCE or /tmp/ml-4m)")
     parser.add_argument("--reference-commit", default="", help="the checkout's commit, recorded in the manifest")
     parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compare", action="store_true",
+                        help="write nothing: compare our import with ml-4m at --dim/--layers/--heads (every domain)")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--layers", type=int, nargs=2, default=(2, 2))
+    parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--out", type=Path, default=OUT, help=f"where the fm_<shape> folders go (default {OUT})")
     args = parser.parse_args(argv)
     path = reference_path(args.reference)
@@ -255,6 +322,12 @@ def main(argv: list[str] | None = None) -> dict:
     versions = {m.__name__: m.__version__ for m in (torch, np, tokenizers, huggingface_hub, einops, safetensors)}
     command = "PYTHONPATH=src .venv-ml4m/bin/python bench/ml4m_fm_reference.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
+    if args.compare:
+        results = {"command": command, "reference_commit": args.reference_commit, "versions": versions,
+                   **{shape: compare_at_scale(ref, shape, args.dim, tuple(args.layers), args.heads, args.seed)
+                      for shape in args.shapes}}
+        print(json.dumps(results, indent=1))
+        return results
     results = {}
     for shape in args.shapes:
         result = {"command": command, "reference_commit": args.reference_commit, "python": platform.python_version(),
