@@ -26,6 +26,8 @@
 #   opencv-python-headless   modality_transforms imports cv2 at its top (ml-4m: >=4.6.0.66)
 #   albumentations==1.4.0    ml-4m's pin; modality_transforms imports it at its top
 #   PyYAML                   albumentations needs it (also an ml-4m pin, >=6.0)
+#   tokenizers>=0.15.2       ml-4m's pin; fourm/data/unified_datasets.py and the masking code (UnifiedMasking, which
+#                            bench/ml4m_fm_reference.py runs for its batches) import it
 # Nothing else of ml-4m's list (boto3, webdataset, wandb, datasets, torchmetrics, ...) is needed by fourm/vq or by the
 # transforms' classes the references use; bench/ml4m_tokenizer_reference.py says what it stands in for.
 set -euo pipefail
@@ -49,7 +51,8 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
     "numpy>=1.26.4,<2.0.0" \
     "safetensors" \
     "Pillow>=9.3.0" \
-    "PyYAML>=6.0"
+    "PyYAML>=6.0" \
+    "tokenizers>=0.15.2"
 "${PIP[@]}" "torch==2.13.0" "numpy>=1.26.4,<2.0.0" \
     "opencv-python-headless>=4.6.0.66" \
     "albumentations==1.4.0"
