@@ -54,7 +54,9 @@ def det_names_by_id(names: tuple[str, ...], where: str) -> tuple[str | None, ...
 
 class DetectionTeacher(TransformersTeacher):
     name: ClassVar[str] = "hf_det"
-    version: ClassVar[str] = "1"
+    #: 2: "N/A" placeholder ids (DETR's 91-id COCO layout) are no class and never written (a folder with one "N/A" id
+    #: wrote "N/A" boxes before)
+    version: ClassVar[str] = "2"
     modality = "det"
     model_class: ClassVar[str] = "AutoModelForObjectDetection"
     reads_models: ClassVar[str] = "object-detection models"
