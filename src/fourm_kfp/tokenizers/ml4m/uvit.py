@@ -28,12 +28,14 @@ too. :func:`register_uvit_preset` adds one.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fourm_kfp.tokenizers.ml4m.unet import timestep_features
+from fourm_kfp.tokenizers.ml4m.vit import Mlp, sincos_table
 
 #: ml-4m's UViT settings every factory leaves at the class's defaults
 GROUPS, GROUP_NORM_EPS, POSEMB_SIDE = 32, 1e-5, 32
@@ -106,16 +108,6 @@ def register_uvit_preset(name: str, **fields) -> UViTPreset:
 
 
 # -- the diffusers 0.20 pieces ml-4m's UViT is made of ---------------------------------------------------------------
-
-
-def timestep_features(timesteps: torch.Tensor, dim: int) -> torch.Tensor:
-    """diffusers' ``get_timestep_embedding`` as ml-4m's UViT calls it (``flip_sin_to_cos=True``, shift 0): ``dim //
-    2`` cosines, then as many sines, of the timesteps at frequencies ``10000 ** (-i / (dim // 2))``."""
-    half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=timesteps.device) / half)
-    angles = timesteps[:, None].float() * freqs[None]
-    features = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
-    return F.pad(features, (0, 1)) if dim % 2 else features
 
 
 class TimestepEmbedding(nn.Module):
@@ -225,21 +217,6 @@ class UpBlock2D(nn.Module):
 # -- the Transformer bottleneck ----------------------------------------------------------------------------------------
 
 
-def sincos_posemb(side: int, dim: int) -> torch.Tensor:
-    """ml-4m's ``build_2d_sincos_posemb(side, side, dim)``: ``1 x dim x side x side`` (sin, cos of the column, then
-    of the row, at ``dim // 4`` frequencies)."""
-    if dim % 4:
-        raise ValueError(f"the UViT's mid_dim must be a multiple of 4 for its 2-D sine-cosine embedding, not {dim}")
-    grid_w, grid_h = torch.meshgrid(torch.arange(side, dtype=torch.float32), torch.arange(side, dtype=torch.float32),
-                                    indexing="ij")
-    quarter = dim // 4
-    omega = 1.0 / (10000.0 ** (torch.arange(quarter, dtype=torch.float32) / quarter))
-    out_w = grid_w.flatten()[:, None] * omega[None]
-    out_h = grid_h.flatten()[:, None] * omega[None]
-    emb = torch.cat([torch.sin(out_w), torch.cos(out_w), torch.sin(out_h), torch.cos(out_h)], dim=1)
-    return emb.T.reshape(1, dim, side, side)
-
-
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return x * (1.0 + scale.unsqueeze(1)) + shift.unsqueeze(1)
 
@@ -281,16 +258,6 @@ class CrossAttention(nn.Module):
         k, v = self.kv(context).reshape(b, m, 2, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4).unbind(0)
         out = _attend(q, k, v, None if mask is None else mask.unsqueeze(1))
         return self.proj(out.transpose(1, 2).reshape(b, n, c))
-
-
-class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
 
 
 class Block(nn.Module):
@@ -343,7 +310,8 @@ class MidTransformer(nn.Module):
         self.use_long_skip = preset.mid_use_long_skip
         if self.use_long_skip and layers % 2 != 1:
             raise ValueError(f"a UViT with long skips needs an odd number of mid_layers, not {layers}")
-        self.mid_pos_emb = nn.Parameter(sincos_posemb(POSEMB_SIDE, dim), requires_grad=False)
+        # ml-4m's build_2d_sincos_posemb(side, side, dim)
+        self.mid_pos_emb = nn.Parameter(sincos_table(POSEMB_SIDE, POSEMB_SIDE, dim), requires_grad=False)
         xattn = cond_type == "xattn"
         self.mid_block = nn.ModuleList(
             Block(dim, preset.mid_num_heads, time_embed_dim, preset.mid_mlp_ratio, preset.mid_qkv_bias,
