@@ -150,7 +150,9 @@ class ClusterParams:
     ``rendezvous_timeout_s``: how long a job's started nodes wait at torchrun's rendezvous for the others (longer than
     the nodes take to be scheduled, so a partly placed job waits instead of crashing);
     ``queue_timeout_s``: how long a job may wait before all its pods run (in a Volcano or Kueue queue, or
-    unschedulable), apart from its ``<stage>_deadline_s``, which counts from when they run."""
+    unschedulable), apart from its ``<stage>_deadline_s``, which counts from when they run: a whole number of seconds,
+    at least 1. There is no "no limit" (0 is refused): the job's own ``activeDeadlineSeconds`` is the deadline plus
+    this limit, and a step's retry window must hold both (a long wait is a large number, e.g. 604800 for a week)."""
 
     scheduler: str = ""
     image_pull_secret: str = DEFAULT_PULL_SECRET
@@ -314,9 +316,11 @@ def validate_cluster(cluster: ClusterParams) -> None:
         raise ConfigError(f"rendezvous_timeout_s={timeout!r}: a whole number of seconds, at least 1 (longer than "
                           f"a job's nodes take to be scheduled and started)")
     queue = cluster.queue_timeout_s
-    if isinstance(queue, bool) or not isinstance(queue, int) or queue < 0:
-        raise ConfigError(f"queue_timeout_s={queue!r}: a whole number of seconds a job may wait for its pods to run, "
-                          "at least 0")
+    if isinstance(queue, bool) or not isinstance(queue, int) or queue < 1:
+        raise ConfigError(f"queue_timeout_s={queue!r}: a whole number of seconds a job may wait for all its pods to "
+                          "run, at least 1; 0 does not mean \"no limit\" (there is none: the job's own deadline is "
+                          "<stage>_deadline_s + queue_timeout_s); give a large number instead, "
+                          "e.g. 604800 for a week")
 
 
 def _pod_resources(template: dict[str, Any], req: JobRequest) -> dict[str, Any]:
