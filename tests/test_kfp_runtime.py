@@ -188,3 +188,19 @@ def test_a_forced_fan_out_stage_is_recomputed_by_its_workers_and_only_committed_
     step["name"] = "label fan-out"
     assert fan_out_items("label", 2, *run[:4], True, {}) == [{"part": 0}, {"part": 1}]
     assert cleared == ["fan-out"]  # the label stage is off (no labelers): it has no output to clear
+
+
+def test_a_job_s_queue_time_counts_against_the_step_s_retry_window():
+    """Argo keeps retrying (and keeps a retried launcher pod) only within the step's retry window from the first
+    attempt's start; a job may queue for ``queue_timeout_s`` and then run for its deadline (+ the launcher's grace),
+    so the three together must fit. A deadline that fits alone is refused once the queue time no longer does."""
+    from fourm_kfp.cluster.job_launcher import FollowSettings
+    from fourm_kfp.cluster.job_spec import ClusterParams, JobParams
+    from fourm_kfp.launchers.kfp_runtime import RETRY_WINDOW_S, check_retry_window
+
+    queue_s, grace_s = ClusterParams().queue_timeout_s, int(FollowSettings.grace_s)  # a day (the default); 600 s
+    job = JobParams(deadline_s=RETRY_WINDOW_S - grace_s - queue_s)
+    check_retry_window("pretrain", job, ClusterParams(queue_timeout_s=queue_s))  # fills the window exactly
+    with pytest.raises(ConfigError, match=rf"pretrain_deadline_s={job.deadline_s} \+ queue_timeout_s={queue_s + 1} "
+                                          rf"\(\+{grace_s}s\) exceed the step's retry window of {RETRY_WINDOW_S}s"):
+        check_retry_window("pretrain", job, ClusterParams(queue_timeout_s=queue_s + 1))
