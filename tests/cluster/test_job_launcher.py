@@ -584,8 +584,11 @@ def test_sigterm_leaves_the_job_running_and_the_step_s_retry_adopts_it(cluster, 
     assert cluster.api().get(PYTORCHJOB.resource, name) is None  # succeeded: deleted
 
 
-@pytest.mark.parametrize("other", [{RUN_ID_LABEL: "another-run"}, {ADDRESS_LABEL: "ffffffffffffffff"}, None])
+@pytest.mark.parametrize("other", [{ADDRESS_LABEL: "ffffffffffffffff"}, {ADDRESS_LABEL: "ffffffffffffffff",
+                                                                   RUN_ID_LABEL: "another-run"}, None])
 def test_any_other_name_conflict_fails_clearly_and_touches_nothing(cluster, other):
+    """A job of this name with another content address (or none) is not this stage's: named, never adopted (another
+    run's job of the same address is adopted: test_job_rerun.py)."""
     job = _job()
     name = job["metadata"]["name"]
     labels = {**job["metadata"]["labels"], **other} if other else {"app": "someone-else"}

@@ -1,7 +1,8 @@
 """The exit handler's clean-up (:mod:`fourm_kfp.cluster.stop_jobs`) against the emulated API: a run's unfinished jobs of
-both kinds and its failed ones (the launcher keeps those for the step's retry) are deleted by their run-id label;
-another run's jobs and a finished job labelled to be kept stay; outside a pod (kfp.local) nothing is touched and
-nothing fails."""
+both kinds and its failed ones (the launcher keeps those for the step's retry) are deleted by their run-id label, a
+job still running reported; another run's jobs and a job labelled to be kept (``<stage>_delete_job=false``) stay,
+one still running reported with the command that stops it; outside a pod (kfp.local) nothing is touched and nothing
+fails."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def test_a_run_s_leftover_jobs_are_deleted_and_nothing_else(cluster):
     failed = _create(cluster, "pytorchjob", "pretrain", "ffff", "run-1")  # kept by its launcher for a step retry
     cluster.set_job_conditions(PYTORCHJOB.resource, failed, ("Failed", "PyTorchJobFailed", "backoff limit"))
     other = _create(cluster, "pytorchjob", "pretrain", "dddd", "run-2")
+    kept_running = _create(cluster, "pytorchjob", "pretrain", "abab", "run-1", keep=True)
     lines = []
     deleted = delete_run_jobs(cluster.api(), "run-1", out=lines.append)
     assert sorted(deleted) == sorted([running_pt, running_tj, failed])
@@ -47,8 +49,12 @@ def test_a_run_s_leftover_jobs_are_deleted_and_nothing_else(cluster):
     assert api.get(PYTORCHJOB.resource, running_pt) is None and api.get(TRAINJOB.resource, running_tj) is None
     assert api.get(PYTORCHJOB.resource, failed) is None
     assert api.get(PYTORCHJOB.resource, kept) is not None and api.get(TRAINJOB.resource, kept_failed) is not None
-    assert api.get(PYTORCHJOB.resource, other) is not None
-    assert any(running_pt in line and "run-1" in line for line in lines)
+    assert api.get(PYTORCHJOB.resource, other) is not None and api.get(PYTORCHJOB.resource, kept_running) is not None
+    assert any(running_pt in line and "run-1" in line and "still running" in line for line in lines)
+    assert [line for line in lines if kept_running in line] == [
+        f"[exit handler] PyTorchJob {kept_running} (stage pretrain) is still running after KFP run run-1 ended, and is "
+        "kept (delete_job=false): a rerun of the same configuration adopts it; to stop it: `kubectl delete "
+        f"pytorchjobs.kubeflow.org {kept_running} -n fourm`"]
     assert any(failed in line and "failed" in line for line in lines)
     assert delete_run_jobs(cluster.api(), "", out=lines.append) == []  # no run id: never "every job"
 

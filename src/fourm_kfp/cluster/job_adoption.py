@@ -2,9 +2,21 @@
 retries from multiplying the job's restart budget.
 
 A job's name is fixed by its content address (:mod:`.job_spec`), so a job of that name may exist when the launcher
-starts. :func:`create_or_adopt` adopts it when its labels carry this launcher's content address and KFP run id (the
-step's retry after its launcher pod was lost to a node drain or a preemption, or a create whose answer was lost and
-whose retry came back 409). Any other job of that name fails the launcher and is named, never adopted nor touched.
+starts. :func:`create_or_adopt` adopts it when its labels carry this launcher's content address:
+
+- labelled with this KFP run's id: the step's retry after its launcher pod was lost to a node drain or a
+  preemption, or a create whose answer was lost and whose retry came back 409;
+- labelled with another run's id, and not failed: a **rerun of the same configuration** after a run whose launcher
+  was lost and not retried (KFP compiles no ``retryPolicy``, so Argo retries only ``OnFailure``, and a launcher pod
+  deleted before the workflow controller saw it fail ends ``Error``: ``workflow/controller/operator.go`` at
+  argo-workflows v3.7.3), whose exit handler kept the job (``<stage>_delete_job=false``) or did not run. The job
+  trains on; the rerun follows it instead of starting a second one. It keeps the labels of the run that made it
+  (the launcher's Role may not patch jobs), so this run's exit handler, which deletes by run id, leaves it alone;
+  the launcher still deletes it once it succeeded (``<stage>_delete_job``). Another run's **failed** job spent that
+  run's restart budget: it is replaced (a new run is a first attempt).
+
+Any other job of that name (another content address, or no labels of ours) fails the launcher and is named, never
+adopted nor touched.
 
 An own job that already **failed** spent its restart budget; a step retry (``KFP_RETRY_INDEX`` > 0) must report it
 rather than start it again. Only a first attempt (``KFP_RETRY_INDEX`` = 0: a run retried by hand, a new attempt of
@@ -37,9 +49,8 @@ def step_retry_index() -> int | None:
     return int(value.strip())
 
 
-def _owned_by_us(job: dict[str, Any], address: str, kfp_run_id: str) -> bool:
-    labels = job.get("metadata", {}).get("labels") or {}
-    return labels.get(ADDRESS_LABEL) == address and labels.get(RUN_ID_LABEL) == kfp_run_id
+def _labels(job: dict[str, Any]) -> dict[str, str]:
+    return job.get("metadata", {}).get("labels") or {}
 
 
 def _wait_gone(api: KubeApi, kind: JobKind, name: str, poll_s: float, timeout_s: float = 300) -> None:
@@ -65,8 +76,9 @@ def _failed_before(where: str, existing: dict[str, Any], retry_index: int | None
 
 def create_or_adopt(api: KubeApi, kind: JobKind, job: dict[str, Any], poll_s: float,
                     before_create: Callable[[], None] | None = None, retry_index: int | None = None) -> bool:
-    """Create ``job``, or adopt the existing one of that name if it is ours; returns whether it was adopted. Ours and
-    failed: replaced on a first attempt (``retry_index`` 0), else reported (:class:`JobFailed`)."""
+    """Create ``job``, or adopt the existing one of that name if it carries this stage's content address; returns
+    whether it was adopted. This run's and failed: replaced on a first attempt (``retry_index`` 0), else reported
+    (:class:`JobFailed`); another run's and failed: replaced (see the module docstring)."""
     name = job["metadata"]["name"]
     labels = job["metadata"]["labels"]
     address, run_id = labels[ADDRESS_LABEL], labels[RUN_ID_LABEL]
@@ -74,22 +86,24 @@ def create_or_adopt(api: KubeApi, kind: JobKind, job: dict[str, Any], poll_s: fl
     if existing is not None:
         where = f"{kind.resource.kind} {name!r} in namespace {api.namespace!r}"
         delete = f"kubectl delete {kind.resource.plural}.{kind.resource.group} {name} -n {api.namespace}"
-        if not _owned_by_us(existing, address, run_id):
-            other = (existing["metadata"].get("labels") or {}).get(RUN_ID_LABEL)
-            state = terminal_state(kind, existing) or "running"
+        state, creator = terminal_state(kind, existing), _labels(existing).get(RUN_ID_LABEL)
+        if _labels(existing).get(ADDRESS_LABEL) != address:
             raise JobConflict(
-                f"{where} exists ({state}) and is not this run's to adopt (it was created for KFP run "
-                f"{other or 'unknown'}, this is {run_id or 'a run without id'}): wait for it to finish, or remove it "
-                f"with `{delete}`")
-        if terminal_state(kind, existing) == "failed" and retry_index != 0:
+                f"{where} exists ({state or 'running'}) and is not this stage's to adopt (its content address is "
+                f"{_labels(existing).get(ADDRESS_LABEL) or 'not labelled'}, this stage's is {address}; it was created "
+                f"for KFP run {creator or 'unknown'}): wait for it to finish, or remove it with `{delete}`")
+        ours = creator == run_id
+        if state == "failed" and ours and retry_index != 0:
             raise _failed_before(where, existing, retry_index, delete)
-        if terminal_state(kind, existing) == "failed":
-            log.warning("%s failed before this launcher attempt (%s); deleting it and starting again (training "
-                        "resumes from the newest complete checkpoint)", where, describe_conditions(existing))
+        if state == "failed":
+            log.warning("%s failed before this launcher attempt (%s, created by KFP run %s); deleting it and starting "
+                        "again (training resumes from the newest complete checkpoint)", where,
+                        describe_conditions(existing), creator or "unknown")
             api.delete(kind.resource, name)
             _wait_gone(api, kind, name, poll_s)
         else:
-            log.info("adopting %s (created earlier by this run)", where)
+            log.info("adopting %s (%s, %s, created by %s)", where, state or "running",
+                     f"content address {address}", "this run" if ours else f"KFP run {creator or 'unknown'}")
             return True
     if before_create is not None:
         before_create()

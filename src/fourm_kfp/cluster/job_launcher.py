@@ -3,10 +3,11 @@ launcher.
 
 :func:`run_job` takes a rendered PyTorchJob or TrainJob (:mod:`.job_spec`) and
 
-1. **creates** it, or **adopts** it when a job of that name exists with this launcher's content address and KFP run
-   id (:mod:`.job_adoption`: the step's retry after its launcher pod was lost, or a create whose answer was lost).
-   An own job that already failed is replaced only on a first attempt of the step (``KFP_RETRY_INDEX`` = 0), else
-   reported as failed, so that step retries never multiply its restart budget;
+1. **creates** it, or **adopts** it when a job of that name exists with this launcher's content address
+   (:mod:`.job_adoption`: the step's retry after its launcher pod was lost, a create whose answer was lost, or a rerun
+   of the same configuration while the job a lost launcher left behind still runs). This run's job that already
+   failed is replaced only on a first attempt of the step (``KFP_RETRY_INDEX`` = 0), else reported as failed, so
+   that step retries never multiply its restart budget;
 2. **follows** it (:func:`follow`): the job and its pods are watched (:mod:`.job_watch`), the master's log is
    streamed to ``out`` line by line and every crashed container's last lines are read at once
    (:mod:`.log_follower`); while pods are Pending the reason is printed when it changes and every
@@ -25,8 +26,12 @@ launcher.
    retry finds and reports it, and the run's exit handler deletes it when the run ends (:mod:`.stop_jobs`, which
    also says who else cleans up). When the API stays unreachable past ``api_outage_s``, and on SIGTERM (the launcher
    pod deleted: a node drain, a preemption), the launcher exits and leaves the job running for the step's retry to
-   adopt; the job is not owned by the launcher pod (:mod:`fourm_kfp.launchers.kubernetes_job`). KFP's launcher does
-   not forward a stopped run's SIGTERM to the step: the pipeline's exit handler deletes a stopped run's jobs.
+   adopt; the job is not owned by the launcher pod (:mod:`fourm_kfp.launchers.kubernetes_job`). Argo retries the
+   step only when its controller saw the pod fail (with ``ARGO_POD_STATUS_CAPTURE_FINALIZER=true``, or when the
+   pod ended before it was deleted); a pod deleted first ends ``Error`` and is not retried: the run fails, its exit
+   handler reports the job still running and deletes it unless ``<stage>_delete_job=false``, and a rerun of the
+   same configuration adopts a job still running. KFP's launcher does not forward a stopped run's SIGTERM to the
+   step: the pipeline's exit handler deletes a stopped run's jobs.
 """
 
 from __future__ import annotations
@@ -192,8 +197,8 @@ def _settle(api: KubeApi, kind: JobKind, name: str, outcome: str, settings: Foll
         out(f"[launcher] kept the failed {what}: a retry of this step reports it; "
             + ("the run's exit handler deletes it" if settings.delete else "it outlives the run (delete_job=false)"))
     elif outcome == "interrupted":
-        out(f"[launcher] left {what} in place: a retry of this step adopts it, the run's exit handler deletes it if "
-            "the run ends first")
+        out(f"[launcher] left {what} in place: a retry of this step (or a rerun of the same configuration) adopts "
+            "it; if the run ends first, its exit handler reports it and deletes it unless delete_job=false")
 
 
 def run_job(api: KubeApi, kind: JobKind, job: dict[str, Any], deadline_s: float, settings: FollowSettings,
@@ -229,8 +234,10 @@ def run_job(api: KubeApi, kind: JobKind, job: dict[str, Any], deadline_s: float,
     except _Stopped:
         outcome = "stopped"
         raise SystemExit(f"stopped (SIGTERM: the launcher pod is being deleted, e.g. a node drain or a preemption): "
-                         f"{kind.resource.kind} {name} is left running; a retry of this step adopts it, and the "
-                         "run's exit handler deletes it if the run ends first") from None
+                         f"{kind.resource.kind} {name} is left running; a retry of this step adopts it (Argo retries a "
+                         "deleted pod only under the status-capture finalizer), and if the run ends first its exit "
+                         "handler reports it and deletes it unless delete_job=false (then a rerun of the same "
+                         "configuration adopts it)") from None
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -9,8 +9,13 @@ Who deletes a job stage's PyTorchJob or TrainJob:
   for the step's retry to adopt;
 - this exit handler, which runs on success, failure and stop (KFP's launcher does not forward a stopped run's
   SIGTERM to the step): :func:`stop_run_jobs` lists the jobs of both kinds labelled with the run id
-  (``fourm-kfp.org/kfp-run-id``) and deletes each, unfinished or finished, except a finished one labelled to be kept
-  (:data:`KEEP_LABEL`, set with ``<stage>_delete_job=false``). A kind whose operator is not installed has no jobs;
+  (``fourm-kfp.org/kfp-run-id``). A job **still running** is reported (the run failed or was stopped while it
+  trained, e.g. after its launcher pod was deleted and Argo did not retry the step: KFP compiles no
+  ``retryPolicy``, and under Argo's default ``OnFailure`` a pod deleted before the controller saw it fail ends
+  ``Error``, which is not retried) and deleted, unless it is labelled to be kept (:data:`KEEP_LABEL`, set with
+  ``<stage>_delete_job=false``): then it trains on, and a rerun of the same configuration adopts it by its content
+  address (:mod:`.job_adoption`). A finished job is deleted, except one labelled to be kept. A kind whose operator
+  is not installed has no jobs;
 - Kubernetes' garbage collector, when the run's Argo Workflow (the job's owner) is deleted;
 - the PyTorchJob's ``ttlSecondsAfterFinished`` as a backstop for a finished job nobody deleted.
 
@@ -23,25 +28,34 @@ import os
 from typing import Callable
 
 from fourm_kfp.cluster.job_kinds import JOB_KINDS, terminal_state
-from fourm_kfp.cluster.job_spec import KEEP_LABEL, RUN_ID_LABEL
+from fourm_kfp.cluster.job_spec import KEEP_LABEL, RUN_ID_LABEL, STAGE_LABEL
 from fourm_kfp.cluster.kube import KubeApi
 
 
 def delete_run_jobs(api: KubeApi, kfp_run_id: str, out: Callable[[str], None] = print) -> list[str]:
-    """Delete the jobs labelled with ``kfp_run_id``, but a finished one labelled :data:`KEEP_LABEL`; their names."""
+    """Delete the jobs labelled with ``kfp_run_id``, but those labelled :data:`KEEP_LABEL`; report each job still
+    running, deleted or kept (see the module docstring); the names of the deleted ones."""
     deleted: list[str] = []
     if not kfp_run_id:
         return deleted
     for kind in JOB_KINDS.values():
         for job in api.list(kind.resource, f"{RUN_ID_LABEL}={kfp_run_id}"):
             labels = job["metadata"].get("labels") or {}
-            state = terminal_state(kind, job)
-            if labels.get(RUN_ID_LABEL) != kfp_run_id or (state is not None and labels.get(KEEP_LABEL) == "true"):
+            if labels.get(RUN_ID_LABEL) != kfp_run_id:
                 continue
-            name = job["metadata"]["name"]
+            name, state = job["metadata"]["name"], terminal_state(kind, job)
+            what = f"{kind.resource.kind} {name}" + (f" (stage {labels[STAGE_LABEL]})" if STAGE_LABEL in labels else "")
+            kept = labels.get(KEEP_LABEL) == "true"
+            if state is None and kept:
+                out(f"[exit handler] {what} is still running after KFP run {kfp_run_id} ended, and is kept "
+                    f"(delete_job=false): a rerun of the same configuration adopts it; to stop it: `kubectl delete "
+                    f"{kind.resource.plural}.{kind.resource.group} {name} -n {api.namespace}`")
+            if kept:
+                continue
             if api.delete(kind.resource, name):
-                why = "ended before it" if state is None else f"ended; the job had {state}"
-                out(f"[exit handler] deleted {kind.resource.kind} {name}: KFP run {kfp_run_id} {why}")
+                why = ("ended while it was still running (its launcher lost or stopped): deleted, as "
+                       "delete_job=true asks" if state is None else f"ended; the job had {state}")
+                out(f"[exit handler] deleted {what}: KFP run {kfp_run_id} {why}")
                 deleted.append(name)
     return deleted
 

@@ -9,8 +9,9 @@ pod opened after it.
 
 The job's owner is the run's Argo Workflow (KFP runs each run as one, and Argo makes it the controller owner of every
 step's pod): :func:`workflow_owner` reads it from the launcher's own pod (``FOURM_POD_NAME``). Not the launcher pod,
-whose loss (a node drain, a spot preemption) would have the garbage collector delete the training with it; the step
-retries instead and its next launcher adopts the job. Deleting the run's Workflow deletes the job; the launcher
+whose loss (a node drain, a spot preemption) would have the garbage collector delete the training with it; the step's
+retry (when Argo retries it: :mod:`fourm_kfp.cluster.job_launcher`, step 4) or a rerun of the same configuration
+adopts the job instead. Deleting the run's Workflow deletes the job; the launcher
 deletes it once it succeeded, the run's exit handler when the run ends (:mod:`fourm_kfp.cluster.stop_jobs`).
 Without a Workflow (not run by Argo, or the pod cannot be read) the job has no owner, and the step's log says so.
 """
@@ -98,7 +99,8 @@ class KubernetesJob(RemoteBackend):
             self.out(f"{self.prefix} {request.name} is kept ({param_prefix(plan.stage)}_delete_job=false): it has no "
                      "owner and no TTL, so it outlives the run (KFP deletes a finished run's Workflow after a day) "
                      "until `kubectl delete "
-                     f"{params.launcher}s {request.name}`; the run's exit handler deletes it only if it is unfinished")
+                     f"{params.launcher}s {request.name}`; the run's exit handler does not delete it (it reports it if it still "
+                     "runs when the run ends: a rerun of the same configuration adopts it)")
         elif owner is not None:
             self.out(f"{self.prefix} {request.name} is owned by {owner.kind} {owner.name} (the KFP run): "
                      "deleting the run deletes it")
