@@ -98,9 +98,9 @@ class KubernetesJob(RemoteBackend):
         if not params.delete_job:
             self.out(f"{self.prefix} {request.name} is kept ({param_prefix(plan.stage)}_delete_job=false): it has no "
                      "owner and no TTL, so it outlives the run (KFP deletes a finished run's Workflow after a day) "
-                     "until `kubectl delete "
-                     f"{params.launcher}s {request.name}`; the run's exit handler does not delete it (it reports it if it still "
-                     "runs when the run ends: a rerun of the same configuration adopts it)")
+                     f"until `kubectl delete {params.launcher}s {request.name}`; the run's exit handler does not "
+                     "delete it (it reports it if it still runs when the run ends: a rerun of the same configuration "
+                     "adopts it)")
         elif owner is not None:
             self.out(f"{self.prefix} {request.name} is owned by {owner.kind} {owner.name} (the KFP run): "
                      "deleting the run deletes it")
