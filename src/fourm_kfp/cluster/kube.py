@@ -124,8 +124,9 @@ class KubeApi:
         return cls(client.ApiClient(configuration), namespace)
 
     @classmethod
-    def from_environment(cls, namespace: str = "") -> "KubeApi":
-        """In a pod: its service account; elsewhere: the kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``)."""
+    def from_environment(cls, namespace: str = "", retries=None) -> "KubeApi":
+        """In a pod: its service account; elsewhere: the kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``);
+        ``retries`` as for :meth:`connect`."""
         from kubernetes import client, config
 
         try:
@@ -136,7 +137,7 @@ class KubeApi:
         except config.ConfigException as exc:
             raise UserError(f"no Kubernetes cluster to launch the job in ({exc}); run inside a cluster or set "
                             "KUBECONFIG, or use pretrain_launcher=in-pod") from exc
-        return cls.connect(client.Configuration.get_default_copy(), current_namespace(namespace))
+        return cls.connect(client.Configuration.get_default_copy(), current_namespace(namespace), retries)
 
     # --------------------------------------------------------------------------------------------- errors
 
