@@ -36,6 +36,13 @@ def _add_store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mlflow-tracking-uri", help="default: $MLFLOW_TRACKING_URI, else sqlite:///<root>/mlflow.db")
 
 
+def _add_doctor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--service-account", default="", metavar="NAME",
+                   help="doctor: check the launcher's RBAC as this ServiceAccount of the namespace (the runs' "
+                        "account: pipeline-runner, default-editor, fourm-pipeline-runner), by impersonation; "
+                        "default: as yourself")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fourm_kfp.stages import STAGES
 
@@ -177,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--host", default=None, help="KFP API endpoint, e.g. https://kubeflow.example.com/pipeline "
                         "(default: $KFP_HOST)")
     submit.add_argument("--namespace", default="", help="Kubeflow profile namespace (multi-user installs)")
+    submit.add_argument("--no-doctor", action="store_true",
+                        help="skip the preflight check (fourm-kfp doctor) that otherwise runs before anything is "
+                             "created and refuses to submit when a check fails")
+    _add_doctor_args(submit)
     submit.add_argument("--experiment", default="fourm-pretrain", help="experiment name (created if missing)")
     submit.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="another pipeline parameter, e.g. --param pretrain_nodes=2 --param "
@@ -211,6 +222,28 @@ def build_parser() -> argparse.ArgumentParser:
                              "(tagged with the CI job) and reads the gate. --attach/--report read the gate where the "
                              "run wrote it (its mlflow_tracking_uri), this only when it names none (default: "
                              "$MLFLOW_TRACKING_URI)")
+
+    doctor = sub.add_parser(
+        "doctor", help="check the cluster a run will use (KFP version, CRDs, RBAC, Secrets, runtimes, Kueue, S3, "
+                       "MLflow) before any GPU is held; creates nothing",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="One line per check: ok, warn, skipped (with why) or FAIL (with the object and the command that "
+                    "fixes it). Nothing is created in the cluster; one test object is written to the S3 store and "
+                    "deleted. submit runs the same checks first (--no-doctor skips them).",
+        epilog="exit status:\n  0  no check failed\n  2  a check failed (as submit's user error: nothing started)")
+    _add_config_args(doctor)
+    doctor.add_argument("--host", default=None, help="KFP API endpoint (default: $KFP_HOST; none: no version check)")
+    doctor.add_argument("--namespace", default="", help="the namespace the run's pods run in (default: the "
+                        "kubeconfig's, or the pod's)")
+    doctor.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="a pipeline parameter as submit takes it (pretrain_launcher, scheduler, "
+                             "image_pull_secret, store_uri, ...)")
+    doctor.add_argument("--s3-endpoint", default="", help="S3 endpoint to check (default: the run's s3_endpoint, "
+                        "$AWS_ENDPOINT_URL, else the settings ConfigMap's)")
+    doctor.add_argument("--mlflow-tracking-uri", default="", help="MLflow server to check (default: "
+                        "$MLFLOW_TRACKING_URI, else the settings ConfigMap's)")
+    _add_doctor_args(doctor)
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
 
     ui = sub.add_parser("ui", help="serve the MLflow UI on a run folder's store (needs the `ui` extra: make ui)")
     ui.add_argument("--root", default="runs/demo", help="run folder whose mlflow.db to show (default runs/demo)")
@@ -459,13 +492,62 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     def stop(signum, frame):  # a cancelled CI job: stop following as Ctrl-C does, the run goes on
         raise KeyboardInterrupt
+    def preflight(client, parameters: dict[str, Any], tracking: str) -> None:  # before anything is created
+        from fourm_kfp.cluster import doctor
+
+        doctor_request = _doctor_request(args, host, parameters, tracking)
+        kube, error = doctor.connect(doctor_request.namespace)
+        doctor_request.namespace = kube.namespace if kube is not None else doctor_request.namespace
+        doctor.preflight(doctor_request, client, kube=kube, kube_error=error)
+
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         if args.report:
             return report(request, args.report).exit_code
-        return (attach(request, args.attach) if args.attach else submit(request)).exit_code
+        if args.attach:
+            return attach(request, args.attach).exit_code
+        return submit(request, preflight=None if args.no_doctor else preflight).exit_code
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _doctor_request(args: argparse.Namespace, host: str, parameters: dict[str, Any], tracking_uri: str = "",
+                    s3_endpoint: str = ""):
+    from fourm_kfp.cluster.doctor import DoctorRequest, run_parameters
+
+    return DoctorRequest(namespace=args.namespace, service_account=args.service_account,
+                         parameters=run_parameters(parameters), host=host, s3_endpoint=s3_endpoint,
+                         tracking_uri=tracking_uri)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import os
+
+    from fourm_kfp.cluster import doctor
+    from fourm_kfp.config.loader import load_config
+    from fourm_kfp.errors import UserError
+    from fourm_kfp.pipeline_runs.kfp_api import (coerce_parameters, kfp_api_errors, make_client,
+                                                 pipeline_parameter_types)
+    from fourm_kfp.pipeline_runs.submit import pipeline_package
+
+    load_config(args.preset, overrides=args.overrides)  # a bad config fails here, as submit's does
+    host = args.host or os.environ.get("KFP_HOST", "")
+    parameters = coerce_parameters(_pairs(args.param, "--param", "NAME=VALUE", empty_ok=True),
+                                   pipeline_parameter_types(pipeline_package()))
+    request = _doctor_request(args, host, parameters, args.mlflow_tracking_uri, args.s3_endpoint)
+    kube, error = doctor.connect(request.namespace)
+    if kube is not None:
+        request.namespace = kube.namespace
+    client, kfp_error = None, ""
+    if host:
+        try:
+            with kfp_api_errors(host):
+                client = make_client(host, args.namespace)
+        except UserError as exc:
+            kfp_error = str(exc)
+    checks = doctor.run_doctor(request, kube, client, error, kfp_error)
+    doctor.report(checks, as_json=args.json)
+    return doctor.exit_code(checks)
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -570,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"run": cmd_run, "stage": cmd_stage, "launch": cmd_launch, "status": cmd_status, "compile": cmd_compile,
                "config": cmd_config, "generate": cmd_generate, "export": cmd_export, "verify": cmd_verify,
-               "submit": cmd_submit, "ui": cmd_ui, "teachers": cmd_teachers}[args.command]
+               "submit": cmd_submit, "doctor": cmd_doctor, "ui": cmd_ui, "teachers": cmd_teachers}[args.command]
     try:
         return handler(args)
     except UserError as exc:

@@ -101,8 +101,11 @@ def check_job_parameters(parameters: dict[str, Any]) -> None:
         check_kueue_integration(parameters.get("scheduler", ""), launcher, stage)  # a ConfigError: a UserError
 
 
-def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = print) -> SubmitResult:
-    """Upload, create the run (or recurring run), and with ``wait`` follow it; see the module docstring."""
+def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = print,
+           preflight: Callable[[Any, dict[str, Any], str], None] | None = None) -> SubmitResult:
+    """Upload, create the run (or recurring run), and with ``wait`` follow it; see the module docstring.
+    ``preflight(client, parameters, tracking_uri)`` (``fourm-kfp doctor``'s checks) runs once the server's version
+    is read and before anything is created; it raises to stop the submission."""
     from fourm_kfp.config.loader import load_config, pinned_overrides
     from fourm_kfp.contract import lineage
     from fourm_kfp.launchers.kfp_runtime import open_pipeline_run
@@ -115,6 +118,9 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     with kfp_api_errors(request.host):
         client = client if client is not None else make_client(request.host, request.namespace)
         check_server_version(client, request.host, out)
+    if preflight is not None:
+        preflight(client, parameters, lineage.resolve_tracking_uri(request.tracking_uri or None, None) or "")
+    with kfp_api_errors(request.host):
         pipeline_id, version_id = upload(client, package, request.pipeline_name, request.namespace)
         experiment = client.create_experiment(request.experiment, namespace=request.namespace or None)
     label = request.run_name or f"{request.pipeline_name}-{time.strftime('%Y%m%d-%H%M%S')}"
