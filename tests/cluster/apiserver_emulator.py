@@ -22,13 +22,33 @@ what the launcher relies on done as the real kube-apiserver does it. Upstream so
   ``AddFieldLabelConversionsForPod``; custom resources: ``metadata.name`` and ``metadata.namespace``), any other is
   a 400 "field label not supported: <label>" (``apiserver/pkg/endpoints/handlers/get.go``);
 - **pods/log** served from the :class:`~tests.cluster.kubelet_emulator.Kubelet`, 404 when the pod does not exist;
+- **custom resources** are served only through their CRD (``customresourcedefinitions``, ``apiextensions.k8s.io/v1``,
+  held as objects; :meth:`ApiServer.setup` installs those of the served schemas from ``tests/schemas``, Established):
+  no CRD named ``<plural>.<group>``, a request whose scope differs from the CRD's, a version the CRD does not
+  serve, or a CRD neither NamesAccepted nor Established is a 404 "the server could not find the requested
+  resource" (``apiextensions-apiserver/pkg/apiserver/customresource_handler.go``, ``crdHandler.ServeHTTP``, which
+  hands those to the delegate's NotFound);
+- **SelfSubjectAccessReview** (``authorization.k8s.io/v1``): any authenticated user may create one (the
+  ``system:basic-user`` ClusterRole bound to ``system:authenticated``,
+  ``plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go``); exactly one of ``resourceAttributes`` and
+  ``nonResourceAttributes`` (``pkg/apis/authorization/validation/validation.go``, else 422 Invalid); answered for
+  the requesting user from the RBAC objects the emulator holds (:func:`rbac_rules`: ClusterRoleBindings, and the
+  RoleBindings of the namespace to a Role there or a ClusterRole, as ``pkg/registry/rbac/validation/rule.go``
+  ``VisitRulesFor`` walks them; a ServiceAccount subject without a namespace is the binding's, ``appliesToUser``)
+  and :func:`allowed` (``RuleAllows``), never stored;
+- **impersonation** (``apiserver/pkg/endpoints/filters/impersonation.go``): ``Impersonate-User:
+  system:serviceaccount:<ns>:<name>`` needs ``impersonate`` on ``serviceaccounts`` <name> in <ns> (the admin may),
+  else 403; the request then runs as that account, with the groups ``system:serviceaccounts``,
+  ``system:serviceaccounts:<ns>`` and ``system:authenticated``;
 - **faults** on the launcher's requests (:class:`Fault`): 429 with ``Retry-After`` and the text the API server's
   max-in-flight and priority-and-fairness filters answer (``apiserver/pkg/server/filters/maxinflight.go``,
   ``tooManyRequests``), 503 with a Status, or the connection reset before the request is served or after (the
   answer lost); an outage resets every request and open stream until it ends.
 
 Not done: label selectors beyond equality, field selectors beyond ``=`` (refused with a 400 rather than answered
-wrongly), bookmarks, admission, resourceVersion preconditions on writes.
+wrongly), bookmarks, admission, resourceVersion preconditions on writes; the launcher's own requests are checked
+against its Role's rules directly (``setup``'s ``rules``), not through the RBAC objects; SubjectAccessReview,
+aggregated ClusterRoles, non-resource rules and impersonating users other than ServiceAccounts.
 """
 
 from __future__ import annotations
@@ -43,11 +63,24 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import gzip
+
 import aiohttp.web
 import kmock
 import yaml
 
 RBAC = Path(__file__).resolve().parents[2] / "manifests" / "base" / "rbac.yaml"
+SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
+#: The API groups the kube-apiserver serves itself; any other is served through a CRD (or not at all).
+BUILTIN_GROUPS = frozenset({"", "apps", "batch", "rbac.authorization.k8s.io", "apiextensions.k8s.io",
+                            "authorization.k8s.io", "events.k8s.io", "coordination.k8s.io", "policy"})
+CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+RBAC_GROUP = "rbac.authorization.k8s.io"
+#: Built-in resources known before their first object (an empty list, not a 404).
+BUILTIN_RESOURCES = ("v1/configmaps", "v1/secrets", "v1/serviceaccounts", f"{RBAC_GROUP}/v1/roles",
+                     f"{RBAC_GROUP}/v1/rolebindings", f"{RBAC_GROUP}/v1/clusterroles",
+                     f"{RBAC_GROUP}/v1/clusterrolebindings", "apiextensions.k8s.io/v1/customresourcedefinitions")
+NOT_FOUND = "the server could not find the requested resource"
 ADMIN_TOKEN, LAUNCHER_TOKEN = "emulated-admin-token", "emulated-launcher-token"
 ADMIN = "system:admin"
 
@@ -107,13 +140,75 @@ def is_true(value: str | None) -> bool:
 
 
 def allowed(rules: list[dict], info: RequestInfo) -> bool:
-    """Whether an RBAC rule grants the request (``plugin/pkg/auth/authorizer/rbac/rbac.go``, ``RuleAllows``)."""
+    """Whether an RBAC rule grants the request (``plugin/pkg/auth/authorizer/rbac/rbac.go``, ``RuleAllows``, with
+    ``pkg/apis/rbac/v1/evaluation_helpers.go``: ``*`` matches any verb, group or resource, ``*/<subresource>`` any
+    resource's subresource)."""
     def has(values, value):
         return "*" in values or value in values
 
-    return any(has(rule.get("apiGroups", []), info.group) and has(rule.get("resources", []), info.resource)
+    def resource_matches(resources):
+        sub = info.resource.partition("/")[2]
+        return has(resources, info.resource) or (sub and f"*/{sub}" in resources)
+
+    return any(has(rule.get("apiGroups", []), info.group) and resource_matches(rule.get("resources", []))
                and has(rule.get("verbs", []), info.verb)
                and (not rule.get("resourceNames") or info.name in rule["resourceNames"]) for rule in rules)
+
+
+def service_account_groups(user: str) -> list[str]:
+    """The groups of a ServiceAccount user (``system:serviceaccount:<ns>:<name>``), as its token authenticates."""
+    if not user.startswith("system:serviceaccount:"):
+        return ["system:authenticated"]
+    namespace = user.split(":")[2]
+    return ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
+
+
+def _applies(subject: dict, user: str, groups: list[str], binding_namespace: str) -> bool:
+    """``appliesToUser`` (``pkg/registry/rbac/validation/rule.go``)."""
+    kind = subject.get("kind")
+    if kind == "User":
+        return subject.get("name") == user
+    if kind == "Group":
+        return subject.get("name") in groups
+    if kind == "ServiceAccount":
+        namespace = subject.get("namespace") or binding_namespace
+        return user == f"system:serviceaccount:{namespace}:{subject.get('name')}"
+    return False
+
+
+def rbac_rules(objects: dict, user: str, groups: list[str], namespace: str) -> list[dict]:
+    """The rules granting ``user`` anything in ``namespace``, from the RBAC objects held (``VisitRulesFor``):
+    ClusterRoleBindings to ClusterRoles, and the namespace's RoleBindings to a Role of the namespace or a
+    ClusterRole; a binding to a missing role grants nothing."""
+    def held(plural: str, ns: str | None, name: str | None = None) -> list[dict]:
+        return [obj.raw for (resource, obj_ns, obj_name), obj in objects.items()
+                if resource.group == RBAC_GROUP and resource.plural == plural and not obj.deleted
+                and (ns is None or obj_ns == ns) and (name is None or obj_name == name)]
+
+    rules: list[dict] = []
+    for binding in held("clusterrolebindings", None):
+        if any(_applies(s, user, groups, "") for s in binding.get("subjects") or []):
+            for role in held("clusterroles", None, binding["roleRef"]["name"]):
+                rules += role.get("rules") or []
+    for binding in held("rolebindings", namespace):
+        if any(_applies(s, user, groups, namespace) for s in binding.get("subjects") or []):
+            ref = binding["roleRef"]
+            roles = held("roles", namespace, ref["name"]) if ref.get("kind") == "Role" else \
+                held("clusterroles", None, ref["name"])
+            for role in roles:
+                rules += role.get("rules") or []
+    return rules
+
+
+def load_crd(key: str) -> dict:
+    """The CRD kept in ``tests/schemas`` for ``group/version/plural``, as its operator's controllers leave it once
+    accepted (NamesAccepted and Established)."""
+    group, _, plural = key.split("/")
+    crd = yaml.load(gzip.decompress((SCHEMA_DIR / f"{group}_{plural}.yaml.gz").read_bytes()).decode(),
+                    Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    crd["status"] = {"conditions": [{"type": "NamesAccepted", "status": "True"},
+                                    {"type": "Established", "status": "True"}]}
+    return crd
 
 
 def status_response(code: int, reason: str, message: str, details: dict | None = None,
@@ -198,6 +293,11 @@ class ApiServer(kmock.KubernetesEmulator):
         self.changed = asyncio.Condition()
         self.writes = asyncio.Lock()
         self.streams: set = set()  # transports of open watch and log streams
+        for resource in BUILTIN_RESOURCES:
+            self.resources[resource] = {}
+        for key in schemas:
+            crd = load_crd(key)
+            self._objects[(CRDS, None, crd["metadata"]["name"])] = crd
 
     # ------------------------------------------------------------------------------------------ requests
 
@@ -213,6 +313,17 @@ class ApiServer(kmock.KubernetesEmulator):
         if user is None:
             return status_response(401, "Unauthorized", "Unauthorized")
         info = request_info(request)
+        impersonated = request.headers.get("Impersonate-User")
+        if impersonated and info is not None:
+            refused = self._impersonation_refused(user, impersonated, info)
+            if refused is not None:
+                return refused
+            user = impersonated
+        if info is not None and (info.group, info.resource) == ("authorization.k8s.io", "selfsubjectaccessreviews"):
+            return self._self_subject_access_review(user, request.data)
+        missing = self._unserved(request) if info is not None else None
+        if missing is not None:
+            return missing
         fault = self._fault(request) if user != ADMIN else None
         if fault is not None and fault.reset == "before":
             request._raw_request.transport.abort()
@@ -236,6 +347,58 @@ class ApiServer(kmock.KubernetesEmulator):
         if fault is not None and fault.reset == "after":
             request._raw_request.transport.abort()
         return response
+
+    def _impersonation_refused(self, user: str, impersonated: str, info: RequestInfo):
+        """403 unless ``user`` may impersonate the ServiceAccount ``impersonated`` (see the module docstring)."""
+        parts = impersonated.split(":")
+        if len(parts) != 4 or parts[:2] != ["system", "serviceaccount"]:
+            return status_response(403, "Forbidden", f"the emulator impersonates ServiceAccounts only: {impersonated}")
+        check = RequestInfo("impersonate", "", "serviceaccounts", parts[2], parts[3])
+        if user == ADMIN or allowed(rbac_rules(self._objects, user, service_account_groups(user), parts[2]), check):
+            return None
+        return forbidden(user, check)
+
+    def _self_subject_access_review(self, user: str, body: dict | None) -> aiohttp.web.Response:
+        spec = (body or {}).get("spec") or {}
+        if bool(spec.get("resourceAttributes")) == bool(spec.get("nonResourceAttributes")):
+            return status_response(422, "Invalid", 'SelfSubjectAccessReview.authorization.k8s.io "" is invalid: '
+                                   "spec.resourceAttributes: Invalid value: ...: exactly one of "
+                                   "nonResourceAttributes or resourceAttributes must be specified")
+        if spec.get("nonResourceAttributes"):
+            granted, reason = False, ""  # not emulated: no non-resource rules are held
+        else:
+            attributes = spec["resourceAttributes"]
+            resource = attributes.get("resource", "") + (f"/{attributes['subresource']}"
+                                                         if attributes.get("subresource") else "")
+            check = RequestInfo(attributes.get("verb", ""), attributes.get("group", ""), resource,
+                                attributes.get("namespace", ""), attributes.get("name", ""))
+            granted = user == ADMIN or allowed(rbac_rules(self._objects, user, service_account_groups(user),
+                                                          check.namespace), check)
+            reason = "RBAC: allowed" if granted else ""
+        answer = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "metadata": {"creationTimestamp": None}, "spec": spec,
+                  "status": {"allowed": granted, **({"reason": reason} if reason else {})}}
+        return aiohttp.web.json_response(answer, status=201)
+
+    def _unserved(self, request) -> aiohttp.web.Response | None:
+        """The 404 of a custom resource no Established CRD serves at that version and scope (see the module
+        docstring), else None."""
+        resource = request.resource
+        if (resource.group or "") in BUILTIN_GROUPS:
+            return None
+        key = (CRDS, None, f"{resource.plural}.{resource.group}")
+        crd = self._objects[key].raw if key in self._objects and not self._objects[key].deleted else None
+        if crd is not None:
+            spec = crd.get("spec") or {}
+            namespaced = spec.get("scope") == "Namespaced"
+            scope_ok = (namespaced or not request.namespace) and (not namespaced or request.namespace
+                                                                  or request.name is None)
+            served = any(v.get("name") == resource.version and v.get("served") for v in spec.get("versions") or [])
+            accepted = {c.get("type") for c in (crd.get("status") or {}).get("conditions") or []
+                        if c.get("status") == "True"} & {"NamesAccepted", "Established"}
+            if scope_ok and served and accepted:
+                return None
+        return status_response(404, "NotFound", NOT_FOUND)
 
     async def _stream(self, request, chunks) -> aiohttp.web.StreamResponse:
         """Send ``chunks`` (an async iterator of bytes) as a chunked answer, droppable by :meth:`drop_streams`."""
