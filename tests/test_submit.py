@@ -151,7 +151,7 @@ def test_the_emulator_rejects_what_the_real_api_would():
 def test_unknown_parameters_and_a_bad_config_fail_before_anything_is_sent():
     emulator = KfpApiEmulator()
     try:
-        cli = [str(BIN / "fourm-kfp"), "submit", "--host", emulator.url, "--preset", "smoke"]
+        cli = [str(BIN / "fourm-kfp"), "submit", "--no-doctor", "--host", emulator.url, "--preset", "smoke"]
         unknown = subprocess.run(cli + ["--param", "pretrain_gpus=8"], capture_output=True, text=True)
         bad = subprocess.run(cli + ["--set", "data.image_size=x"], capture_output=True, text=True)
         unqueued = subprocess.run(cli + ["--param", "scheduler=kueue:team-a"], capture_output=True, text=True)
@@ -170,7 +170,7 @@ def test_unknown_parameters_and_a_bad_config_fail_before_anything_is_sent():
 def test_the_cli_exit_status_says_how_the_run_went(tracking):
     emulator = KfpApiEmulator(_frames("SUCCEEDED"), on_run_created=_pipeline_writes_gate(tracking, False))
     try:
-        proc = subprocess.run([str(BIN / "fourm-kfp"), "submit", "--host", emulator.url, "--preset", "smoke",
+        proc = subprocess.run([str(BIN / "fourm-kfp"), "submit", "--no-doctor", "--host", emulator.url, "--preset", "smoke",
                                "--param", "pretrain_nodes=2", "--wait", "--poll", "0.01",
                                "--mlflow-tracking-uri", tracking], capture_output=True, text=True, timeout=300)
     finally:
@@ -183,10 +183,10 @@ def test_param_values_are_typed_as_the_pipeline_declares_them(capsys):
     """`--param pretrain_cpu_per_node=32` is a STRING parameter: sent as the text "32" (a number is a 400)."""
     emulator = KfpApiEmulator()
     try:
-        code = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--param", "pretrain_cpu_per_node=32",
+        code = cli_main(["submit", "--no-doctor", "--host", emulator.url, "--preset", "smoke", "--param", "pretrain_cpu_per_node=32",
                          "--param", "pretrain_nodes=2", "--param", "pretrain_force=true",
                          "--param", 'pretrain_node_selector={"pool": "a100"}', "--param", "run_label=7"])
-        bad = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--param", "pretrain_nodes=two"])
+        bad = cli_main(["submit", "--no-doctor", "--host", emulator.url, "--preset", "smoke", "--param", "pretrain_nodes=two"])
     finally:
         emulator.close()
     assert code == EXIT_SUCCEEDED and not emulator.rejected, emulator.rejected
@@ -248,7 +248,7 @@ def _closed_port() -> int:
 
 @pytest.mark.parametrize("host", [f"http://127.0.0.1:{_closed_port()}", "http://no-such-kfp-host.invalid"])
 def test_an_unreachable_host_is_one_line_and_exit_2(capsys, host):
-    code = cli_main(["submit", "--host", host, "--preset", "smoke"])
+    code = cli_main(["submit", "--no-doctor", "--host", host, "--preset", "smoke"])
     err = capsys.readouterr().err
     assert code == EXIT_USER_ERROR
     [line] = err.strip().splitlines()
@@ -261,10 +261,10 @@ def test_a_refused_request_is_one_line_and_exit_2(capsys):
     message, no traceback."""
     emulator = KfpApiEmulator()
     try:
-        code = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--run-name", "x"])
+        code = cli_main(["submit", "--no-doctor", "--host", emulator.url, "--preset", "smoke", "--run-name", "x"])
         version = next(iter(emulator.versions.values()))[-1]
         emulator.specs[version["pipeline_version_id"]]["root"]["inputDefinitions"]["parameters"].pop("preset")
-        again = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--run-name", "y"])
+        again = cli_main(["submit", "--no-doctor", "--host", emulator.url, "--preset", "smoke", "--run-name", "y"])
     finally:
         emulator.close()
     err = capsys.readouterr().err
@@ -328,7 +328,7 @@ def test_a_five_field_schedule_is_refused_with_its_six_field_form(capsys):
     """KFP would accept `0 3 * * 1` as second 0, minute 3, every hour, in January: refuse it before sending."""
     emulator = KfpApiEmulator()
     try:
-        code = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--schedule", "0 3 * * 1"])
+        code = cli_main(["submit", "--no-doctor", "--host", emulator.url, "--preset", "smoke", "--schedule", "0 3 * * 1"])
     finally:
         emulator.close()
     err = capsys.readouterr().err
@@ -421,7 +421,7 @@ def test_with_a_namespace_the_pipeline_is_uploaded_and_found_there(capsys):
         team_a = submit(_request(emulator, namespace="team-a"), out=lambda line: None)
         again = submit(_request(emulator, namespace="team-a"), out=lambda line: None)
         team_b = submit(_request(emulator, namespace="team-b"), out=lambda line: None)
-        shared = cli_main(["submit", "--host", emulator.url, "--preset", "smoke"])
+        shared = cli_main(["submit", "--no-doctor", "--host", emulator.url, "--preset", "smoke"])
     finally:
         emulator.close()
     assert team_a.pipeline_id == again.pipeline_id != team_b.pipeline_id
@@ -466,7 +466,7 @@ def test_kfp_token_wins_and_its_401_is_not_retried(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("KFP_TOKEN", "ci-token")
     emulator = KfpApiEmulator(_frames("SUCCEEDED"), run_faults=[401])
     try:
-        code = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--wait", "--poll", "0.01",
+        code = cli_main(["submit", "--no-doctor", "--host", emulator.url, "--preset", "smoke", "--wait", "--poll", "0.01",
                          "--mlflow-tracking-uri", "none"])
     finally:
         emulator.close()
@@ -771,8 +771,8 @@ def test_a_server_below_the_version_floor_is_refused_before_anything_is_uploaded
     with CreateContainerConfigError when the Secret or a key is missing), so submit refuses an older server."""
     emulator = KfpApiEmulator(tag_name=tag_name)
     try:
-        code = cli_main(["submit", "--host", emulator.url, "--preset", "smoke"])
-        schedule = cli_main(["submit", "--host", emulator.url, "--preset", "smoke", "--schedule", "@daily"])
+        code = cli_main(["submit", "--no-doctor", "--host", emulator.url, "--preset", "smoke"])
+        schedule = cli_main(["submit", "--no-doctor", "--host", emulator.url, "--preset", "smoke", "--schedule", "@daily"])
     finally:
         emulator.close()
     err = capsys.readouterr().err

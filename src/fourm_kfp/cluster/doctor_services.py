@@ -6,7 +6,8 @@ MLflow tracking server.
   :func:`fourm_kfp.pipeline_runs.kfp_api.server_version`) against :data:`SUPPORTED_KFP`: older fails, newer or a
   build without a release tag is a warning (it cannot be told whether it works).
 - **S3**: one object written under ``<store_uri>/.fourm-doctor/`` and deleted, through :mod:`fourm_kfp.storage` with
-  this machine's credentials (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``) and a short retry budget.
+  this machine's credentials (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``; skipped without them: the pods'
+  are the S3 Secret's) and a short retry budget.
 - **MLflow**: ``GET <uri>/api/2.0/mlflow/experiments/search?max_results=1`` of the tracking server's REST API.
 
 The endpoint and the tracking URI are the ones given (``--s3-endpoint``, ``--mlflow-tracking-uri``, the run's
@@ -103,6 +104,9 @@ def check_s3(request: DoctorRequest, settings: dict[str, str]) -> Check:
         return Check("s3", SKIPPED, f"{endpoint} (from {source}) is a cluster-internal address this machine cannot "
                                     "resolve; to check it from here: kubectl -n <ns> port-forward svc/<s3 service> "
                                     "9000, then --s3-endpoint http://127.0.0.1:9000")
+    if not os.environ.get("AWS_ACCESS_KEY_ID"):
+        return Check("s3", SKIPPED, "no S3 credentials on this machine ($AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY) "
+                                    "to write with; the pods' come from the S3 Secret")
     shown = endpoint or "AWS S3"
     try:
         store = S3Store(store_uri, shared_client(endpoint or None), retries=2, backoff_s=0.2)
