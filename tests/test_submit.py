@@ -867,3 +867,45 @@ def test_a_tls_failure_kfp_server_api_answers_as_status_0_is_one_line():
             raise kfp_server_api.ApiException(status=0, reason="SSLError\n[SSL: CERTIFICATE_VERIFY_FAILED] expired")
     assert str(caught.value) == ("--host https://kfp.example.com: cannot reach the KFP API: SSLError "
                                  "[SSL: CERTIFICATE_VERIFY_FAILED] expired")
+
+
+def test_submit_runs_the_preflight_before_anything_is_created_and_stops_when_it_fails(tmp_path):
+    """``fourm-kfp doctor``'s checks run after the server's version is read and before any upload: a failing one
+    leaves the server with no pipeline, version, experiment or run."""
+    emulator = KfpApiEmulator()
+    asked: list[dict] = []
+
+    def failing_preflight(client, parameters, tracking):
+        asked.append(parameters)
+        raise UserError("preflight (fourm-kfp doctor): s3 secret failed (above); nothing was created")
+    try:
+        with pytest.raises(UserError, match="preflight"):
+            submit(_request(emulator), out=lambda line: None, preflight=failing_preflight)
+        assert asked and asked[0]["pretrain_launcher"] == "pytorchjob"  # the run's parameters, typed
+        assert not emulator.pipelines and not emulator.experiments and not emulator.runs
+        result = submit(_request(emulator), out=lambda line: None, preflight=lambda *args: None)
+    finally:
+        emulator.close()
+    assert result.run_id in emulator.runs
+
+
+def test_the_cli_runs_doctor_before_submitting_and_no_doctor_skips_it(monkeypatch, capsys):
+    """Through the CLI, with the real doctor: no cluster here (its checks skipped), a dead MLflow server fails the
+    preflight (exit 2, nothing created); ``--no-doctor`` submits the same request."""
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    emulator = KfpApiEmulator()
+    try:
+        args = ["submit", "--host", emulator.url, "--preset", "smoke", "--mlflow-tracking-uri", dead]
+        refused = cli_main(args)
+        out = capsys.readouterr()
+        assert not emulator.pipelines and not emulator.runs
+        skipped = cli_main(args[:1] + ["--no-doctor"] + args[1:])
+    finally:
+        emulator.close()
+    assert refused == EXIT_USER_ERROR and "FAIL    mlflow" in out.out and dead in out.out
+    assert "ok      kfp version" in out.out and "skipped kubernetes" in out.out and "--no-doctor" in out.err
+    assert skipped == EXIT_SUCCEEDED and len(emulator.runs) == 1
