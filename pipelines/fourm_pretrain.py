@@ -48,7 +48,9 @@ LAUNCHER_POD_FIELDS = {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_NAMESPACE":
 #: restart budget is separate: a retried launcher does not start a failed job again); in-pod training resumes from its
 #: newest checkpoint. KFP hands Argo the window as the retry strategy's maxDuration, counted from the first attempt's
 #: start (the SDK's default, 3600 s, would end retries, and kill a retried pod, an hour into a multi-day training):
-#: it must hold the job's queue time and deadline, which the step checks (kfp_runtime.RETRY_WINDOW_S).
+#: it must hold the job's queue time and deadline, which the step checks (kfp_runtime.RETRY_WINDOW_S). Cluster runs
+#: only: ``fourm-kfp run`` clears them (fourm_kfp.pipeline_runs.local.without_step_retries), as kfp.local would retry
+#: a step's own error.
 LAUNCHER_RETRIES, LAUNCHER_RETRY_BACKOFF = 3, "60s"
 LAUNCHER_RETRY_WINDOW = f"{RETRY_WINDOW_S}s"
 

@@ -1,7 +1,8 @@
 """``fourm-kfp run``: the whole pipeline on one machine through KFP's own local engine (``kfp.local``).
 
 The identical pipeline definition that runs in the cluster runs here with ``SubprocessRunner(use_venv=False)``
-(components execute in this Python environment), KFP caching on, and the KFP pipeline root inside the run folder.
+(components execute in this Python environment), KFP caching on, and the KFP pipeline root inside the run folder,
+less its steps' retry policies (:func:`without_step_retries`): a local step that fails fails the run.
 The MLflow store defaults to ``<root>/mlflow.db``. A run with nothing to compute (no ``--force``, every enabled stage
 committed) reuses each stage in this process, recording it in MLflow as its step would, without starting the
 pipeline. Afterwards a summary JSON is assembled from the MLflow runs:
@@ -13,6 +14,7 @@ and, measured after it, the CPU's fp32 matmul rate, so a time taken on one machi
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -90,7 +92,7 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
             console.print(f"fourm-kfp run {label}: preset {preset}, outputs under {store_uri}")
             console.print(f"  (KFP's full log: {kfp_log})")
             try:
-                fourm_pretrain(**arguments)
+                without_step_retries(fourm_pretrain)(**arguments)
             except RuntimeError as exc:
                 error = exc
     lineage.finish_run(tracking, parent_run_id, "FAILED" if error else "FINISHED")
@@ -110,6 +112,26 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
         raise PipelineFailed(f"pipeline run {label} failed{' at ' + ', '.join(failed) if failed else ''}; "
                              f"the stage's error is in {kfp_log}", summary) from error
     return summary
+
+
+def without_step_retries(pipeline: Any) -> Any:
+    """``pipeline`` (a ``@dsl.pipeline`` component) with no step's retry policy; the pipeline itself is unchanged.
+
+    The job stages' steps are retried for the cluster, where a launcher pod lost with its node comes back and adopts
+    its job (``fourm_kfp.pipelines.fourm_pretrain.LAUNCHER_RETRIES``). kfp.local honours the same policy, whatever
+    the failure: kfp 2.17.0's ``kfp/local/orchestrator/task_executor.py`` runs a task up to ``max_retry_count + 1``
+    times, sleeping ``backoff_duration * backoff_factor**attempt`` (at most ``backoff_max_duration``) between attempts,
+    and ``local.init`` has no setting to turn that off. Here no pod can be lost: a step fails on its own error (a
+    dead S3 endpoint, a bad input), which a retry repeats, and 3 retries at 60 s doubling added 7 minutes of sleep
+    to a run that had already failed. So the local run executes the same pipeline spec with the retry policies
+    cleared: every other field, and the compiled YAML the cluster runs, keep them."""
+    local = copy.copy(pipeline)
+    local.component_spec = copy.deepcopy(pipeline.component_spec)
+    spec = local.component_spec.implementation.graph
+    for dag in [spec.root.dag, *(c.dag for c in spec.components.values() if c.HasField("dag"))]:
+        for task in dag.tasks.values():
+            task.ClearField("retry_policy")
+    return local
 
 
 def _all_committed(preset: str, overrides: Sequence[str], store_uri: str, s3_endpoint: str | None,

@@ -1,0 +1,132 @@
+"""A local run fails fast: ``fourm-kfp run`` (kfp.local) retries no step, so a step that fails on its own error (a
+dead S3 endpoint) fails the run within the storage layer's deadline, naming the endpoint, while the compiled pipeline
+the cluster runs keeps its job stages' retries (for a launcher pod lost with its node).
+"""
+
+import json
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+from kfp import dsl, local
+
+from fourm_kfp.distributed import free_port
+from fourm_kfp.local_s3_server import serve_s3
+from fourm_kfp.pipeline_runs.local import without_step_retries
+from tests.smoke_runs import CLI, run_smoke
+
+KEY, SECRET = "fourm-fail-fast-key", "fourm-fail-fast-secret"
+
+
+@dsl.component(base_image="python:3.11")  # no annotations import: kfp reads the parameter types
+def _fail_and_count(attempts_file: str):
+    """Appends a line to ``attempts_file``, then fails."""
+    with open(attempts_file, "a") as fh:
+        fh.write("attempt\n")
+    raise RuntimeError("a step's own error")
+
+
+@dsl.pipeline
+def _retried(attempts_file: str):
+    _fail_and_count(attempts_file=attempts_file).set_retry(2, backoff_duration="0s")
+
+
+def _attempts(pipeline, tmp_path: Path, name: str) -> int:
+    attempts = tmp_path / f"{name}.txt"
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"),
+               raise_on_error=False)
+    pipeline(attempts_file=str(attempts))
+    return len(attempts.read_text().splitlines())
+
+
+def test_kfp_local_retries_a_failed_step_by_its_policy_and_the_local_run_clears_it(tmp_path):
+    """kfp.local (2.17.0) runs a task ``max_retry_count + 1`` times whatever made it fail; the local run's copy of a
+    pipeline runs it once."""
+    assert _attempts(_retried, tmp_path, "as-compiled") == 3
+    assert _attempts(without_step_retries(_retried), tmp_path, "local") == 1
+    assert _attempts(_retried, tmp_path, "as-compiled-again") == 3  # the original keeps its policy
+
+
+def _without_retry_policies(node):
+    if isinstance(node, dict):
+        return {k: _without_retry_policies(v) for k, v in node.items() if k != "retryPolicy"}
+    if isinstance(node, list):
+        return [_without_retry_policies(v) for v in node]
+    return node
+
+
+def test_the_local_pipeline_is_the_cluster_s_without_its_retry_policies():
+    from fourm_kfp.pipelines.fourm_pretrain import fourm_pretrain
+
+    cluster = json_format.MessageToDict(fourm_pretrain.pipeline_spec)
+    local_spec = json_format.MessageToDict(without_step_retries(fourm_pretrain).pipeline_spec)
+    retried = {name for c in cluster["components"].values() for name, task in c.get("dag", {}).get("tasks", {}).items()
+               if "retryPolicy" in task}
+    assert retried == {"train-tokenizers", "pretrain"}  # the job stages, for a lost launcher pod
+    assert local_spec == _without_retry_policies(cluster)
+    assert json_format.MessageToDict(fourm_pretrain.pipeline_spec) == cluster  # the cluster's is untouched
+
+
+@pytest.mark.slow
+def test_a_dead_s3_endpoint_fails_a_local_run_within_two_minutes_naming_it(tmp_path, monkeypatch):
+    """The S3 server is killed while train-tokenizers trains: the step's next S3 call fails past the storage
+    deadline (FOURM_STORAGE_DEADLINE_S, 60 s), and the run ends there, not after 3 retries with 60 s doubling
+    backoff (570 s after the kill, when it inherited the cluster's retries). Nothing is half-committed, and a rerun
+    with the server back reuses prepare-data."""
+    data, port, bucket = tmp_path / "s3", free_port(), f"fail-fast-{uuid.uuid4().hex[:8]}"
+    data.mkdir()
+    store, summary_path = f"s3://{bucket}/runs", tmp_path / "failed-summary.json"
+    training = threading.Event()
+    lines: list[str] = []
+
+    def read(stream):
+        for line in stream:
+            lines.append(line)
+            if "train-tokenizer rgb: step" in line:
+                training.set()
+
+    with serve_s3(data, KEY, SECRET, port=port) as s3:
+        for name, value in s3.env().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.delenv("FOURM_STORAGE_DEADLINE_S", raising=False)  # the default deadline is what is measured
+        proc = subprocess.Popen([CLI, "run", "--preset", "smoke", "--root", str(tmp_path / "root"), "--store", store,
+                                 "--s3-endpoint", s3.endpoint, "--summary", str(summary_path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        reader = threading.Thread(target=read, args=(proc.stdout,), daemon=True)
+        reader.start()
+        try:
+            assert training.wait(timeout=400), "train-tokenizers did not start:\n" + "".join(lines)[-5000:]
+        except BaseException:
+            proc.kill()
+            raise
+    killed = time.monotonic()  # the server is stopped on leaving the block
+    try:
+        returncode = proc.wait(timeout=600)
+    finally:
+        proc.kill()
+    seconds = time.monotonic() - killed
+    reader.join(timeout=10)
+    output = "".join(lines)
+
+    assert returncode == 1, output[-5000:]
+    assert seconds < 180, f"the run ended {seconds:.0f}s after the endpoint died:\n{output[-5000:]}"
+    assert f"S3 endpoint {s3.endpoint}" in output  # the failing call names it
+    summary = json.loads(summary_path.read_text())
+    assert "Retrying in" not in Path(summary["kfp_log"]).read_text()  # kfp.local's line before a retry
+    assert [(s["name"], s["status"]) for s in summary["stages"]] == [("prepare-data", "ran"),
+                                                                     ("train-tokenizers", "failed")]
+    # nothing half-committed: prepare-data's output is committed; no train-tokenizers output is
+    runs = data / bucket / "runs"
+    assert len(list((runs / "prepare-data").glob("*/_MANIFEST.json"))) == 1
+    assert not list((runs / "train-tokenizers").glob("*/_MANIFEST.json"))
+
+    with serve_s3(data, KEY, SECRET, port=port) as s3:
+        rerun = run_smoke(tmp_path / "root", "--store", store, "--s3-endpoint", s3.endpoint)
+    statuses = {s["name"]: s["status"] for s in rerun["stages"]}
+    assert statuses.pop("prepare-data") == "skipped"
+    assert set(statuses.values()) == {"ran"}
+    assert rerun["stages"][0]["output_uri"] == summary["stages"][0]["output_uri"]
