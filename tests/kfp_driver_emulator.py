@@ -57,6 +57,25 @@ source at the tags 2.15.0, 2.16.0, 2.16.1 and 2.17.0 (``VERSIONS``; a rule witho
   start: once past it a failed attempt is not retried ("Max duration limit exceeded"), and a retry's pod is given
   that deadline. ``KFP_RETRY_INDEX={{retries}}`` is added to a retried task's container from 2.16.1
   (``argocompiler/common.go``, ``retryIndexEnv``).
+- retried attempts and lost pods (:func:`step_attempts`, :func:`final_status_state`'s ``attempts``): KFP sets no
+  ``retryPolicy`` (``container.go``, ``getTaskRetryStrategyFromInput``: 2.15.0 line 643, 2.16.0 655, 2.16.1 660,
+  2.17.0 667, a ``RetryStrategy`` of ``Limit`` and ``Backoff`` only), so Argo's ``RetryPolicyActual`` is
+  ``OnFailure`` (argo-workflows v3.7.3 ``pkg/apis/workflow/v1alpha1/workflow_types.go`` 2166-2171). An attempt whose
+  code fails ends ``Failed`` (``operator.go`` 1399-1401, ``inferFailedReason``); an attempt whose pod is deleted (a
+  node drain or loss, a preemption) before the controller records its end is marked ``Error`` "pod deleted"
+  (``operator.go`` 1262), unless the controller runs with ``ARGO_POD_STATUS_CAPTURE_FINALIZER=true``
+  (``workflow/common/common.go`` 176; ``workflowpod.go`` 215-217 puts the finalizer on every pod,
+  ``pod/queue.go`` 35 removes it once the status is read): the pod then stays until its end is read, ``Failed``
+  (its container killed). ``OnFailure`` retries ``Failed`` and never ``Error`` (``operator.go`` 1087-1089 and
+  1095-1097), ``OnError`` the reverse, ``Always`` both (1076-1081), while attempts are left (1109: at most
+  ``limit`` retries). The launcher of an attempt whose code ended publishes its execution's state, FAILED or
+  COMPLETE, then updates its DAG (``v2/component/launcher_v2.go``, the deferred publish: 2.15.0 lines 179-201,
+  2.16.0 187-209, 2.16.1 188-210, 2.17.0 192-227); a deleted pod's launcher publishes nothing (it does not survive
+  SIGTERM). Every attempt of a step is the same execution (the driver made it; Argo retries only the executor pod),
+  so a retry that succeeds turns it COMPLETE; but its DAG, set FAILED by the failed attempt's update, turns COMPLETE
+  only at an update that finds every task complete (``UpdateDAGExecutionsState``: 2.15.0 lines 752-754, 2.16.0
+  779-781, 2.16.1 788-790, 2.17.0 851-856): before 2.17.0 an ExitHandler holding a ParallelFor never does, and
+  stays FAILED.
 
 :func:`schedulable` is the scheduler's taint, node-selector and extended-resource rules
 (``k8s.io/component-helpers/scheduling/corev1``: ``ToleratesTaint``).
@@ -71,8 +90,8 @@ looking at states, #13436), raw ParallelFor items and artifact iterators (a spec
 ``dsl.TaskConfig`` passthroughs, PVCs, volumes, env and secrets (other than image pull secrets), pod metadata,
 affinity, security contexts, the container image, command and args (resolved by the 2.17.0 driver), literal-value
 checks (2.17.0), the run's failure paths (the walk stops at the first error; an exit task after a failure is not
-walked), retried attempts (whose first failure marks DAGs FAILED until a later update), pods killed before their
-launcher publishes, Argo's ``when`` and ``depends`` beyond the dependencies above, backoff factors Argo cannot read
+walked), the timing of retries (backoff, ``maxDuration``), Argo's ``when`` and ``depends`` beyond the dependencies
+above, backoff factors Argo cannot read
 as an integer, and cel-go's type checking: cel-python evaluates without one, and compares values of different types
 with an error where cel-go's heterogeneous equality answers (numbers are doubles here, as in a protobuf ``Value``).
 """
@@ -244,13 +263,100 @@ def final_status_state(spec: dict, version: str, succeeded: bool, failed_task: s
         return states.pop()
     if failed_task is None:
         return RUNNING
-    handler = next((task["dependentTasks"][0] for task in spec["root"]["dag"]["tasks"].values()
-                    for source in task.get("inputs", {}).get("parameters", {}).values() if "taskFinalStatus" in source),
+    return FAILED if _reaches_exit_handler(spec, version, failed_task) else RUNNING
+
+
+def _reaches_exit_handler(spec: dict, version: str, task: str) -> bool:
+    """Whether the DAG update by ``task``'s launcher reaches the ExitHandler's DAG: the task is one of that DAG's own,
+    or the version propagates states upward (2.17.0)."""
+    handler = next((t["dependentTasks"][0] for t in spec["root"]["dag"]["tasks"].values()
+                    for source in t.get("inputs", {}).get("parameters", {}).values() if "taskFinalStatus" in source),
                    None)
-    if handler is None or not failed_task.startswith(f"{handler}/"):
-        raise ValueError(f"{failed_task} is not a task of the pipeline's ExitHandler ({handler})")
-    direct = failed_task.count("/") == 1
-    return FAILED if direct or at_least(version, PROPAGATING_STATES) else RUNNING
+    if handler is None or not task.startswith(f"{handler}/"):
+        raise ValueError(f"{task} is not a task of the pipeline's ExitHandler ({handler})")
+    return task.count("/") == 1 or at_least(version, PROPAGATING_STATES)
+
+
+# ------------------------------------------------------------------------------------------------ retried attempts
+
+#: What happens to one attempt of a step: its code ends well or fails, or its pod is deleted before it ends.
+SUCCEEDS, FAILS, POD_DELETED = "succeeds", "fails", "pod deleted"
+#: Argo's retry policies (``workflow_types.go``); KFP compiles none, which Argo reads as OnFailure.
+ON_FAILURE, ON_ERROR, ALWAYS = "OnFailure", "OnError", "Always"
+
+
+@dataclass
+class Attempt:
+    """One attempt (one pod) of a retried step, as Argo and the KFP launcher end it."""
+    retries: int  # Argo's {{retries}}: 0 for the first attempt
+    phase: str  # the Argo node's phase: Succeeded, Failed or Error
+    message: str
+    published: str | None  # the execution state its KFP launcher published (COMPLETE, FAILED), None: nothing
+    retry_index_env: str | None  # KFP_RETRY_INDEX in its container (None: not set)
+
+
+@dataclass
+class StepAttempts:
+    attempts: list[Attempt]
+    succeeded: bool  # the step's node ended Succeeded
+    message: str  # why it ended as it did
+
+
+def step_attempts(pod: Pod, outcomes: list[str], finalizer: bool = False,
+                  retry_policy: str | None = None) -> StepAttempts:
+    """The attempts Argo runs of ``pod``'s step when its attempts end as ``outcomes`` say (:data:`SUCCEEDS`,
+    :data:`FAILS`, :data:`POD_DELETED`, one per attempt; those past the last attempt run are not used); see the module
+    docstring's "retried attempts". ``finalizer``: the workflow controller runs with
+    ``ARGO_POD_STATUS_CAPTURE_FINALIZER=true``; ``retry_policy``: the policy a Workflow edited by hand would carry
+    (KFP's: None, read as OnFailure)."""
+    policy = retry_policy or ON_FAILURE  # workflow_types.go 2166-2171: RetryPolicyActual
+    retry_failed, retry_error = policy in (ON_FAILURE, ALWAYS), policy in (ON_ERROR, ALWAYS)  # operator.go 1074-1089
+    attempts: list[Attempt] = []
+    for retries, outcome in enumerate(outcomes):
+        env = str(retries) if pod.retry_index_env else None  # KFP_RETRY_INDEX={{retries}} from 2.16.1
+        if outcome == SUCCEEDS:
+            attempts.append(Attempt(retries, "Succeeded", "", COMPLETE, env))
+            return StepAttempts(attempts, True, "")
+        if outcome == FAILS:  # operator.go 1399-1401; launcher_v2.go's deferred publish
+            attempts.append(Attempt(retries, "Failed", "Error (exit code 1)", FAILED, env))
+        elif outcome == POD_DELETED:  # with the finalizer the pod's end is read (Failed); else operator.go 1262
+            attempts.append(Attempt(retries, "Failed" if finalizer else "Error",
+                                    "Error (exit code 143)" if finalizer else "pod deleted", None, env))
+        else:
+            raise ValueError(f"attempt {retries}: unknown outcome {outcome!r}; one of {SUCCEEDS}, {FAILS}, "
+                             f"{POD_DELETED}")
+        last = attempts[-1]
+        if (last.phase == "Failed" and not retry_failed) or (last.phase == "Error" and not retry_error):  # 1095
+            return StepAttempts(attempts, False, last.message)
+        if len(attempts) > pod.retries:  # operator.go 1109
+            return StepAttempts(attempts, False, "No more retries left")
+    raise ValueError(f"{pod.task}: the outcomes {outcomes} end with attempt {len(attempts) - 1} retried: say how its "
+                     "retry ends")
+
+
+def final_status_after_attempts(spec: dict, version: str, task: str, outcomes: list[str], finalizer: bool = False,
+                                parameters: dict[str, Any] | None = None,
+                                task_outputs: dict | None = None) -> tuple[str, StepAttempts]:
+    """The ``PipelineTaskFinalStatus.state`` the exit task gets when every task of the run ends well but ``task``
+    (a container task's path), whose attempts end as ``outcomes`` say (:func:`step_attempts`), and the attempts.
+
+    The step succeeds: the state of a run that succeeded (:func:`final_status_state`) if that is COMPLETE (a later
+    update found every task complete); else FAILED when a failed attempt's update reached the ExitHandler's DAG (it
+    stays so: before 2.17.0, the retry that succeeded leaves the run FAILED), else RUNNING. The step fails: FAILED when
+    its last attempt's launcher published FAILED, or an earlier one did, and the update reached the ExitHandler's
+    DAG; else (a deleted pod publishes nothing) RUNNING."""
+    outputs = stub_outputs(spec) if task_outputs is None else task_outputs
+    run = DriverEmulator(spec, None, outputs, version).run(parameters or {})
+    pod = next((p for p in run.pods if p.task == task), None)
+    if pod is None:
+        raise ValueError(f"no pod runs task {task}; the run's pods: {[p.task for p in run.pods]}")
+    result = step_attempts(pod, outcomes, finalizer)
+    reached = (any(a.published == FAILED for a in result.attempts)
+               and _reaches_exit_handler(spec, version, task))
+    if result.succeeded:
+        state = final_status_state(spec, version, True, parameters=parameters, task_outputs=outputs)
+        return (state if state == COMPLETE or not reached else FAILED), result
+    return (FAILED if reached else RUNNING), result
 
 
 class DriverEmulator:

@@ -12,8 +12,9 @@ import pytest
 import yaml
 from kfp import compiler, dsl, kubernetes
 
-from tests.kfp_driver_emulator import (PROPAGATING_STATES, VERSIONS, DriverEmulator, DriverError, at_least,
-                                       final_status_state, stub_outputs)
+from tests.kfp_driver_emulator import (ALWAYS, FAILS, ON_ERROR, POD_DELETED, PROPAGATING_STATES, SUCCEEDS, VERSIONS,
+                                       DriverEmulator, DriverError, at_least, final_status_after_attempts,
+                                       final_status_state, step_attempts, stub_outputs)
 
 BEFORE_2_17 = [v for v in VERSIONS if not at_least(v, PROPAGATING_STATES)]
 
@@ -330,3 +331,68 @@ def test_retry_policies_as_argo_retry_strategies(tmp_path, version):
     edited = copy.deepcopy(spec)
     del edited["root"]["dag"]["tasks"]["echo"]["retryPolicy"]["backoffMaxDuration"]
     assert _pod(_run((edited, platform), version=version), "echo").retry_max_duration_s == 0  # the Argo default "0"
+
+
+# ------------------------------------------------------------------------------------------------ 7. lost pods, retries
+
+
+@dsl.pipeline(name="exit-retried")
+def exit_retried():
+    with dsl.ExitHandler(report()):
+        echo(text=echo(text="a").set_retry(2, backoff_duration="0s").output)
+
+
+@dsl.pipeline(name="exit-retried-loop")
+def exit_retried_loop():
+    with dsl.ExitHandler(report()):
+        with dsl.ParallelFor(parts(n=2).output):
+            echo(text="a")
+        echo(text="b").set_retry(2, backoff_duration="0s")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("finalizer", [False, True])
+def test_a_pod_deleted_before_its_launcher_publishes_is_retried_only_under_the_finalizer(tmp_path, version,
+                                                                                          finalizer):
+    """KFP compiles no retryPolicy (OnFailure): a deleted pod is an Error "pod deleted", not retried; with
+    ARGO_POD_STATUS_CAPTURE_FINALIZER=true the controller reads the killed container's end, Failed, and retries it.
+    Nothing was published: the exit handler is told RUNNING when the step is not retried."""
+    spec = _compile(exit_retried, tmp_path)[0]
+    state, result = final_status_after_attempts(spec, version, "exit-handler-1/echo", [POD_DELETED, SUCCEEDS],
+                                                finalizer)
+    first = result.attempts[0]
+    assert (first.phase, first.message, first.published) == (
+        ("Failed", "Error (exit code 143)", None) if finalizer else ("Error", "pod deleted", None))
+    if finalizer:
+        assert result.succeeded and len(result.attempts) == 2 and state == "COMPLETE"
+        assert result.attempts[1].retry_index_env == ("1" if at_least(version, "2.16.1") else None)
+    else:
+        assert not result.succeeded and len(result.attempts) == 1 and state == "RUNNING"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_policy_that_retries_errors_retries_a_deleted_pod_and_not_a_failure(tmp_path, version):
+    spec = _compile(exit_retried, tmp_path)[0]
+    pod = _pod(_run((spec, None), version=version), "echo")
+    assert step_attempts(pod, [POD_DELETED, SUCCEEDS], retry_policy=ON_ERROR).succeeded
+    assert not step_attempts(pod, [FAILS, SUCCEEDS], retry_policy=ON_ERROR).succeeded
+    assert step_attempts(pod, [FAILS, POD_DELETED, SUCCEEDS], retry_policy=ALWAYS).succeeded
+    spent = step_attempts(pod, [FAILS, FAILS, FAILS, SUCCEEDS])  # limit 2: three attempts in all
+    assert (len(spent.attempts), spent.succeeded, spent.message) == (3, False, "No more retries left")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_retry_that_succeeds_leaves_the_exit_handler_failed_before_2_17(tmp_path, version):
+    """The failed attempt's launcher set the ExitHandler's DAG FAILED; the retry's success is an update that finds
+    not every task complete (a ParallelFor's DAG never completes before 2.17), so nothing sets it COMPLETE. From
+    2.17 the loop's end propagates, and the last update finds every task complete. Without a loop the DAG completes
+    in every version."""
+    looped, flat = (_compile(p, tmp_path)[0] for p in (exit_retried_loop, exit_retried))
+    propagates = version not in BEFORE_2_17
+    state, result = final_status_after_attempts(looped, version, "exit-handler-1/echo-2", [FAILS, SUCCEEDS])
+    assert result.succeeded and [a.published for a in result.attempts] == ["FAILED", "COMPLETE"]
+    assert state == ("COMPLETE" if propagates else "FAILED")
+    assert final_status_after_attempts(flat, version, "exit-handler-1/echo", [FAILS, SUCCEEDS])[0] == "COMPLETE"
+    # A retried step that fails for good: FAILED; its pod deleted after a failed attempt: that attempt's FAILED.
+    assert final_status_after_attempts(looped, version, "exit-handler-1/echo-2", [FAILS] * 3)[0] == "FAILED"
+    assert final_status_after_attempts(looped, version, "exit-handler-1/echo-2", [FAILS, POD_DELETED])[0] == "FAILED"

@@ -104,31 +104,57 @@ def open_lineage_step(run_label: str, kfp_run_id: str, preset: str, config_overr
 
 
 #: ``PipelineTaskFinalStatus.state`` as each engine sends it to the exit handler: kfp.local says SUCCEEDED; the KFP
-#: backend sends the ExitHandler DAG's MLMD execution state, COMPLETE on success (kubeflow/pipelines#11826), FAILED
-#: or CANCELED otherwise, and RUNNING before 2.17 when a ParallelFor sits inside the ExitHandler (#13321: the loop's
-#: end never reaches the DAG above it), as in this pipeline. Any other state is read from the run's stages.
+#: backend sends the ExitHandler DAG's MLMD execution state, COMPLETE on success (kubeflow/pipelines#11826), and
+#: otherwise what its tasks' launchers last set it to. COMPLETE is set only by an update that found every task
+#: complete (``backend/src/v2/metadata/client.go``, ``UpdateDAGExecutionsState``), so it is taken at its word. The
+#: others are not: before 2.17 the DAG stays RUNNING on success when a ParallelFor sits inside the ExitHandler
+#: (#13321: the loop's end never reaches the DAG above it), as in this pipeline, and a step whose first attempt
+#: failed and whose retry succeeded leaves it FAILED (the failed attempt's launcher set it FAILED,
+#: ``v2/component/launcher_v2.go``, and no later update finds every task complete); a launcher pod deleted before it
+#: published leaves it RUNNING. FAILED, RUNNING and any other state are read from the run's stage runs
+#: (:func:`stage_runs_outcome`); a stopped run (:data:`STOPPED_STATES`) failed.
 SUCCESS_STATES = frozenset({"SUCCEEDED", "COMPLETE", "CACHED"})
-FAILURE_STATES = frozenset({"FAILED", "CANCELED", "CANCELLED", "CANCELING", "ERROR", "SKIPPED"})
+STOPPED_STATES = frozenset({"CANCELED", "CANCELLED", "CANCELING"})
+#: MLflow statuses of a stage run that failed: FAILED (its code raised), KILLED (stopped: SIGTERM, a deleted pod).
+FAILED_RUN_STATUSES = frozenset({"FAILED", "KILLED"})
+
+
+def latest_stage_runs(runs: Sequence) -> dict:
+    """Each stage's latest run (by start time) among ``runs``, by stage name: a retried step's earlier attempts
+    (failed, killed, or left RUNNING by a pod deleted under them) are superseded by its latest."""
+    latest: dict = {}
+    for run in sorted(runs, key=lambda r: r.info.start_time or 0):
+        latest[run.data.tags.get(lineage.TAG_STAGE)] = run
+    return latest
+
+
+def stage_runs_outcome(runs: Sequence) -> tuple[str, str]:
+    """The MLflow status of a pipeline run judged by its stage runs ``runs``: FINISHED when the last stage
+    (evaluate, which runs only once every other stage is committed) finished in its latest run and no stage's latest
+    run failed or was killed; else FAILED. Also says why."""
+    from fourm_kfp.stages import STAGES
+
+    latest, last = latest_stage_runs(runs), list(STAGES)[-1]
+    failed = sorted(f"{stage} {run.info.status.lower()}" for stage, run in latest.items()
+                    if run.info.status in FAILED_RUN_STATUSES)
+    finished = last in latest and latest[last].info.status == "FINISHED"
+    outcome = "FINISHED" if finished and not failed else "FAILED"
+    why = (f"{last} {'finished' if finished else 'did not finish'}; "
+           + (f"latest run of {', '.join(failed)}" if failed else "no stage's latest run failed"))
+    return outcome, why
 
 
 def run_outcome(state: str, tracking: str, parent_run_id: str) -> str:
-    """The MLflow status of a pipeline run that ended with final ``state``: FINISHED or FAILED. Where the state
-    says neither (RUNNING, see :data:`SUCCESS_STATES`), the run's stage runs decide: it succeeded when the last
-    stage (evaluate, which runs only once every other stage is committed) finished and no stage failed."""
-    from fourm_kfp.stages import STAGES
-
+    """The MLflow status of a pipeline run that ended with final ``state``: FINISHED or FAILED. COMPLETE (or
+    kfp.local's SUCCEEDED) is success and a stopped run failed; any other state (FAILED, RUNNING: see
+    :data:`SUCCESS_STATES`) is judged by each stage's latest run (:func:`stage_runs_outcome`)."""
     if state in SUCCESS_STATES:
         return "FINISHED"
-    if state in FAILURE_STATES:
+    if state in STOPPED_STATES:
         return "FAILED"
-    runs = lineage.child_runs(tracking, parent_run_id)
-    last = list(STAGES)[-1]
-    finished = any(r.data.tags.get(lineage.TAG_STAGE) == last and r.info.status == "FINISHED" for r in runs)
-    failed = any(r.info.status in ("FAILED", "KILLED") for r in runs)
-    outcome = "FINISHED" if finished and not failed else "FAILED"
-    print(f"[exit handler] final state {state!r} says no outcome; from the stage runs: {outcome.lower()} "
-          f"({last} {'finished' if finished else 'did not finish'}, {'a' if failed else 'no'} stage failed)",
-          flush=True)
+    outcome, why = stage_runs_outcome(lineage.child_runs(tracking, parent_run_id))
+    print(f"[exit handler] final state {state!r} is not taken at its word (a retried step leaves FAILED before KFP "
+          f"2.17, a loop RUNNING); from the stage runs: {outcome.lower()} ({why})", flush=True)
     return outcome
 
 
