@@ -75,7 +75,9 @@ source at the tags 2.15.0, 2.16.0, 2.16.1 and 2.17.0 (``VERSIONS``; a rule witho
   so a retry that succeeds turns it COMPLETE; but its DAG, set FAILED by the failed attempt's update, turns COMPLETE
   only at an update that finds every task complete (``UpdateDAGExecutionsState``: 2.15.0 lines 752-754, 2.16.0
   779-781, 2.16.1 788-790, 2.17.0 851-856): before 2.17.0 an ExitHandler holding a ParallelFor never does, and
-  stays FAILED.
+  stays FAILED. The same rules hold in argo-workflows v4.0.5, which KFP 2.17.0's manifests install
+  (``operator.go`` 1103-1116, 1122, 1136, 1289, 1429; ``workflow_types.go`` 2295-2300; ``workflowpod.go`` 223;
+  ``common.go`` 187); KFP 2.15.0 and 2.16.0 install v3.7.3.
 
 :func:`schedulable` is the scheduler's taint, node-selector and extended-resource rules
 (``k8s.io/component-helpers/scheduling/corev1``: ``ToleratesTaint``).
