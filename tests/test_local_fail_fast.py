@@ -35,6 +35,16 @@ def _retried(attempts_file: str):
     _fail_and_count(attempts_file=attempts_file).set_retry(2, backoff_duration="0s")
 
 
+@pytest.fixture
+def kfp_local():
+    """kfp.local's process-wide settings for one test, cleared after it (a component called outside a pipeline
+    would otherwise run locally)."""
+    from kfp.local.config import LocalExecutionConfig
+
+    yield
+    LocalExecutionConfig.instance = None
+
+
 def _attempts(pipeline, tmp_path: Path, name: str) -> int:
     attempts = tmp_path / f"{name}.txt"
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"),
@@ -43,7 +53,7 @@ def _attempts(pipeline, tmp_path: Path, name: str) -> int:
     return len(attempts.read_text().splitlines())
 
 
-def test_kfp_local_retries_a_failed_step_by_its_policy_and_the_local_run_clears_it(tmp_path):
+def test_kfp_local_retries_a_failed_step_by_its_policy_and_the_local_run_clears_it(tmp_path, kfp_local):
     """kfp.local (2.17.0) runs a task ``max_retry_count + 1`` times whatever made it fail; the local run's copy of a
     pipeline runs it once."""
     assert _attempts(_retried, tmp_path, "as-compiled") == 3
