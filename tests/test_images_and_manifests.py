@@ -342,7 +342,7 @@ def test_pytorchjob_template_contract(pytorchjob):
         assert "fourm-kfp stage pretrain" in argv, role
         gpus = container["resources"]["limits"]["nvidia.com/gpu"]
         assert int(spec["nprocPerNode"]) == int(gpus), f"{role}: one process per GPU"
-        assert {"secretRef": {"name": pipeline.S3_SECRET}} in container["envFrom"], role
+        assert {"secretRef": {"name": pipeline.S3_SECRET, "optional": True}} in container["envFrom"], role
     # The template is for submitting, not for `kubectl apply -k`.
     listed = yaml.safe_load((MANIFESTS / "base" / "kustomization.yaml").read_text())["resources"]
     assert PYTORCHJOB_TEMPLATE.name not in listed

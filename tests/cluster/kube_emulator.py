@@ -22,7 +22,9 @@ event; the ``events.k8s.io`` recorder, used by Kueue: ``eventTime`` in microseco
 date an event in the past and give it another uid: a previous job of the same name's events, which live an hour.
 
 What the emulator does not do (so the tests do it, or do without it):
-- no controllers: nothing creates pods or sets conditions on its own (the test's operator script does);
+- no controllers: nothing creates pods or sets conditions on its own (the test's operator script does;
+  :meth:`EmulatedCluster.start_pod` applies the scheduler's volume rules and the kubelet's container-creation rules
+  to a pod the test creates);
 - creating a PyTorchJob or TrainJob is checked against its CRD's structural schema (``tests/k8s_schemas.py``) for
   unknown fields only: with ``fieldValidation=Strict`` they fail the request (400, ``strict decoding error: unknown
   field "spec.x"``), otherwise they are pruned silently, as the API server does; types, required fields and the
@@ -48,7 +50,7 @@ from kubernetes import client
 
 from fourm_kfp.cluster.kube import KubeApi, Resource
 from tests.cluster.apiserver_emulator import ADMIN_TOKEN, LAUNCHER_TOKEN, ApiServer, Fault, RequestInfo, metav1_time
-from tests.cluster.kubelet_emulator import Kubelet, rfc3339
+from tests.cluster.kubelet_emulator import Kubelet, container_start, rfc3339
 from tests.k8s_schemas import PYTORCHJOB_CRD, TRAINJOB_CRD, crd_schema
 
 #: The job kinds served (their resources), to find a job's uid by kind and name.
@@ -169,6 +171,74 @@ class EmulatedCluster:
                 "spec": {"containers": [{"name": container, "image": image}]}, "status": status}
         self.kubelet.create(name)
         self.admin().core.create_namespaced_pod(self.namespace, body)
+        return self.admin().pod(name)
+
+    def read(self, kind: str, name: str) -> dict | None:
+        """The Secret, ConfigMap or PersistentVolumeClaim ``name`` of the namespace as a dict, None when absent."""
+        reader = {"Secret": self.admin().core.read_namespaced_secret,
+                  "ConfigMap": self.admin().core.read_namespaced_config_map,
+                  "PersistentVolumeClaim": self.admin().core.read_namespaced_persistent_volume_claim}[kind]
+        try:
+            return self.admin().api_client.sanitize_for_serialization(reader(name, self.namespace))
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def start_pod(self, name: str, labels: dict[str, str], spec: dict) -> dict:
+        """Create a pod with ``spec`` (the operator's, from the job's pod template) and move it on as the scheduler and
+        the kubelet would; the pod as it then is.
+
+        - the scheduler (kubernetes ``pkg/scheduler/framework/plugins/volumebinding/volume_binding.go``, ``PreFilter``
+          and ``podHasPVCs``): a ``persistentVolumeClaim`` volume whose claim does not exist, is Lost or is not bound
+          (taken as immediate binding) leaves the pod Pending, ``PodScheduled`` False ``Unschedulable`` with the
+          plugin's text, and a ``FailedScheduling`` Warning on it;
+        - the kubelet (:func:`.kubelet_emulator.container_start`): a container it cannot create waits with its reason
+          and message, and the kubelet posts a ``Failed`` Warning "Error: <message>" (``recordContainerEvent``);
+          otherwise the pod runs."""
+        self.kubelet.create(name)
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": spec,
+                "status": {"phase": "Pending", "conditions": []}}
+        self.admin().core.create_namespaced_pod(self.namespace, body)
+        return self.sync_pod(name)
+
+    def sync_pod(self, name: str) -> dict:
+        """The scheduler's and the kubelet's next look at a pod that does not run yet (:meth:`start_pod`): what was
+        missing may exist now."""
+        spec = self.admin().pod(name)["spec"]
+        body = {"metadata": {"name": name}, "spec": spec}
+        unschedulable = None
+        for volume in spec.get("volumes") or []:
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim is None or unschedulable:
+                continue
+            pvc = self.read("PersistentVolumeClaim", claim)
+            if pvc is None:
+                unschedulable = f'persistentvolumeclaim "{claim}" not found'
+            elif (pvc.get("status") or {}).get("phase") == "Lost":
+                unschedulable = (f'persistentvolumeclaim "{claim}" bound to non-existent persistentvolume '
+                                 f'"{(pvc.get("spec") or {}).get("volumeName", "")}"')
+            elif (pvc.get("status") or {}).get("phase") != "Bound":
+                unschedulable = "pod has unbound immediate PersistentVolumeClaims"
+        if unschedulable:
+            message = (f"0/1 nodes are available: {unschedulable}. preemption: 0/1 nodes are available: 1 Preemption "
+                       "is not helpful for scheduling.")
+            self.set_pod_status(name, {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]})
+            self.add_event("Pod", name, "FailedScheduling", message, component="default-scheduler")
+            return self.admin().pod(name)
+        states = container_start(body, self.namespace, self.read, self.kubelet.runtime_errors.get(name))
+        statuses = []
+        for container in spec["containers"]:
+            waiting = states[container["name"]]
+            state = {"waiting": waiting} if waiting else {"running": {"startedAt": rfc3339(time.time())}}
+            statuses.append({"name": container["name"], "image": container.get("image", ""), "imageID": "",
+                             "ready": waiting is None, "restartCount": 0, "state": state})
+            if waiting:
+                self.add_event("Pod", name, "Failed", f"Error: {waiting['message']}", component="kubelet")
+        blocked = any(states.values())
+        self.set_pod_status(name, {"phase": "Pending" if blocked else "Running", "conditions": [
+            {"type": "PodScheduled", "status": "True"}], "containerStatuses": statuses})
         return self.admin().pod(name)
 
     def delete_pod(self, name: str) -> None:

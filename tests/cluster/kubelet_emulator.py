@@ -12,15 +12,40 @@ logs the test writes, served as the kubelet serves them through the API server.
   were sent: the kubelet's follow reader drains the log file after the container stops (``logs.go``,
   ``ReadLogs``: ``waitLogs`` checks the container's state and returns once it is not running);
 - :attr:`Kubelet.fail_next` makes that many reads fail (the API server answers 500 when the kubelet cannot be reached).
+
+Whether a scheduled pod's containers can be created (:func:`container_start`), as the kubelet decides it (upstream
+kubernetes/kubernetes, master at 2026-12):
+
+- the image reference must parse, else the container waits ``InvalidImageName`` with "Failed to apply default image
+  tag ..." (``pkg/kubelet/images/image_manager.go``, ``EnsureImageExists``; the reasons in
+  ``pkg/kubelet/images/types.go``);
+- every ``envFrom`` Secret/ConfigMap and every ``env[].valueFrom`` ``secretKeyRef``/``configMapKeyRef`` must exist
+  (and hold its key), unless ``optional: true``; else ``CreateContainerConfigError`` with the API's NotFound text
+  (``secret "x" not found``) or "couldn't find key K in Secret ns/x" (``pkg/kubelet/kubelet_pods.go``,
+  ``makeEnvironmentVariables``; the reason set in ``pkg/kubelet/kuberuntime/kuberuntime_container.go``,
+  ``startContainer``);
+- :attr:`Kubelet.runtime_errors` (pod -> message): the container runtime refusing to create the container,
+  ``CreateContainerError`` (``kuberuntime_container.go``), which nothing in the spec predicts.
+
+Not emulated: image pulls (a test sets ``ErrImagePull``/``ImagePullBackOff`` itself), volume mounts (the test posts
+the kubelet's ``FailedMount`` event), probes, restarts on their own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
+
+#: A container image reference as the kubelet's parser accepts it (distribution's reference grammar, lower-case
+#: repository path, optional registry host:port, tag and digest).
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE = re.compile(rf"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+                             r"(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
 
 
 def rfc3339(seconds: float) -> str:
@@ -42,6 +67,7 @@ class Kubelet:
     ended: set[tuple[str, str, int]] = field(default_factory=set)  # instances that stopped and were not restarted
     gone: set[str] = field(default_factory=set)  # deleted pods
     fail_next: int = 0  # make this many log reads fail with HTTP 500 (the kubelet out of reach)
+    runtime_errors: dict[str, str] = field(default_factory=dict)  # pod -> the runtime's CreateContainer error
     reads: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -132,3 +158,52 @@ class Kubelet:
             if over:
                 return
             await asyncio.sleep(0.02)
+
+
+def _env_error(namespace: str, env: dict[str, Any], read: Callable[[str, str], dict | None]) -> str | None:
+    """What ``makeEnvironmentVariables`` returns for one ``env`` entry (None: it resolves, or may be left out)."""
+    source = env.get("valueFrom") or {}
+    for ref_key, kind in (("secretKeyRef", "Secret"), ("configMapKeyRef", "ConfigMap")):
+        ref = source.get(ref_key)
+        if ref is None:
+            continue
+        found, optional = read(kind, ref["name"]), bool(ref.get("optional"))
+        if found is None:
+            return None if optional else f'{kind.lower()} "{ref["name"]}" not found'
+        data = {**(found.get("data") or {}), **(found.get("stringData") or {})}
+        if kind == "ConfigMap":
+            data.update(found.get("binaryData") or {})
+        if ref["key"] not in data and not optional:
+            return f"couldn't find key {ref['key']} in {kind} {namespace}/{ref['name']}"
+    return None
+
+
+def container_start(pod: dict[str, Any], namespace: str, read: Callable[[str, str], dict | None],
+                    runtime_error: str | None = None) -> dict[str, dict[str, str] | None]:
+    """Each container of a scheduled ``pod``: the ``waiting`` state the kubelet gives it when it cannot create it,
+    or None when it starts (see the module docstring). ``read(kind, name)``: the Secret or ConfigMap, None if
+    absent."""
+    states: dict[str, dict[str, str] | None] = {}
+    for container in pod["spec"]["containers"]:
+        image = container.get("image", "")
+        if not IMAGE_REFERENCE.match(image):
+            states[container["name"]] = {
+                "reason": "InvalidImageName",
+                "message": f'Failed to apply default image tag "{image}": couldn\'t parse image name "{image}": '
+                           "invalid reference format"}
+            continue
+        error = None
+        for source in container.get("envFrom") or []:
+            for ref_key, kind in (("secretRef", "Secret"), ("configMapRef", "ConfigMap")):
+                ref = source.get(ref_key)
+                if error is None and ref is not None and read(kind, ref["name"]) is None and not ref.get("optional"):
+                    error = f'{kind.lower()} "{ref["name"]}" not found'
+        for env in container.get("env") or []:
+            error = error or _env_error(namespace, env, read)
+        if error:
+            states[container["name"]] = {"reason": "CreateContainerConfigError", "message": error}
+        elif runtime_error:
+            states[container["name"]] = {"reason": "CreateContainerError", "message": runtime_error}
+        else:
+            states[container["name"]] = None
+    return states

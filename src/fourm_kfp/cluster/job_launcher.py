@@ -13,16 +13,18 @@ launcher.
    (:mod:`.log_follower`); while pods are Pending the reason is printed when it changes and every
    ``pending_every_s``; while some pods do not exist, the job's Warning events are read by server-side selectors
    and sorted into a queue (said, waited for) or a refusal that waiting does not heal (quota, admission webhook,
-   invalid pod: fails once it lasted ``no_pods_s``) (:mod:`.job_events`); a container whose image cannot be pulled
-   for ``image_pull_s`` fails it, naming the pod, the image and the kubelet's error (:mod:`.image_pulls`).
+   invalid pod: fails once it lasted ``no_pods_s``) (:mod:`.job_events`); a pod that cannot start for
+   ``image_pull_s`` (an image that cannot be pulled or does not parse, a missing Secret, ConfigMap, key or
+   PersistentVolumeClaim, a volume that cannot be mounted, the runtime refusing the container) fails it, naming the
+   pod, the reason, the missing object or the kubelet's error, and the fix (:mod:`.pod_start`).
    **Two clocks**: until all the pods the job asks for have run at once, its wait counts against ``queue_s`` (the
    pipeline parameter ``queue_timeout_s``: queued in Volcano or Kueue, unschedulable); from that moment its
    ``deadline_s`` (+ ``grace_s``) counts, so a day in the queue does not eat the training's time. An adopted job's
    clocks start when this launcher first sees it. The Kubernetes API failing is retried (``api_outage_s``);
 3. stops at the job's terminal condition (PyTorchJob ``Succeeded``/``Failed``, TrainJob ``Complete``/``Failed``) or
    at a limit, and raises :class:`JobFailed` with the conditions and the last log lines on failure or timeout;
-4. **deletes** the job when it succeeded, and when the launcher gives up on it (a refusal, an image that cannot be
-   pulled, the queue limit, its deadline), both unless ``delete=False``. A job that **failed** is kept: the step's
+4. **deletes** the job when it succeeded, and when the launcher gives up on it (a refusal, a pod that cannot
+   start, the queue limit, its deadline), both unless ``delete=False``. A job that **failed** is kept: the step's
    retry finds and reports it, and the run's exit handler deletes it when the run ends (:mod:`.stop_jobs`, which
    also says who else cleans up). When the API stays unreachable past ``api_outage_s``, and on SIGTERM (the launcher
    pod deleted: a node drain, a preemption), the launcher exits and leaves the job running for the step's retry to
@@ -43,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from fourm_kfp.cluster.image_pulls import PullWatch, pull_failure
+from fourm_kfp.cluster.pod_start import StartWatch
 from fourm_kfp.cluster.job_adoption import create_or_adopt, step_retry_index
 from fourm_kfp.cluster.job_events import Waiting
 from fourm_kfp.cluster.job_kinds import (JOB_KINDS, PYTORCHJOB, TRAINJOB, JobFailed, JobKind, conditions_of,
@@ -68,7 +70,8 @@ class FollowSettings:
     tail_lines: int = 40  # log lines quoted in a failure
     pending_every_s: float = 60.0  # repeat an unchanged pending reason this often
     no_pods_s: float = 300.0  # pods missing and the cluster refusing them (cannot heal) this long: fail
-    image_pull_s: float = 600.0  # a container's image failing to pull this long: fail (kubelet back-off tops at 300)
+    image_pull_s: float = 600.0  # a pod kept from starting this long (image pull, config, volume): fail (pull back-off
+    # tops at 300)
     queue_s: float = 86400.0  # waiting before all expected pods run (Volcano, Kueue, unschedulable): queue_timeout_s
     api_outage_s: float = 900.0  # the Kubernetes API failing this long (after the client's retries): give up
     watch_s: float = 300.0  # a watch's server-side timeout, and how long a quiet log stream is kept open
@@ -136,12 +139,12 @@ def _read_logs(logs: LogFollower, kind: JobKind, pods: list[dict[str, Any]]) -> 
 def follow(api: KubeApi, kind: JobKind, name: str, deadline_s: float, settings: FollowSettings,
            out: Callable[[str], None] = print, adopted: bool = False) -> JobResult:
     """Follow the job to its end, printing the master's log and why pods wait; see the module docstring. Raises
-    :class:`JobFailed` when it gives up on the job (a limit, a refusal, an image that cannot be pulled)."""
+    :class:`JobFailed` when it gives up on the job (a limit, a refusal, a pod that cannot start)."""
     news = threading.Event()
     health = ApiHealth(settings.api_outage_s, out)
     logs = LogFollower(api, kind.container, out, settings.tail_lines, retry_s=settings.poll_s,
                        idle_s=settings.watch_s, news=news)
-    clock, pulls = _Clock(kind, name, deadline_s, settings, out), PullWatch()
+    clock, starts = _Clock(kind, name, deadline_s, settings, out), StartWatch(max(settings.poll_s, 1.0))
     waiting = Waiting(settings.no_pods_s, settings.poll_s, health)
     last_pending, pending_said_at = None, 0.0
     with JobFeed(api, kind, name, health, news, watch_s=settings.watch_s, retry_s=settings.poll_s) as feed:
@@ -165,9 +168,9 @@ def follow(api: KubeApi, kind: JobKind, name: str, deadline_s: float, settings: 
                     return JobResult(name, state == "succeeded", conditions_of(job), adopted, list(logs.tail),
                                      dict(logs.peer_crashes))
                 pending = waiting.check(api, kind, job, pods, now, clock.started)
-                failing = pulls.check(pods, now)
-                if failing is not None and failing[2] >= settings.image_pull_s:
-                    raise JobFailed(pull_failure(api, kind, name, *failing))
+                blocked = starts.check(api, pods, now)
+                if blocked is not None and blocked.seconds >= settings.image_pull_s:
+                    raise JobFailed(starts.failure(api, kind, name, blocked))
                 if pending and (pending != last_pending or now - pending_said_at >= settings.pending_every_s):
                     out(f"[launcher] {kind.resource.kind} {name}: {pending} (for {now - clock.started:.0f}s)")
                     pending_said_at = now
