@@ -29,8 +29,9 @@ def test_wheel_has_no_generic_top_level_names(tmp_path):
     assert "fourm_kfp/configs/smoke/train.yaml" in names
     assert {"fourm_kfp/manifests/base/pytorchjob-template.yaml", "fourm_kfp/manifests/base/trainjob-template.yaml"} \
         <= set(names)  # the launcher renders its jobs from them
+    assert "fourm_kfp/manifests/base/rbac.yaml" in names  # fourm-kfp doctor checks the launcher's Role against it
     assert not [n for n in names if n.startswith("fourm_kfp/manifests/") and "template" not in n
-                and not n.endswith("__init__.py")]  # only the templates: no Secrets, no kustomizations
+                and not n.endswith(("__init__.py", "base/rbac.yaml"))]  # the templates and the Role: no Secrets
     entry_points = [n for n in names if n.endswith("entry_points.txt")]
     assert "fourm-kfp = fourm_kfp.cli:main" in zipfile.ZipFile(wheel).read(entry_points[0]).decode()
 

@@ -493,7 +493,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     def stop(signum, frame):  # a cancelled CI job: stop following as Ctrl-C does, the run goes on
         raise KeyboardInterrupt
     def preflight(client, parameters: dict[str, Any], tracking: str) -> None:  # before anything is created
-        from fourm_kfp.cluster import doctor
+        from fourm_kfp.pipeline_runs import doctor
 
         doctor_request = _doctor_request(args, host, parameters, tracking)
         kube, error = doctor.connect(doctor_request.namespace)
@@ -513,7 +513,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def _doctor_request(args: argparse.Namespace, host: str, parameters: dict[str, Any], tracking_uri: str = "",
                     s3_endpoint: str = ""):
-    from fourm_kfp.cluster.doctor import DoctorRequest, run_parameters
+    from fourm_kfp.pipeline_runs.doctor import DoctorRequest, run_parameters
 
     return DoctorRequest(namespace=args.namespace, service_account=args.service_account,
                          parameters=run_parameters(parameters), host=host, s3_endpoint=s3_endpoint,
@@ -523,7 +523,7 @@ def _doctor_request(args: argparse.Namespace, host: str, parameters: dict[str, A
 def cmd_doctor(args: argparse.Namespace) -> int:
     import os
 
-    from fourm_kfp.cluster import doctor
+    from fourm_kfp.pipeline_runs import doctor
     from fourm_kfp.config.loader import load_config
     from fourm_kfp.errors import UserError
     from fourm_kfp.pipeline_runs.kfp_api import (coerce_parameters, kfp_api_errors, make_client,

@@ -15,9 +15,9 @@ import time
 import pytest
 import yaml
 
-from fourm_kfp.cluster import doctor
-from fourm_kfp.cluster.doctor import FAIL, OK, SKIPPED, WARN, DoctorRequest, run_doctor, run_parameters
-from fourm_kfp.cluster.doctor_cluster import KUEUE_CONFIG_KEY, KUEUE_CONFIG_MAP, KUEUE_NAMESPACE, launcher_rules
+from fourm_kfp.pipeline_runs import doctor
+from fourm_kfp.pipeline_runs.doctor import FAIL, OK, SKIPPED, WARN, DoctorRequest, run_doctor, run_parameters
+from fourm_kfp.pipeline_runs.doctor_cluster import KUEUE_CONFIG_KEY, KUEUE_CONFIG_MAP, KUEUE_NAMESPACE, launcher_rules
 from fourm_kfp.cluster.kube import KubeApi
 from fourm_kfp.pipeline_runs.kfp_api import make_client
 from tests.cluster.apiserver_emulator import ADMIN_TOKEN, RBAC, load_crd
@@ -269,7 +269,7 @@ def test_a_dead_mlflow_uri_fails_naming_it(setup):
 @pytest.mark.parametrize("tag,state", [("2.14.0", FAIL), ("2.15.0", OK), ("2.16.1", OK), ("2.17.0", OK),
                                        ("2.18.0", WARN), ("unknown", WARN)])
 def test_the_kfp_version_against_the_supported_list(tag, state):
-    from fourm_kfp.cluster.doctor_services import check_kfp_version
+    from fourm_kfp.pipeline_runs.doctor_services import check_kfp_version
 
     emulator = KfpApiEmulator(tag_name=tag)
     try:

@@ -22,40 +22,13 @@ it uploads anything (``--no-doctor`` skips them).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, Callable
 
-OK, WARN, SKIPPED, FAIL = "ok", "warn", "skipped", "FAIL"
+from fourm_kfp.pipeline_runs.doctor_checks import FAIL, OK, SKIPPED, WARN, Check, DoctorRequest
 
-
-@dataclass
-class Check:
-    """One check's result: its ``name``, ``state`` (:data:`OK`, :data:`WARN`, :data:`SKIPPED`, :data:`FAIL`), what
-    was found (``detail``) and, for a failure, the command that fixes it (``fix``)."""
-
-    name: str
-    state: str
-    detail: str
-    fix: str = ""
-
-    def line(self) -> str:
-        text = f"{self.state:7s} {self.name:16s} {self.detail}"
-        return text + (f"\n{'':8s}{'':16s} fix: {self.fix}" if self.fix else "")
-
-
-@dataclass
-class DoctorRequest:
-    """What the run will use: its Kubernetes ``namespace``, the ``service_account`` its pods run as ("" = check the
-    caller's own rights), its pipeline ``parameters`` (the compiled defaults with the given ones over them:
-    :func:`run_parameters`), the KFP ``host`` ("" = no version check), and the S3 endpoint and MLflow tracking URI
-    to reach from here ("" = the environment's, else the settings ConfigMap's)."""
-
-    namespace: str = ""
-    service_account: str = ""
-    parameters: dict[str, Any] = field(default_factory=dict)
-    host: str = ""
-    s3_endpoint: str = ""
-    tracking_uri: str = ""
+__all__ = ["FAIL", "OK", "SKIPPED", "WARN", "Check", "DoctorRequest", "run_doctor", "run_parameters", "report",
+           "exit_code", "connect", "preflight"]
 
 
 def run_parameters(given: dict[str, Any], package=None) -> dict[str, Any]:
@@ -74,7 +47,7 @@ def run_doctor(request: DoctorRequest, kube=None, kfp_client=None, kube_error: s
     """Every check of the module docstring, in order. ``kube``: a :class:`~fourm_kfp.cluster.kube.KubeApi` in the
     run's namespace (None with ``kube_error``: why there is no cluster to ask); ``kfp_client``: a ``kfp.Client``
     for ``request.host`` (None with ``kfp_error``: why it could not be made)."""
-    from fourm_kfp.cluster import doctor_cluster, doctor_services
+    from fourm_kfp.pipeline_runs import doctor_cluster, doctor_services
 
     checks = [doctor_services.check_kfp_version(kfp_client, request.host, kfp_error)]
     settings: dict[str, str] = {}

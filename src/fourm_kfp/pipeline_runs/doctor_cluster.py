@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from fourm_kfp.cluster import job_spec
-from fourm_kfp.cluster.doctor import FAIL, OK, SKIPPED, WARN, Check, DoctorRequest
+from fourm_kfp.pipeline_runs.doctor_checks import FAIL, OK, SKIPPED, WARN, Check, DoctorRequest
 from fourm_kfp.cluster.job_kinds import JOB_KINDS
 from fourm_kfp.contract.spec import param_prefix
 

@@ -25,7 +25,7 @@ import uuid
 from typing import Any
 from urllib.parse import urlparse
 
-from fourm_kfp.cluster.doctor import FAIL, OK, SKIPPED, WARN, Check, DoctorRequest
+from fourm_kfp.pipeline_runs.doctor_checks import FAIL, OK, SKIPPED, WARN, Check, DoctorRequest
 
 #: The KFP releases fourm-kfp is tested against (major, minor): the driver emulator's 2.15.0, 2.16.0, 2.16.1 and
 #: 2.17.0 (manifests/README.md, Prerequisites).
