@@ -1,7 +1,7 @@
 """The pretrain component: the 4M trainer in this pod (``launcher="in-pod"``), or the launcher of a multi-node
 PyTorchJob / TrainJob that follows the job and reports its committed output (``pytorchjob`` / ``trainjob``). Its job
 parameters (``launcher`` ... ``delete_job``) are the fields of :class:`fourm_kfp.cluster.job_spec.JobParams`, and
-``scheduler`` ... ``queue_timeout_s`` those of :class:`~fourm_kfp.cluster.job_spec.ClusterParams`, their
+``scheduler`` ... ``nccl_env`` those of :class:`~fourm_kfp.cluster.job_spec.ClusterParams`, their
 defaults written out (KFP runs the function's own source, without this module's imports)."""
 
 from typing import NamedTuple
@@ -21,7 +21,7 @@ def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
              node_selector: dict = {}, tolerations: list = [], deadline_s: int = 259200, min_nodes: int = 0,
              delete_job: bool = True, kfp_run_id: str = "", scheduler: str = "", image_pull_secret: str = "fourm-image-pull",
              gpu_node_selector: dict = {}, gpu_tolerations: list = [], rendezvous_timeout_s: int = 1800,
-             queue_timeout_s: int = 86400,
+             queue_timeout_s: int = 86400, rdma_resource: str = "", nccl_env: dict = {},
              stage_overrides: list = []) -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):
     """Train the model; outputs the committed run's URI (exported model, checkpoints, metrics, report), the report
     with the loss curves inline (HTML, shown in the UI) and, in the job modes, the rendered job spec."""
@@ -32,7 +32,7 @@ def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
     from fourm_kfp.launchers.kfp_runtime import run_job_component, with_stage_overrides
 
     job = JobParams.of(locals())  # launcher, nodes, ..., delete_job: the parameters named like its fields
-    cluster = ClusterParams.of(locals())  # scheduler, ..., queue_timeout_s: the run-wide cluster settings
+    cluster = ClusterParams.of(locals())  # scheduler, ..., nccl_env: the run-wide cluster settings
     overrides = with_stage_overrides(config_overrides, stage_overrides)
     outcome = run_job_component(
         "pretrain", preset, overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id, force,

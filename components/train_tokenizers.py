@@ -2,7 +2,7 @@
 (``launcher="in-pod"``, the default), or by a multi-node PyTorchJob / TrainJob this step launches and follows
 (``pytorchjob`` / ``trainjob``). Its job parameters (``launcher`` ... ``delete_job``) are the fields of
 :class:`fourm_kfp.cluster.job_spec.JobParams` with the train-tokenizers defaults of ``JOB_STAGES`` (and
-``scheduler`` ... ``queue_timeout_s`` those of :class:`~fourm_kfp.cluster.job_spec.ClusterParams`),
+``scheduler`` ... ``nccl_env`` those of :class:`~fourm_kfp.cluster.job_spec.ClusterParams`),
 written out (KFP runs the function's own source, without this module's imports)."""
 
 from typing import NamedTuple
@@ -22,7 +22,7 @@ def train_tokenizers(preset: str, config_overrides: list, store_uri: str, s3_end
                      delete_job: bool = True, kfp_run_id: str = "", scheduler: str = "",
                      image_pull_secret: str = "fourm-image-pull", gpu_node_selector: dict = {}, gpu_tolerations: list = [],
                      rendezvous_timeout_s: int = 1800,
-                     queue_timeout_s: int = 86400
+                     queue_timeout_s: int = 86400, rdma_resource: str = "", nccl_env: dict = {}
                      ) -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):
     """Train the tokenizers on the ``dataset`` (its layers' URIs by stage, as the dataset steps pass it on); outputs
     the committed tokenizer bundle's URI and, in the job modes, the rendered job spec."""
@@ -33,7 +33,7 @@ def train_tokenizers(preset: str, config_overrides: list, store_uri: str, s3_end
     from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_job_component
 
     job = JobParams.of(locals())  # launcher, nodes, ..., delete_job: the parameters named like its fields
-    cluster = ClusterParams.of(locals())  # scheduler, ..., queue_timeout_s: the run-wide cluster settings
+    cluster = ClusterParams.of(locals())  # scheduler, ..., nccl_env: the run-wide cluster settings
     outcome = run_job_component(
         "train-tokenizers", preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id,
         force, input_uris=dataset_uris(dataset), job=job, cluster=cluster, kfp_run_id=kfp_run_id,

@@ -221,6 +221,8 @@ def fourm_pretrain(
     gpu_tolerations: list = [],
     rendezvous_timeout_s: int = 1800,
     queue_timeout_s: int = 86400,
+    rdma_resource: str = "",
+    nccl_env: dict = {},
 ):
     """Pre-train a 4M-style model.
 
@@ -325,6 +327,11 @@ def fourm_pretrain(
         queue_timeout_s: Job modes: how long a job may wait for all its pods to run (queued by Volcano or Kueue, or
             unschedulable) before the step gives up and deletes it; default 1 day. A job's <stage>_deadline_s counts
             from when its pods run, not from when it was queued.
+        rdma_resource: Job modes: the RDMA device every pod of a job requests, as the cluster's RDMA device plugin
+            names it, <domain>/<name>[=<count per node>] (e.g. rdma/rdma_shared_device_a); it adds the IPC_LOCK
+            capability to the training container. Default "" (none: NCCL over the pod network).
+        nccl_env: Job modes: NCCL_* variables on every pod of a job (a JSON object, e.g. {"NCCL_IB_HCA": "mlx5",
+            "NCCL_SOCKET_IFNAME": "eth0"}); default none.
     """
     params = dict(locals())  # the parameters by name: the job stages' <stage>_<field> ones (_job_args)
     cluster = _Cluster(image_pull_secret)

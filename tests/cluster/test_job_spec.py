@@ -446,3 +446,63 @@ def test_bad_cluster_settings_name_their_parameter():
                 render_job(_request(launcher, 2, cluster=_cluster(**change)))
     with pytest.raises(ConfigError, match=r"^rendezvous_timeout_s="):
         render_job(_request("pytorchjob", 2, cluster=_cluster(rendezvous_timeout_s="1800")))
+
+
+NCCL_ENV = {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_GID_INDEX": "3"}
+
+
+def _training_containers(job: dict) -> list[dict]:
+    """Every pod's training container; on a TrainJob with the trainer's env and resources, as Trainer merges them."""
+    if job["kind"] == "PyTorchJob":
+        return [pod["containers"][0] for pod in _pod_specs(job)]
+    trainer = job["spec"]["trainer"]
+    return [{**[c for c in pod["containers"] if c["name"] == "node"][0], "env": trainer["env"],
+             "resources": trainer["resourcesPerNode"]} for pod in _pod_specs(job)]
+
+
+@pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])
+@pytest.mark.parametrize("rdma_resource, resource, count", [("rdma/rdma_shared_device_a", "rdma/rdma_shared_device_a", 1),
+                                                            ("rdma/hca_shared_devices_a=2", "rdma/hca_shared_devices_a", 2)])
+def test_the_rdma_and_nccl_settings_reach_every_pod(validators, launcher, rdma_resource, resource, count):
+    """rdma_resource: the RDMA device plugin's resource requested (and limited) per node, with IPC_LOCK added to the
+    container's capabilities (all others still dropped); nccl_env: NCCL's variables on every node. Checked against
+    the operators' CRDs and, for a PyTorchJob, Kubernetes' PodTemplate schema (strict: a misplaced field fails)."""
+    job = render_job(_request(launcher, 3, cluster=_cluster(rdma_resource=rdma_resource, nccl_env=NCCL_ENV)))
+    _assert_valid(validators, job)
+    for container in _training_containers(job):
+        resources = container["resources"]
+        assert resources["requests"][resource] == resources["limits"][resource] == count
+        assert resources["limits"]["nvidia.com/gpu"] == 8  # beside the accelerator
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert {k: env[k] for k in NCCL_ENV} == NCCL_ENV
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+
+
+@pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])
+def test_rdma_and_nccl_are_off_by_default(validators, launcher):
+    job = render_job(_request(launcher, 3))
+    _assert_valid(validators, job)
+    for container in _training_containers(job):
+        assert not [r for section in container["resources"].values() for r in section if r.startswith("rdma/")]
+        assert not [e for e in container["env"] if e["name"].startswith("NCCL_")]
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert ClusterParams().rdma_resource == "" and ClusterParams().nccl_env == {}
+
+
+@pytest.mark.parametrize("launcher", ["pytorchjob", "trainjob"])
+def test_nccl_env_alone_sets_the_variables_without_a_device(validators, launcher):
+    """NCCL over the pod network on a chosen interface (NCCL_SOCKET_IFNAME), no RDMA device, no extra capability."""
+    job = render_job(_request(launcher, 2, cluster=_cluster(nccl_env={"NCCL_SOCKET_IFNAME": "net1"})))
+    _assert_valid(validators, job)
+    for container in _training_containers(job):
+        assert {"name": "NCCL_SOCKET_IFNAME", "value": "net1"} in container["env"]
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+@pytest.mark.parametrize("change", [dict(rdma_resource="rdma_shared_device_a"), dict(rdma_resource="rdma/dev=0"),
+                                    dict(rdma_resource="nvidia.com/gpu"), dict(nccl_env={"IB_HCA": "mlx5"}),
+                                    dict(nccl_env={"NCCL_IB_HCA": 5}), dict(nccl_env=["NCCL_IB_HCA=mlx5"])])
+def test_bad_rdma_and_nccl_settings_name_their_parameter(change):
+    [param] = change
+    with pytest.raises(ConfigError, match=rf"^{param}="):
+        render_job(_request("pytorchjob", 2, cluster=_cluster(**change)))

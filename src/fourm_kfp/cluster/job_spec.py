@@ -25,7 +25,8 @@ files a user may submit by hand (package data of ``fourm_kfp.manifests``); nothi
 - the run-wide :class:`ClusterParams`: the ``scheduler`` (:func:`parse_scheduler`; Volcano gang scheduling through
   the PyTorchJob's ``runPolicy.schedulingPolicy`` or the TrainJob's runtime :data:`TRAINJOB_RUNTIMES`, Kueue through
   its queue label on the job), the image pull secret on every pod, the GPU node selector and tolerations on the pods
-  of a job that requests an accelerator; and the :data:`KEEP_LABEL` on a job the launcher will not delete.
+  of a job that requests an accelerator, the optional RDMA device and ``NCCL_*`` settings on every pod of a job
+  (:func:`parse_rdma_resource`, off by default); and the :data:`KEEP_LABEL` on a job the launcher will not delete.
 """
 
 from __future__ import annotations
@@ -70,6 +71,14 @@ RESTARTS = 3
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+#: ``rdma_resource``: an extended resource ``<domain>/<name>`` and an optional ``=<count>`` per node (default 1).
+_RDMA_RESOURCE = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)"
+                            r"(=(?P<count>[1-9][0-9]*))?$")
+_NCCL_NAME = re.compile(r"^NCCL_[A-Z0-9_]+$")
+#: The capability RDMA needs in the container: verbs pin (lock) the memory they register, beyond the default
+#: RLIMIT_MEMLOCK (the RDMA device plugins' own example pods add it: Mellanox/k8s-rdma-shared-dev-plugin
+#: ``example/test-hca-pod.yaml``).
+RDMA_CAPABILITY = "IPC_LOCK"
 
 
 def check_launcher(launcher: str, stage: str, jobs_only: bool = False) -> str:
@@ -149,6 +158,11 @@ class ClusterParams:
     (:data:`SCHEDULER_KINDS`, :func:`parse_scheduler`);
     ``rendezvous_timeout_s``: how long a job's started nodes wait at torchrun's rendezvous for the others (longer than
     the nodes take to be scheduled, so a partly placed job waits instead of crashing);
+    ``rdma_resource`` (off: ""): the RDMA device every pod of a job requests, ``<domain>/<name>[=<count>]`` as the
+    cluster's RDMA device plugin names it (e.g. ``rdma/rdma_shared_device_a`` of the NVIDIA network operator's shared
+    device plugin; count 1 unless given), which also adds the ``IPC_LOCK`` capability to the training container
+    (:data:`RDMA_CAPABILITY`); ``nccl_env`` (off: {}): ``NCCL_*`` variables on every pod of a job (e.g.
+    ``NCCL_IB_HCA``, ``NCCL_SOCKET_IFNAME``, ``NCCL_IB_GID_INDEX``), which NCCL reads at start;
     ``queue_timeout_s``: how long a job may wait before all its pods run (in a Volcano or Kueue queue, or
     unschedulable), apart from its ``<stage>_deadline_s``, which counts from when they run: a whole number of seconds,
     at least 1. There is no "no limit" (0 is refused): the job's own ``activeDeadlineSeconds`` is the deadline plus
@@ -160,6 +174,8 @@ class ClusterParams:
     gpu_tolerations: list[dict[str, Any]] = field(default_factory=list)
     rendezvous_timeout_s: int = 1800
     queue_timeout_s: int = 86400
+    rdma_resource: str = ""
+    nccl_env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> "ClusterParams":
@@ -229,6 +245,19 @@ def parse_scheduler(scheduler: str) -> tuple[str, str]:
         raise ConfigError(f"scheduler={scheduler!r}: {queue!r} is not a queue name (lower-case letters, digits, '-' "
                           f"and '.', at most 63 characters)")
     return kind, queue
+
+
+def parse_rdma_resource(rdma_resource: str) -> tuple[str, int] | None:
+    """``(resource, count per node)`` of the ``rdma_resource`` parameter, None when it is "" (off); an error naming
+    the parameter otherwise."""
+    if rdma_resource == "":
+        return None
+    match = _RDMA_RESOURCE.match(rdma_resource) if isinstance(rdma_resource, str) else None
+    if match is None or match.group("name").endswith("/gpu"):
+        raise ConfigError(f"rdma_resource={rdma_resource!r}: expected \"\" (no RDMA) or the RDMA device plugin's "
+                          "extended resource, <domain>/<name> or <domain>/<name>=<count per node>, e.g. "
+                          "rdma/rdma_shared_device_a or rdma/rdma_shared_device_a=1")
+    return match.group("name"), int(match.group("count") or 1)
 
 
 def check_kueue_integration(scheduler: str, launcher: str, stage: str) -> None:
@@ -315,6 +344,11 @@ def validate_cluster(cluster: ClusterParams) -> None:
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
         raise ConfigError(f"rendezvous_timeout_s={timeout!r}: a whole number of seconds, at least 1 (longer than "
                           f"a job's nodes take to be scheduled and started)")
+    parse_rdma_resource(cluster.rdma_resource)
+    if not isinstance(cluster.nccl_env, dict) or not all(
+            isinstance(k, str) and _NCCL_NAME.match(k) and isinstance(v, str) for k, v in cluster.nccl_env.items()):
+        raise ConfigError(f"nccl_env={cluster.nccl_env!r}: expected a JSON object of NCCL_* variable names to string "
+                          'values, e.g. {"NCCL_IB_HCA": "mlx5", "NCCL_SOCKET_IFNAME": "eth0"}')
     queue = cluster.queue_timeout_s
     if isinstance(queue, bool) or not isinstance(queue, int) or queue < 1:
         raise ConfigError(f"queue_timeout_s={queue!r}: a whole number of seconds a job may wait for all its pods to "
@@ -336,7 +370,24 @@ def _pod_resources(template: dict[str, Any], req: JobRequest) -> dict[str, Any]:
         requests["cpu"] = req.cpu_per_node
     if req.memory_per_node:
         requests["memory"] = limits["memory"] = req.memory_per_node
+    rdma = parse_rdma_resource(req.cluster.rdma_resource)
+    if rdma:
+        requests[rdma[0]] = limits[rdma[0]] = rdma[1]
     return resources_
+
+
+def _network_env(env: list[dict[str, Any]], req: JobRequest) -> list[dict[str, Any]]:
+    """The container's env with the run's ``nccl_env`` added (a variable the template sets is replaced)."""
+    names = set(req.cluster.nccl_env)
+    return [e for e in env if e.get("name") not in names] + [
+        {"name": name, "value": value} for name, value in sorted(req.cluster.nccl_env.items())]
+
+
+def _rdma_capability(container: dict[str, Any], req: JobRequest) -> None:
+    """``IPC_LOCK`` added to the container's capabilities when the job requests an RDMA device."""
+    if parse_rdma_resource(req.cluster.rdma_resource):
+        capabilities = container.setdefault("securityContext", {}).setdefault("capabilities", {})
+        capabilities["add"] = sorted({*capabilities.get("add", []), RDMA_CAPABILITY})
 
 
 def _tolerations(template: list[dict[str, Any]], req: JobRequest) -> list[dict[str, Any]]:
@@ -411,6 +462,8 @@ def render_pytorchjob(req: JobRequest) -> dict[str, Any]:
     container["image"] = req.image
     container["args"] = _torchrun_args(req)
     container["resources"] = _pod_resources(container["resources"], req)
+    container["env"] = _network_env(container.get("env", []), req)
+    _rdma_capability(container, req)
     _place_pod(pod_spec, req)
     replicas = {"Master": {**spec["pytorchReplicaSpecs"]["Master"], "template": pod}}
     if req.nodes > 1:
@@ -447,6 +500,7 @@ def render_trainjob(req: JobRequest) -> dict[str, Any]:
     trainer = spec["trainer"]
     trainer.update(image=req.image, numNodes=req.nodes, numProcPerNode=req.procs_per_node, args=_torchrun_args(req))
     trainer["resourcesPerNode"] = _pod_resources(trainer["resourcesPerNode"], req)
+    trainer["env"] = _network_env(trainer.get("env", []), req)
     [patch] = spec["runtimePatches"]
     if kind == "volcano" and queue:
         # the JobSet's metadata, where Trainer's Volcano plugin reads the PodGroup's queue
@@ -456,6 +510,8 @@ def render_trainjob(req: JobRequest) -> dict[str, Any]:
     pod = node_job["template"]["spec"]["template"]
     _pod_labels(pod["metadata"], req)
     _place_pod(pod["spec"], req)
+    [container] = [c for c in pod["spec"]["containers"] if c["name"] == "node"]
+    _rdma_capability(container, req)
     return job
 
 
