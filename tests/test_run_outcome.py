@@ -45,15 +45,17 @@ def _state(spec, version: str, outcomes: list[str], finalizer: bool = False):
                                        parameters={"image_pull_secret": "ghcr-pull"}, task_outputs=outputs)
 
 
-def _stage_runs(tracking: str, parent: str, runs: list[tuple[str, str]]) -> None:
+def _stage_runs(tracking: str, parent: str, runs: list[tuple[str, str]]) -> list:
     """Stage runs as the stages open them (``lineage.stage_run``), in order, each ending with its status: FINISHED,
-    FAILED (the stage raised), RUNNING (its pod deleted under it: never closed) or KILLED (stopped)."""
-    client = lineage._client(tracking)
+    FAILED (the stage raised), RUNNING (its pod deleted under it: never closed) or KILLED (stopped). Returns the
+    contexts of the RUNNING ones, to hold while the run is judged (a context collected closes its run FAILED)."""
+    client, open_runs = lineage._client(tracking), []
     for stage, status in runs:
         time.sleep(0.002)  # attempts start apart
         context = lineage.stage_run(tracking, parent, stage)
         tracker = context.__enter__()
         if status == "RUNNING":
+            open_runs.append(context)
             continue
         try:
             if status == "FAILED":
@@ -64,18 +66,20 @@ def _stage_runs(tracking: str, parent: str, runs: list[tuple[str, str]]) -> None
             context.__exit__(None, None, None)
         if status == "KILLED":
             client.set_terminated(tracker.run_id, status="KILLED")
-    latest = {stage: status for stage, status in runs}
-    assert {r.data.tags[lineage.TAG_STAGE]: r.info.status
-            for r in lineage.child_runs(tracking, parent)} == latest  # oldest first: the latest wins
+    assert [(r.data.tags[lineage.TAG_STAGE], r.info.status) for r in lineage.child_runs(tracking, parent)] == runs
+    return open_runs
 
 
 def _closed(tracking: str, state: str, runs: list[tuple[str, str]]) -> str:
     """The status the parent run of a KFP run whose stages ran ``runs`` closes with, told ``state``."""
     kfp_run_id = str(uuid.uuid4())
     parent = open_lineage_step("", kfp_run_id, "smoke", [], "/x", tracking, "")
-    _stage_runs(tracking, parent, runs)
+    open_runs = _stage_runs(tracking, parent, runs)
     close_lineage_step("", kfp_run_id, tracking, "", state)
-    return lineage._client(tracking).get_run(parent).info.status
+    status = lineage._client(tracking).get_run(parent).info.status
+    assert [(r.data.tags[lineage.TAG_STAGE], r.info.status) for r in lineage.child_runs(tracking, parent)] == runs
+    del open_runs  # held until now: the lost attempts' runs were RUNNING when the parent was judged
+    return status
 
 
 def _finished(stages) -> list[tuple[str, str]]:
