@@ -21,6 +21,8 @@ what the launcher relies on done as the real kube-apiserver does it. Upstream so
   ``pkg/apis/core/v1/conversion.go``, ``AddFieldLabelConversionsForEvent``, with ``reportingComponent``; pods: its
   ``AddFieldLabelConversionsForPod``; custom resources: ``metadata.name`` and ``metadata.namespace``), any other is
   a 400 "field label not supported: <label>" (``apiserver/pkg/endpoints/handlers/get.go``);
+- **/version** (also ``/version/``, as ``apiserver/pkg/server/routes/version.go`` installs it) after
+  authentication: a bad token is a 401 there too;
 - **pods/log** served from the :class:`~tests.cluster.kubelet_emulator.Kubelet`, 404 when the pod does not exist;
 - **custom resources** are served only through their CRD (``customresourcedefinitions``, ``apiextensions.k8s.io/v1``,
   held as objects; :meth:`ApiServer.setup` installs those of the served schemas from ``tests/schemas``, Established):
@@ -81,6 +83,9 @@ BUILTIN_RESOURCES = ("v1/configmaps", "v1/secrets", "v1/serviceaccounts", f"{RBA
                      f"{RBAC_GROUP}/v1/rolebindings", f"{RBAC_GROUP}/v1/clusterroles",
                      f"{RBAC_GROUP}/v1/clusterrolebindings", "apiextensions.k8s.io/v1/customresourcedefinitions")
 NOT_FOUND = "the server could not find the requested resource"
+#: ``/version`` (and ``/version/``, the path the Python client asks: the web service's root route,
+#: ``apiserver/pkg/server/routes/version.go``), a ``version.Info``; authentication comes first, as everywhere.
+SERVER_VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0", "platform": "linux/amd64"}
 ADMIN_TOKEN, LAUNCHER_TOKEN = "emulated-admin-token", "emulated-launcher-token"
 ADMIN = "system:admin"
 
@@ -313,6 +318,8 @@ class ApiServer(kmock.KubernetesEmulator):
         if user is None:
             return status_response(401, "Unauthorized", "Unauthorized")
         info = request_info(request)
+        if request.method.value.upper() == "GET" and request.url.path.rstrip("/") == "/version":
+            return aiohttp.web.json_response(SERVER_VERSION)
         impersonated = request.headers.get("Impersonate-User")
         if impersonated and info is not None:
             refused = self._impersonation_refused(user, impersonated, info)

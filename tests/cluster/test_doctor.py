@@ -124,7 +124,7 @@ def test_a_healthy_setup_passes_every_check_and_creates_nothing(setup):
     before = _objects(cluster)
     checks = run_doctor(request, kube, kfp_client)
     assert [(c.name, c.state) for c in checks if c.state != OK] == [], [c.line() for c in checks]
-    assert {c.name for c in checks} >= {"kfp version", "crd pytorchjob", "crd trainjob", "rbac", "s3 secret",
+    assert {c.name for c in checks} >= {"kfp version", "kubernetes", "crd pytorchjob", "crd trainjob", "rbac", "s3 secret",
                                         "settings", "pull secret", "trainer runtime", "kueue queue", "kueue jobs",
                                         "s3", "mlflow"}
     assert doctor.exit_code(checks) == 0
@@ -284,3 +284,23 @@ def test_without_a_cluster_the_cluster_checks_are_skipped_with_why():
     found = _by_name(checks)
     assert found["kubernetes"].state == SKIPPED and "no kubeconfig" in found["kubernetes"].detail
     assert found["s3"].state == SKIPPED and doctor.exit_code(checks) == 0
+
+
+@pytest.mark.parametrize("problem", ["dead", "bad token"])
+def test_an_api_server_that_does_not_answer_or_refuses_the_credentials_fails_once(setup, problem):
+    from kubernetes import client
+
+    from fourm_kfp.cluster.kube import api_retries
+
+    cluster, request, kube, kfp_client = setup
+    configuration = kube.api_client.configuration
+    host = f"http://127.0.0.1:{_dead_port()}" if problem == "dead" else configuration.host
+    token = "not-a-token" if problem == "bad token" else ADMIN_TOKEN
+    broken = KubeApi.connect(client.Configuration(host=host, api_key={"authorization": token},
+                                                  api_key_prefix={"authorization": "Bearer"}),
+                             NAMESPACE, api_retries(attempts=0))
+    checks = run_doctor(request, broken, kfp_client)
+    found = _by_name(checks)
+    assert found["kubernetes"].state == FAIL and host in found["kubernetes"].detail, found["kubernetes"].line()
+    assert ("401" in found["kubernetes"].detail) == (problem == "bad token")
+    assert "rbac" not in found and found["s3"].state == OK  # no cluster check ran; the services were still asked

@@ -56,8 +56,11 @@ def run_doctor(request: DoctorRequest, kube=None, kfp_client=None, kube_error: s
         checks.append(Check("kubernetes", SKIPPED, f"no cluster to check (CRDs, RBAC, Secrets, runtime, Kueue not "
                                                    f"checked): {kube_error}"))
     else:
-        cluster_checks, settings = doctor_cluster.cluster_checks(kube, request)
-        checks += cluster_checks
+        reached = doctor_cluster.check_api_server(kube)
+        checks.append(reached)
+        if reached.state == OK:
+            cluster_checks, settings = doctor_cluster.cluster_checks(kube, request)
+            checks += cluster_checks
     checks.append(doctor_services.check_s3(request, settings))
     checks.append(doctor_services.check_mlflow(request, settings))
     return checks

@@ -85,6 +85,25 @@ def _conditions_true(obj: dict[str, Any]) -> set[str]:
     return {c.get("type") for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
 
 
+def check_api_server(kube) -> Check:
+    """The API server answers ``/version`` to these credentials (else no other cluster check runs)."""
+    import urllib3
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    host = kube.api_client.configuration.host
+    try:
+        version = json.loads(client.VersionApi(kube.api_client).get_code(_preload_content=False).data)
+    except urllib3.exceptions.HTTPError as exc:
+        return Check("kubernetes", FAIL, f"cannot reach the API server at {host}: {getattr(exc, 'reason', exc)}",
+                     "check KUBECONFIG and its current context (kubectl cluster-info)")
+    except ApiException as exc:
+        return Check("kubernetes", FAIL, f"the API server at {host} answered {exc.status} {exc.reason}",
+                     "renew the kubeconfig's credentials (kubectl auth whoami)")
+    return Check("kubernetes", OK, f"API server {host} (Kubernetes {version.get('gitVersion', '?')}), namespace "
+                                   f"{kube.namespace!r}")
+
+
 def check_crds(kube, used: dict[str, list[str]]) -> list[Check]:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
