@@ -18,9 +18,10 @@ def open_lineage_run(run_label: str, kfp_run_id: str, preset: str, config_overri
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def close_lineage_run(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str, mlflow_parent_run_id: str,
                       status: dsl.PipelineTaskFinalStatus):
-    """Exit handler (runs on success, failure and stop): delete the run's unfinished training jobs (a stopped run's
-    job would otherwise train on until its deadline), then mark the parent run FINISHED or FAILED from the
-    pipeline's final state."""
+    """Exit handler (runs on success, failure and stop): report each of the run's training jobs still running (a
+    stopped run's, or one a lost launcher left) and delete the run's jobs unless ``<stage>_delete_job=false`` kept
+    them, then mark the parent run FINISHED or FAILED by the run's outcome (the final state, else each stage's
+    latest MLflow run)."""
     from fourm_kfp.cluster import stop_jobs
     from fourm_kfp.launchers import kfp_runtime
 
