@@ -128,3 +128,25 @@ def test_the_mlflow_ui_serves_one_browser_with_one_worker_and_no_job_consumers()
 
     assert MLFLOW_SERVER_ENABLE_JOB_EXECUTION.name == "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"  # the name MLflow reads
     assert build_parser().parse_args(["ui", "--root", "runs/x"]).root == "runs/x"
+
+
+def test_doctor_prints_one_line_per_check_or_json_and_exits_as_submit_does(tmp_path):
+    """``fourm-kfp doctor`` where there is no cluster (its checks skipped, saying why) and lineage is off: exit 0;
+    a local MLflow store, which no pod can write to, fails with its fix: exit 2, as submit's user error."""
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "no-kubeconfig"), "MLFLOW_TRACKING_URI": "none"}
+    env.pop("AWS_ACCESS_KEY_ID", None)
+    env.pop("KFP_HOST", None)
+    args = [CLI, "doctor", "--param", f"store_uri={tmp_path / 'store'}"]
+    proc = subprocess.run(args + ["--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    checks = {check["name"]: check for check in json.loads(proc.stdout)}
+    assert {name: checks[name]["state"] for name in ("kfp version", "kubernetes", "s3", "mlflow")} == \
+        {"kfp version": "skipped", "kubernetes": "skipped", "s3": "skipped", "mlflow": "skipped"}
+    assert "no-kubeconfig" in checks["kubernetes"]["detail"] or "kube-config" in checks["kubernetes"]["detail"]
+    local = subprocess.run(args + ["--mlflow-tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert local.returncode == 2
+    lines = local.stdout.splitlines()
+    failed = [i for i, line in enumerate(lines) if line.startswith("FAIL")]
+    assert [lines[i].split()[1] for i in failed] == ["mlflow"] and "fix: " in lines[failed[0] + 1]
+    assert lines[-1] == "doctor: 1 of 4 checks failed"

@@ -143,6 +143,8 @@ def check_mlflow(request: DoctorRequest, settings: dict[str, str]) -> Check:
     if not uri:
         return Check("mlflow", WARN, "no tracking URI (none given, no $MLFLOW_TRACKING_URI, none in the settings "
                                      "ConfigMap): the run records no lineage and no model gate")
+    if uri == "none":
+        return Check("mlflow", SKIPPED, f"lineage is switched off (tracking URI 'none', from {source})")
     scheme = urlparse(uri).scheme
     if scheme not in ("http", "https"):
         return Check("mlflow", FAIL, f"{shown_uri(uri)} (from {source}) is a local store: the cluster's pods cannot "
