@@ -11,6 +11,9 @@ deleted", argo-workflows v3.7.3 ``workflow/controller/operator.go``) and not ret
   it, unless ``<stage>_delete_job=false`` labelled it to be kept;
 - a rerun (a new KFP run id, the same stage address, hence the same job name) adopts a job still running, never
   starting a second one, and replaces one that failed.
+
+With ``ARGO_POD_STATUS_CAPTURE_FINALIZER=true`` Argo retries the lost launcher instead; at every KFP version the
+retry, with the ``KFP_RETRY_INDEX`` that version gives it (none before 2.16.1), adopts the job.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import signal
 
 import pytest
+import yaml
 
 from fourm_kfp.cluster.job_kinds import PYTORCHJOB
 from fourm_kfp.cluster.job_launcher import run_job
@@ -26,6 +30,8 @@ from fourm_kfp.cluster.job_spec import RUN_ID_LABEL, JobRequest, Owner, render_j
 from fourm_kfp.cluster.stop_jobs import delete_run_jobs
 from tests.cluster.job_scripts import ADDRESS, FAST, MASTER_LABELS, Operator, wait as _wait
 from tests.cluster.kube_emulator import EmulatedCluster, running_status
+from tests.kfp_driver_emulator import (POD_DELETED, RETRY_INDEX_ENV, SUCCEEDS, VERSIONS, DriverEmulator, at_least,
+                                       step_attempts, stub_outputs)
 
 
 @pytest.fixture
@@ -43,9 +49,9 @@ def _job(run_id: str, delete_job: bool = True) -> dict:
                                                                     f"uid-{run_id}")))
 
 
-def _launcher_lost(cluster, job: dict) -> str:
-    """The first run's launcher creates ``job``, follows it, and is stopped by SIGTERM (its pod deleted); the job's
-    uid."""
+def _launcher_lost(cluster, job: dict, retry_index: int | None = 0) -> str:
+    """A launcher (attempt ``retry_index`` of its step) creates ``job``, follows it, and is stopped by SIGTERM (its pod
+    deleted); the job's uid."""
     name = job["metadata"]["name"]
     pod, lines = f"{name}-master-0", []
 
@@ -59,7 +65,8 @@ def _launcher_lost(cluster, job: dict) -> str:
 
     script = Operator(operator)
     with pytest.raises(SystemExit, match="left running"):
-        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lines.append, retry_index=0)
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lines.append,
+                retry_index=retry_index)
     script.finish()
     return cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["uid"]
 
@@ -142,3 +149,55 @@ def test_a_rerun_replaces_another_run_s_failed_job(cluster, retry_index):
 def _creates(cluster) -> int:
     """How many PyTorchJob creates the API server received."""
     return sum(1 for info, _ in cluster.requests() if info.verb == "create" and info.resource == "pytorchjobs")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    from fourm_kfp.pipeline_runs.compile import compile_pipeline
+
+    spec, platform = yaml.safe_load_all(compile_pipeline(tmp_path_factory.mktemp("p") / "p.yaml").read_text())
+    return spec, platform
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("finalizer", [True, False])
+def test_the_pretrain_step_s_lost_launcher_at_every_version(cluster, compiled, monkeypatch, version, finalizer):
+    """The pretrain step as each version compiles it (retries, KFP_RETRY_INDEX): its launcher pod is deleted while
+    the job trains. Under the finalizer Argo retries it, and the retry adopts the job with whatever KFP_RETRY_INDEX
+    the version sets; without it the step is not retried, and the exit handler deletes the job it reports."""
+    from fourm_kfp.launchers.kfp_runtime import pod_placement
+
+    spec, platform = compiled
+    outputs = stub_outputs(spec, components={"comp-pod-placement": pod_placement})
+    run = DriverEmulator(spec, platform, outputs, version).run({"image_pull_secret": "pull"})
+    [pod] = [p for p in run.pods if p.task == "exit-handler-1/pretrain"]
+    attempts = step_attempts(pod, [POD_DELETED, SUCCEEDS], finalizer)
+    job = _job("run-1")
+    name = job["metadata"]["name"]
+
+    def attempt_env(attempt) -> None:
+        if attempt.retry_index_env is None:
+            monkeypatch.delenv("KFP_RETRY_INDEX", raising=False)
+        else:
+            monkeypatch.setenv("KFP_RETRY_INDEX", attempt.retry_index_env)
+
+    attempt_env(attempts.attempts[0])
+    uid = _launcher_lost(cluster, job, retry_index=None)
+    if not finalizer:
+        assert not attempts.succeeded and attempts.attempts[0].message == "pod deleted"
+        said: list[str] = []
+        assert delete_run_jobs(cluster.api(), "run-1", out=said.append) == [name]
+        assert any("still running" in line for line in said)
+        return
+    retry = attempts.attempts[1]
+    assert retry.retry_index_env == ("1" if at_least(version, RETRY_INDEX_ENV) else None)  # {{retries}} from 2.16.1
+    attempt_env(retry)
+
+    def operator():
+        assert cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["uid"] == uid
+        cluster.set_job_conditions(PYTORCHJOB.resource, name, ("Succeeded", "", ""))
+
+    script = Operator(operator)
+    result = run_job(cluster.api(), PYTORCHJOB, _job("run-1"), deadline_s=60, settings=FAST, out=lambda line: None)
+    script.finish()
+    assert result.adopted and result.succeeded and _creates(cluster) == 1
