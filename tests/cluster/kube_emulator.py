@@ -227,7 +227,8 @@ class EmulatedCluster:
                 {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]})
             self.add_event("Pod", name, "FailedScheduling", message, component="default-scheduler")
             return self.admin().pod(name)
-        states = container_start(body, self.namespace, self.read, self.kubelet.runtime_errors.get(name))
+        states = container_start(body, self.namespace, self.read, self.kubelet.runtime_errors.get(name),
+                                 self.kubelet.node_images)
         statuses = []
         for container in spec["containers"]:
             waiting = states[container["name"]]

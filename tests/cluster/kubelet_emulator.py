@@ -17,8 +17,9 @@ Whether a scheduled pod's containers can be created (:func:`container_start`), a
 kubernetes/kubernetes, master at 2026-12):
 
 - the image reference must parse, else the container waits ``InvalidImageName`` with "Failed to apply default image
-  tag ..." (``pkg/kubelet/images/image_manager.go``, ``EnsureImageExists``; the reasons in
-  ``pkg/kubelet/images/types.go``);
+  tag ..."; with ``imagePullPolicy: Never`` the image must be on the node (:attr:`Kubelet.node_images`), else
+  ``ErrImageNeverPull`` "Container image ... is not present with pull policy of Never"
+  (``pkg/kubelet/images/image_manager.go``, ``EnsureImageExists``; the reasons in ``pkg/kubelet/images/types.go``);
 - every ``envFrom`` Secret/ConfigMap and every ``env[].valueFrom`` ``secretKeyRef``/``configMapKeyRef`` must exist
   (and hold its key), unless ``optional: true``; else ``CreateContainerConfigError`` with the API's NotFound text
   (``secret "x" not found``) or "couldn't find key K in Secret ns/x" (``pkg/kubelet/kubelet_pods.go``,
@@ -68,6 +69,7 @@ class Kubelet:
     gone: set[str] = field(default_factory=set)  # deleted pods
     fail_next: int = 0  # make this many log reads fail with HTTP 500 (the kubelet out of reach)
     runtime_errors: dict[str, str] = field(default_factory=dict)  # pod -> the runtime's CreateContainer error
+    node_images: set[str] = field(default_factory=set)  # images present on the node (imagePullPolicy: Never)
     reads: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -179,7 +181,8 @@ def _env_error(namespace: str, env: dict[str, Any], read: Callable[[str, str], d
 
 
 def container_start(pod: dict[str, Any], namespace: str, read: Callable[[str, str], dict | None],
-                    runtime_error: str | None = None) -> dict[str, dict[str, str] | None]:
+                    runtime_error: str | None = None, node_images: set[str] = frozenset()
+                    ) -> dict[str, dict[str, str] | None]:
     """Each container of a scheduled ``pod``: the ``waiting`` state the kubelet gives it when it cannot create it,
     or None when it starts (see the module docstring). ``read(kind, name)``: the Secret or ConfigMap, None if
     absent."""
@@ -191,6 +194,11 @@ def container_start(pod: dict[str, Any], namespace: str, read: Callable[[str, st
                 "reason": "InvalidImageName",
                 "message": f'Failed to apply default image tag "{image}": couldn\'t parse image name "{image}": '
                            "invalid reference format"}
+            continue
+        if container.get("imagePullPolicy") == "Never" and image not in node_images:
+            states[container["name"]] = {
+                "reason": "ErrImageNeverPull",
+                "message": f'Container image "{image}" is not present with pull policy of Never'}
             continue
         error = None
         for source in container.get("envFrom") or []:

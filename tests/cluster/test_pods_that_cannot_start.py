@@ -104,6 +104,15 @@ def test_an_image_name_that_does_not_parse_fails(cluster):
     assert "valid image reference" in message
 
 
+def test_an_image_never_pulled_and_absent_from_the_node_fails(cluster):
+    def change(spec):
+        _container(spec)["imagePullPolicy"] = "Never"
+
+    message = _fails_within_the_grace(cluster, _job(nodes=1), change)
+    assert 'ErrImageNeverPull: Container image "fourm" is not present with pull policy of Never' in message
+    assert "imagePullPolicy is Never and its node has no fourm" in message
+
+
 def test_a_container_the_runtime_refuses_to_create_fails_with_its_error(cluster):
     job = _job(nodes=1)
     refusal = ('failed to generate container "3f2a" spec: failed to generate spec: failed to mkdir "/mnt/nvme/scratch": '
@@ -150,9 +159,10 @@ def test_a_volume_the_kubelet_cannot_mount_fails_with_its_event(cluster):
 
 
 def test_every_reason_is_one_the_tests_raise():
-    """Each kubelet reason the launcher acts on is tried here or in test_job_launcher.py (image pulls)."""
-    tried = {"CreateContainerConfigError", "InvalidImageName", "CreateContainerError"}
-    pulls = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"}
+    """Each kubelet reason the launcher acts on is tried here or in test_job_launcher.py (ErrImagePull and
+    ImagePullBackOff, with the registry's answer): a reason added to the table needs its test."""
+    tried = {"CreateContainerConfigError", "InvalidImageName", "CreateContainerError", "ErrImageNeverPull"}
+    pulls = {"ErrImagePull", "ImagePullBackOff"}
     assert set(CANNOT_START) == tried | pulls
     assert all(CANNOT_START[reason].startswith("pkg/kubelet/") for reason in CANNOT_START)
 

@@ -37,7 +37,7 @@ CANNOT_START = {
                             "CreateContainer failed)",
 }
 #: Of those, the image pulls (the registry's answer is in the kubelet's "Failed" events).
-PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"})
+PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})
 #: The volume binding plugin's texts in a pod's ``PodScheduled`` condition when its claim is missing, lost or unbound
 #: (``pkg/scheduler/framework/plugins/volumebinding/volume_binding.go``, ``podHasPVCs`` and ``PreFilter``).
 _CLAIM_UNSCHEDULABLE = re.compile(r'persistentvolumeclaim "[^"]+" (?:not found|bound to non-existent|is being '
@@ -173,6 +173,9 @@ def _fix(namespace: str, blocked: Blocked, image: str) -> str:
     if blocked.reason == "InvalidImageName":
         return (f"the image reference {image!r} does not parse; the job's pods run the image of this step: build and "
                 "compile the pipeline with a valid image reference")
+    if blocked.reason == "ErrImageNeverPull":
+        return (f"the container's imagePullPolicy is Never and its node has no {image}: load the image onto the GPU "
+                "nodes, or let the kubelet pull it (imagePullPolicy IfNotPresent)")
     if missing:
         return (f"{missing} is missing in namespace {namespace!r}: create it (or the key), or make the reference "
                 "optional in the job's pod template")
