@@ -193,6 +193,10 @@ class EmulatedCluster:
           and ``podHasPVCs``): a ``persistentVolumeClaim`` volume whose claim does not exist, is Lost or is not bound
           (taken as immediate binding) leaves the pod Pending, ``PodScheduled`` False ``Unschedulable`` with the
           plugin's text, and a ``FailedScheduling`` Warning on it;
+        - the kubelet's volume manager: a ``secret`` or ``configMap`` volume whose object is missing (not optional)
+          leaves the containers ``ContainerCreating`` and posts a ``FailedMount`` Warning "MountVolume.SetUp failed
+          for volume ..." (``pkg/volume/util/operationexecutor/operation_generator.go``, the secret and configmap
+          volume plugins' ``SetUpAt``);
         - the kubelet (:func:`.kubelet_emulator.container_start`): a container it cannot create waits with its reason
           and message, and the kubelet posts a ``Failed`` Warning "Error: <message>" (``recordContainerEvent``);
           otherwise the pod runs."""
@@ -226,6 +230,21 @@ class EmulatedCluster:
             self.set_pod_status(name, {"phase": "Pending", "conditions": [
                 {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]})
             self.add_event("Pod", name, "FailedScheduling", message, component="default-scheduler")
+            return self.admin().pod(name)
+        unmounted = [(volume["name"], kind, ref[key]) for volume in spec.get("volumes") or []
+                     for source, kind, key in (("secret", "Secret", "secretName"), ("configMap", "ConfigMap", "name"))
+                     for ref in [volume.get(source)] if ref is not None and not ref.get("optional")
+                     and self.read(kind, ref[key]) is None]
+        if unmounted:
+            for volume, kind, missing in unmounted:
+                self.add_event("Pod", name, "FailedMount", f'MountVolume.SetUp failed for volume "{volume}" : '
+                               f'{kind.lower()} "{missing}" not found', component="kubelet")
+            self.set_pod_status(name, {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
+                                       "containerStatuses": [
+                                           {"name": c["name"], "image": c.get("image", ""), "imageID": "",
+                                            "ready": False, "restartCount": 0,
+                                            "state": {"waiting": {"reason": "ContainerCreating"}}}
+                                           for c in spec["containers"]]})
             return self.admin().pod(name)
         states = container_start(body, self.namespace, self.read, self.kubelet.runtime_errors.get(name),
                                  self.kubelet.node_images)

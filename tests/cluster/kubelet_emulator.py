@@ -28,8 +28,9 @@ kubernetes/kubernetes, master at 2026-12):
 - :attr:`Kubelet.runtime_errors` (pod -> message): the container runtime refusing to create the container,
   ``CreateContainerError`` (``kuberuntime_container.go``), which nothing in the spec predicts.
 
-Not emulated: image pulls (a test sets ``ErrImagePull``/``ImagePullBackOff`` itself), volume mounts (the test posts
-the kubelet's ``FailedMount`` event), probes, restarts on their own.
+Volume mounts (a missing Secret or ConfigMap volume: ``FailedMount``) are played by
+:meth:`tests.cluster.kube_emulator.EmulatedCluster.sync_pod`. Not emulated: image pulls (a test sets
+``ErrImagePull``/``ImagePullBackOff`` itself), other volume kinds' mounts, probes, restarts on their own.
 """
 
 from __future__ import annotations

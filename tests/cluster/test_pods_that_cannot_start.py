@@ -142,20 +142,14 @@ def test_a_persistent_volume_claim_that_is_missing_or_unbound_fails(cluster, cla
 
 
 def test_a_volume_the_kubelet_cannot_mount_fails_with_its_event(cluster):
-    mount_error = ('MountVolume.SetUp failed for volume "team-config" : configmap "team-config" not found')
-
+    """Scheduled, its containers never created: the kubelet's volume manager says why in a FailedMount event."""
     def change(spec):
         spec["volumes"].append({"name": "team-config", "configMap": {"name": "team-config"}})
 
-    def kubelet(pod):  # scheduled, the containers never created: the kubelet's volume manager says why
-        cluster.set_pod_status(pod, {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
-                                     "containerStatuses": [{"name": "pytorch", "image": "fourm", "imageID": "",
-                                                            "ready": False, "restartCount": 0, "state": {
-                                                                "waiting": {"reason": "ContainerCreating"}}}]})
-        cluster.add_event("Pod", pod, "FailedMount", mount_error, component="kubelet")
-
-    message = _fails_within_the_grace(cluster, _job(nodes=1), change, between=kubelet)
-    assert f"FailedMount: {mount_error}" in message and 'ConfigMap "team-config" is missing' in message
+    message = _fails_within_the_grace(cluster, _job(nodes=1), change)
+    assert 'FailedMount: MountVolume.SetUp failed for volume "team-config" : configmap "team-config" not found' \
+        in message
+    assert 'ConfigMap "team-config" is missing' in message
 
 
 def test_every_reason_is_one_the_tests_raise():

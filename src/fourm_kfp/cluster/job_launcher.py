@@ -144,7 +144,7 @@ def follow(api: KubeApi, kind: JobKind, name: str, deadline_s: float, settings: 
     health = ApiHealth(settings.api_outage_s, out)
     logs = LogFollower(api, kind.container, out, settings.tail_lines, retry_s=settings.poll_s,
                        idle_s=settings.watch_s, news=news)
-    clock, starts = _Clock(kind, name, deadline_s, settings, out), StartWatch(max(settings.poll_s, 1.0))
+    clock, starts = _Clock(kind, name, deadline_s, settings, out), StartWatch(max(settings.poll_s, 30.0))
     waiting = Waiting(settings.no_pods_s, settings.poll_s, health)
     last_pending, pending_said_at = None, 0.0
     with JobFeed(api, kind, name, health, news, watch_s=settings.watch_s, retry_s=settings.poll_s) as feed:
