@@ -325,8 +325,9 @@ def fourm_pretrain(
             (longer than scheduling the job's pods may take, so a partly placed job waits instead of crashing and
             spending its restart budget); default 30 minutes.
         queue_timeout_s: Job modes: how long a job may wait for all its pods to run (queued by Volcano or Kueue, or
-            unschedulable) before the step gives up and deletes it; default 1 day. A job's <stage>_deadline_s counts
-            from when its pods run, not from when it was queued.
+            unschedulable) before the step gives up and deletes it; default 1 day, at least 1 second (0 is refused:
+            there is no "no limit"). A job's <stage>_deadline_s counts from when its pods run, not from when it was
+            queued.
         rdma_resource: Job modes: the RDMA device every pod of a job requests, as the cluster's RDMA device plugin
             names it, <domain>/<name>[=<count per node>] (e.g. rdma/rdma_shared_device_a); it adds the IPC_LOCK
             capability to the training container. Default "" (none: NCCL over the pod network).
