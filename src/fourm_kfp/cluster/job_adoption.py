@@ -10,8 +10,9 @@ starts. :func:`create_or_adopt` adopts it when its labels carry this launcher's 
   was lost and not retried (KFP compiles no ``retryPolicy``, so Argo retries only ``OnFailure``, and a launcher pod
   deleted before the workflow controller saw it fail ends ``Error``: ``workflow/controller/operator.go`` at
   argo-workflows v3.7.3), whose exit handler kept the job (``<stage>_delete_job=false``) or did not run. The job
-  trains on; the rerun follows it instead of starting a second one. It keeps the labels of the run that made it
-  (the launcher's Role may not patch jobs), so this run's exit handler, which deletes by run id, leaves it alone;
+  trains on; the rerun follows it instead of starting a second one. It keeps the labels and the owner of the run
+  that made it (the launcher's Role may not patch jobs), so this run's exit handler, which deletes by run id,
+  leaves it alone, and a job kept with an owner (its run's exit handler never ran) goes with that run's Workflow;
   the launcher still deletes it once it succeeded (``<stage>_delete_job``). Another run's **failed** job spent that
   run's restart budget: it is replaced (a new run is a first attempt).
 
