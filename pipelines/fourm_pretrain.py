@@ -44,8 +44,10 @@ SETTINGS_ENV = {"MLFLOW_TRACKING_URI": "MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL"
 #: A job stage's launcher pod, through the downward API: its name (to find the run's Workflow, the job's owner) and
 #: namespace (where the job is created); fourm_kfp.launchers.kubernetes_job and cluster.kube read these.
 LAUNCHER_POD_FIELDS = {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_NAMESPACE": "metadata.namespace"}
-#: Retries of a job stage's step: a drained or preempted launcher pod comes back and adopts its job (the job's own
-#: restart budget is separate: a retried launcher does not start a failed job again); in-pod training resumes from its
+#: Retries of a job stage's step: a drained or preempted launcher pod comes back and adopts its job where Argo records
+#: the lost pod's failure (ARGO_POD_STATUS_CAPTURE_FINALIZER=true on its workflow controller; without it the step
+#: ends Error, which Argo's default OnFailure policy never retries: docs/cluster.md). The job's own
+#: restart budget is separate: a retried launcher does not start a failed job again; in-pod training resumes from its
 #: newest checkpoint. KFP hands Argo the window as the retry strategy's maxDuration, counted from the first attempt's
 #: start (the SDK's default, 3600 s, would end retries, and kill a retried pod, an hour into a multi-day training):
 #: it must hold the job's queue time and deadline, which the step checks (kfp_runtime.RETRY_WINDOW_S). Cluster runs
@@ -124,7 +126,7 @@ def _job_stage(task: dsl.PipelineTask, placement: dsl.PipelineTask, cluster: _Cl
     launches and follows the job, knowing its own name and namespace through the downward API (the job is created in
     its namespace and owned by the run's workflow, which owns this pod) and its own image tag (the job runs the same
     image). Retried within :data:`LAUNCHER_RETRY_WINDOW`: a launcher pod lost to a drained or preempted node comes
-    back and adopts its job, which trains on meanwhile; in-pod training resumes from its newest checkpoint."""
+    back (where Argo's status-capture finalizer is on) and adopts its job, which trains on meanwhile; in-pod training resumes from its newest checkpoint."""
     _with_shared_memory(_placed(cluster.env(task), placement))
     task.set_retry(LAUNCHER_RETRIES, backoff_duration=LAUNCHER_RETRY_BACKOFF,
                    backoff_max_duration=LAUNCHER_RETRY_WINDOW)
@@ -287,7 +289,7 @@ def fourm_pretrain(
             or "in-pod" (train inside the step's own pod on one accelerator; ``fourm-kfp run`` under kfp.local uses
             it). Either job mode first computes the pretrain address and creates nothing when that output is
             committed. The step is retried 3 times within 30 days of its start: a launcher pod lost to a drained node
-            adopts its job.
+            adopts its job where Argo's status-capture finalizer is on (docs/cluster.md).
         pretrain_nodes: Job modes: pods (nodes) of the job; default 1.
         pretrain_procs_per_node: Job modes: training processes per node = accelerators per node; default 1.
         pretrain_cpu_per_node: Job modes: CPU request per node, e.g. "32"; default empty = the template's.

@@ -15,8 +15,8 @@ Operator and the managed GPU node pools taint them.
   run's GPU nodes (``gpu_node_selector``), whichever launcher a job stage uses: in-pod, or a job's (a CPU pod),
   and no pod without one does (a CPU step never lands on a GPU node);
 - every step pulls with the run's ``image_pull_secret``, and a run that names none runs (never an empty name);
-- the job stages' steps are retried (a drained launcher comes back and adopts its job; in-pod training resumes from
-  its checkpoint), the others are not, and Argo still retries one at the end of its job's deadline
+- the job stages' steps are retried (a drained launcher comes back and adopts its job where Argo's status-capture
+  finalizer is on; in-pod training resumes from its checkpoint), the others are not, and Argo still retries one at the end of its job's deadline
   (``backoff.maxDuration`` counts from the first attempt's start); from KFP 2.16.1 they see ``KFP_RETRY_INDEX``.
 """
 

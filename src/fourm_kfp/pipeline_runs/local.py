@@ -118,7 +118,7 @@ def without_step_retries(pipeline: Any) -> Any:
     """``pipeline`` (a ``@dsl.pipeline`` component) with no step's retry policy; the pipeline itself is unchanged.
 
     The job stages' steps are retried for the cluster, where a launcher pod lost with its node comes back and adopts
-    its job (``fourm_kfp.pipelines.fourm_pretrain.LAUNCHER_RETRIES``). kfp.local honours the same policy, whatever
+    its job when Argo's status-capture finalizer records its failure (``fourm_kfp.pipelines.fourm_pretrain.LAUNCHER_RETRIES``). kfp.local honours the same policy, whatever
     the failure: kfp 2.17.0's ``kfp/local/orchestrator/task_executor.py`` runs a task up to ``max_retry_count + 1``
     times, sleeping ``backoff_duration * backoff_factor**attempt`` (at most ``backoff_max_duration``) between attempts,
     and ``local.init`` has no setting to turn that off. Here no pod can be lost: a step fails on its own error (a
