@@ -65,14 +65,16 @@ class TrackerSink:
         self.tracker = tracker
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
-        self.tracker.log_metrics({k.replace("/", "."): v for k, v in values.items() if math.isfinite(v)}, step=step)
+        # names keep their "/" (MLflow 3 accepts it and groups the charts by prefix: loss/rgb, val/loss/depth)
+        self.tracker.log_metrics({k: v for k, v in values.items() if math.isfinite(v)}, step=step)
 
     def close(self) -> None:
         pass
 
 
-#: What :class:`Throughput` measures: wall-clock dependent, so never written into a content-addressed output.
-TIMING_KEYS = frozenset({"tokens_per_s", "step_s", "eta_s", "mfu"})
+#: What the machine measures rather than the training computes (wall-clock rates, the time the step waited on the
+#: loader, the accelerator's peak memory): never written into a content-addressed output.
+TIMING_KEYS = frozenset({"tokens_per_s", "step_s", "eta_s", "mfu", "data_wait_s", "gpu_memory_max_gib"})
 
 
 class JsonLinesSink:
@@ -131,11 +133,15 @@ class MetricWriter:
 
 
 class Throughput:
-    """Rates over the interval since the last call: tokens/s, MFU (model FLOPs / peak FLOPs), ETA."""
+    """Rates over the interval since the last call: tokens/s, MFU (model FLOPs / peak FLOPs), ETA.
 
-    def __init__(self, flops_per_token: float, peak_flops: float, total_steps: int, start_step: int = 0):
+    ``start_step`` and ``start_tokens`` are the counters where this process began (a resumed run: the checkpoint's),
+    so the first rates after a resume count only what this process trained."""
+
+    def __init__(self, flops_per_token: float, peak_flops: float, total_steps: int, start_step: int = 0,
+                 start_tokens: int = 0):
         self.flops_per_token, self.peak_flops, self.total_steps = flops_per_token, peak_flops, total_steps
-        self.last_time, self.last_step, self.last_tokens = time.monotonic(), start_step, 0
+        self.last_time, self.last_step, self.last_tokens = time.monotonic(), start_step, start_tokens
 
     def measure(self, step: int, tokens: int) -> dict[str, float]:
         now = time.monotonic()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -130,12 +131,15 @@ class Trainer:
         if self.state.step == 0:
             self._validate()
         batches = self.loader.batches()
-        throughput = Throughput(loop.flops_per_token, loop.peak_flops, loop.total_steps, self.state.step)
+        throughput = Throughput(loop.flops_per_token, loop.peak_flops, loop.total_steps, self.state.step,
+                                self.state.tokens)
         interval = _Interval(self.device)
         profiler = self._profiler()
         while self.state.step < loop.total_steps:
             step = self.state.step
+            waiting_since = time.monotonic()  # the loader's wait, timed on the host: no device sync
             micro = [next(batches) for _ in range(loop.accum)]
+            interval.data_wait_s += time.monotonic() - waiting_since
             self.state.samples += sum(b.batch_size for b in micro) * distributed.world_size()
             self.state.tokens += _tokens(micro) * distributed.world_size()
             set_learning_rate(self.optimizer, self.schedule.lr(step))
@@ -187,6 +191,7 @@ class Trainer:
         host.update(lr=self.schedule.lr(step), skipped=float(self.state.skipped),
                     tokens=float(self.state.tokens), samples=float(self.state.samples))
         host.update(throughput.measure(self.state.step, self.state.tokens))
+        host.update(data_wait_s=interval.data_wait_s, **_accelerator_memory(self.device))
         host.update(self.loader.metrics())
         self.metrics.write(self.state.step, host)
 
@@ -222,6 +227,16 @@ class Trainer:
         return profiler
 
 
+def _accelerator_memory(device: torch.device) -> dict[str, float]:
+    """The peak memory the CUDA caching allocator handed out since the last log step (``gpu_memory_max_gib``), then
+    the peak is reset. The allocator's counters live on the host: reading them waits on nothing on the device."""
+    if device.type != "cuda":
+        return {}
+    peak = torch.cuda.max_memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return {"gpu_memory_max_gib": peak / 2**30}
+
+
 def _tokens(micro: list[MaskedBatch]) -> int:
     """Input + target tokens of CPU-side batches (counted before they move to the device: no sync)."""
     return sum(int(b.enc_valid.sum()) + int(b.dec_valid.sum()) for b in micro)
@@ -235,6 +250,7 @@ class _Interval:
         self.counts: dict[str, torch.Tensor] = {}
         self.skipped = torch.zeros((), device=device)
         self.steps = 0
+        self.data_wait_s = 0.0  # host seconds the loop waited for the loader's micro-batches
 
     def add(self, values: dict[str, torch.Tensor]) -> None:
         finite = values["finite"]
