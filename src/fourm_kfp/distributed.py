@@ -4,10 +4,16 @@ torchrun, a PyTorchJob and torchx all set ``RANK``, ``WORLD_SIZE``, ``MASTER_ADD
 ``WORLD_SIZE > 1`` :func:`init_from_env` joins the group (NCCL on GPUs, gloo on CPU). Stages ask
 :func:`is_primary` before writing shared outputs. Nothing here imports torch unless a group is in use, so CPU-only
 stages stay light.
+
+In a process of a multi-rank run every log line carries ``[rank N]`` (:func:`label_log_lines`): the ranks of a pod
+write to one log, and a warning or a traceback has to say which rank it came from. Every rank keeps its INFO lines
+(rather than rank 0 alone): the training's own lines come from rank 0 anyway, and what the other ranks say at INFO
+(a resume, a checkpoint read) is what one compares across ranks when one of them hangs or diverges.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -25,7 +31,25 @@ def init_from_env() -> bool:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend)
+    label_log_lines(dist.get_rank())
     return True
+
+
+def label_log_lines(rank_number: int) -> None:
+    """Prefix every log record this process makes with ``[rank N] `` (once, however often called). A record
+    factory rather than a handler's formatter: it survives a later ``logging.basicConfig(force=True)``."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "fourm_rank", None) is not None:
+        return
+    prefix = f"[rank {rank_number}] "
+
+    def labelled(*args, **kwargs) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        record.msg = prefix + str(record.msg)
+        return record
+
+    labelled.fourm_rank = rank_number
+    logging.setLogRecordFactory(labelled)
 
 
 def _dist():
