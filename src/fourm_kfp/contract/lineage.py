@@ -5,6 +5,9 @@ attaches its child run to the same parent. A child run holds the stage's resolve
 and output as an MLflow dataset (URI + manifest digest), metrics, and the stage's report artifacts. A stage whose
 output was reused is still recorded, tagged ``fourm.reused`` and pointing at the run that produced the output.
 
+Every run carries MLflow's standard context tags (:func:`context_tags`: ``mlflow.user``, ``mlflow.source.name``,
+``mlflow.source.type``, ``mlflow.source.git.commit`` when known) and, under a KFP run, the KFP run's id and page.
+
 Tracking URI: ``MLFLOW_TRACKING_URI`` (a server in the cluster), else the embedded default, a SQLite store at
 ``<root>/mlflow.db`` with artifacts beside it. Everything goes through :class:`Tracker`, whose :class:`NullTracker`
 twin lets stages run with lineage switched off.
@@ -29,6 +32,9 @@ EXPERIMENT = os.environ.get("FOURM_MLFLOW_EXPERIMENT", "fourm-kfp")
 MAX_PARAM_LENGTH = 6000
 TAG_STAGE, TAG_STATUS, TAG_REUSED, TAG_PRODUCED_BY = "fourm.stage", "fourm.status", "fourm.reused", "fourm.produced_by"
 TAG_KIND, TAG_OUTPUT_URI, TAG_ADDRESS = "fourm.kind", "fourm.output_uri", "fourm.content_hash"
+#: The KFP run a pipeline (parent) run belongs to (set by the pipeline's first step), the KFP host a ``submit``
+#: opened it against, and the KFP UI page of the run (on stage runs, when the host is known).
+TAG_KFP_RUN_ID, TAG_KFP_HOST, TAG_KFP_RUN_URL = "fourm.kfp_run_id", "fourm.kfp_host", "fourm.kfp_run_url"
 
 
 def default_tracking_uri(root: str | os.PathLike) -> str:
@@ -184,14 +190,56 @@ def model_version_page(model_name: str, version: str) -> str:
     return f"#/models/{model_name}/versions/{version}{UI_MODEL_TRAINING}"
 
 
+def _source_commit() -> str | None:
+    """The commit this package's code comes from: the image's ``FOURM_GIT_COMMIT`` build arg, else the checkout's
+    HEAD (a checkout with local edits reports the commit it started from; the manifest records the edits)."""
+    from fourm_kfp.contract.manifest import git_commit
+
+    commit = git_commit()
+    return commit.removesuffix("-dirty") if commit else None
+
+
+def context_tags(source_name: str, kfp_run_id: str | None = None) -> dict[str, str]:
+    """MLflow's standard context tags for a run this package opens: what MLflow's own context providers resolve
+    (``mlflow.user``, and the tags of ``MLFLOW_RUN_CONTEXT``), the source named ``source_name``, typed ``JOB``
+    under a KFP run (else ``LOCAL``), and ``mlflow.source.git.commit`` when the commit is known."""
+    from mlflow.tracking.context.registry import resolve_tags
+    from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE
+
+    tags = {**resolve_tags(), MLFLOW_SOURCE_NAME: source_name, MLFLOW_SOURCE_TYPE: "JOB" if kfp_run_id else "LOCAL"}
+    commit = _source_commit()
+    if commit:
+        tags[MLFLOW_GIT_COMMIT] = commit
+    return tags
+
+
+def _kfp_link(client, parent_run_id: str | None) -> dict[str, str]:
+    """The KFP run of the pipeline run ``parent_run_id``, as a stage run's tags: its id and, when the parent knows
+    the KFP host, its page in the KFP UI."""
+    if not parent_run_id:
+        return {}
+    parent_tags = client.get_run(parent_run_id).data.tags
+    kfp_run_id = parent_tags.get(TAG_KFP_RUN_ID)
+    if not kfp_run_id:
+        return {}
+    link = {TAG_KFP_RUN_ID: kfp_run_id}
+    if parent_tags.get(TAG_KFP_HOST):
+        from fourm_kfp.pipeline_runs.submit import run_url
+
+        link[TAG_KFP_RUN_URL] = run_url(parent_tags[TAG_KFP_HOST], kfp_run_id)
+    return link
+
+
 def start_pipeline_run(tracking_uri: str | None, run_name: str, params: Mapping[str, Any],
                        tags: Mapping[str, str] | None = None) -> str | None:
     """Open the parent run of a pipeline run; returns its id (``None`` with lineage off)."""
     if tracking_uri is None:
         return None
     client = _client(tracking_uri)
+    tags = dict(tags or {})
     run = client.create_run(_experiment_id(client, tracking_uri), run_name=run_name,
-                            tags={"fourm.kind": "pipeline", **(tags or {})})
+                            tags={**context_tags("fourm-kfp pipeline", tags.get(TAG_KFP_RUN_ID)),
+                                  "fourm.kind": "pipeline", **tags})
     tracker = MLflowTracker(client, run.info.run_id)
     tracker.log_params(params)
     return run.info.run_id
@@ -231,7 +279,9 @@ def stage_run(tracking_uri: str | None, parent_run_id: str | None, stage: str,
         yield NullTracker()
         return
     client = _client(tracking_uri)
-    tags = {TAG_STAGE: stage, TAG_KIND: kind}
+    kfp_link = _kfp_link(client, parent_run_id)
+    tags = {**context_tags(f"fourm-kfp stage {stage}", kfp_link.get(TAG_KFP_RUN_ID)), **kfp_link,
+            TAG_STAGE: stage, TAG_KIND: kind}
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
     run = client.create_run(_experiment_id(client, tracking_uri), run_name=stage, tags=tags)
