@@ -3,6 +3,7 @@ one fresh smoke run of the whole pipeline shared by the end-to-end and determini
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
@@ -12,6 +13,18 @@ from fourm_kfp.local_s3_server import LocalS3, serve_s3
 from tests.smoke_runs import run_smoke
 
 S3_KEY, S3_SECRET = "fourm-test-key", "fourm-test-secret"
+
+# The S3 credential chain (fourm_kfp.storage.credentials) of every test and every process a test starts: no
+# developer's ~/.aws profile, no web identity token or container credentials from a CI pod, and no instance metadata
+# service (botocore's AWS_EC2_METADATA_DISABLED switch), so no test reaches a non-loopback address. A test that
+# needs a profile sets AWS_SHARED_CREDENTIALS_FILE or HOME itself.
+os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+for _var in ("AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+             "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+             # and no developer's Hugging Face cache for the teachers (fourm_kfp.labelers.weights.hf_cache_dir)
+             "HF_HOME", "HF_HUB_CACHE"):
+    os.environ.pop(_var, None)
 
 
 @pytest.fixture(scope="session")

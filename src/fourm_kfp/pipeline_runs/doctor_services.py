@@ -6,8 +6,9 @@ MLflow tracking server.
   :func:`fourm_kfp.pipeline_runs.kfp_api.server_version`) against :data:`SUPPORTED_KFP`: older fails, newer or a
   build without a release tag is a warning (it cannot be told whether it works).
 - **S3**: one object written under ``<store_uri>/.fourm-doctor/`` and deleted, through :mod:`fourm_kfp.storage` with
-  this machine's credentials (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``; skipped without them: the pods'
-  are the S3 Secret's) and a short retry budget.
+  this machine's credentials (the standard chain of :mod:`fourm_kfp.storage.credentials`: environment, ``~/.aws``
+  profile, web identity token, instance role; skipped when it finds none, naming what it tried: the pods' are the
+  S3 Secret's or their service account's role) and a short retry budget.
 - **MLflow**: ``GET <uri>/api/2.0/mlflow/experiments/search?max_results=1`` of the tracking server's REST API.
 
 The endpoint and the tracking URI are the ones given (``--s3-endpoint``, ``--mlflow-tracking-uri``, the run's
@@ -93,7 +94,7 @@ def _cluster_only(url: str, source: str) -> bool:
 
 
 def check_s3(request: DoctorRequest, settings: dict[str, str]) -> Check:
-    from fourm_kfp.storage import S3Store, StorageError, is_s3_uri, shared_client
+    from fourm_kfp.storage import S3Store, StorageError, credential_chain, is_s3_uri, shared_client
 
     store_uri = str(request.parameters.get("store_uri", ""))
     if not is_s3_uri(store_uri):
@@ -104,9 +105,11 @@ def check_s3(request: DoctorRequest, settings: dict[str, str]) -> Check:
         return Check("s3", SKIPPED, f"{endpoint} (from {source}) is a cluster-internal address this machine cannot "
                                     "resolve; to check it from here: kubectl -n <ns> port-forward svc/<s3 service> "
                                     "9000, then --s3-endpoint http://127.0.0.1:9000")
-    if not os.environ.get("AWS_ACCESS_KEY_ID"):
-        return Check("s3", SKIPPED, "no S3 credentials on this machine ($AWS_ACCESS_KEY_ID, $AWS_SECRET_ACCESS_KEY) "
-                                    "to write with; the pods' come from the S3 Secret")
+    try:
+        _credentials, source = credential_chain()
+    except StorageError as exc:
+        return Check("s3", SKIPPED, f"{exc}: nothing on this machine to write with; the pods' come from the S3 "
+                                    "Secret or their service account's role (IRSA)")
     shown = endpoint or "AWS S3"
     try:
         store = S3Store(store_uri, shared_client(endpoint or None), retries=2, backoff_s=0.2)
@@ -116,8 +119,8 @@ def check_s3(request: DoctorRequest, settings: dict[str, str]) -> Check:
     except (StorageError, ValueError) as exc:
         return Check("s3", FAIL, f"cannot write and delete an object under {store_uri} at {shown}: {exc}",
                      "check the endpoint (--s3-endpoint, $AWS_ENDPOINT_URL, the settings ConfigMap), the credentials "
-                     "($AWS_ACCESS_KEY_ID / $AWS_SECRET_ACCESS_KEY, the S3 Secret) and that the bucket exists")
-    return Check("s3", OK, f"wrote and deleted one object under {store_uri} at {shown}")
+                     f"(here: {source}; the pods': the S3 Secret or their role) and that the bucket exists")
+    return Check("s3", OK, f"wrote and deleted one object under {store_uri} at {shown} (credentials: {source})")
 
 
 def _mlflow_headers() -> dict[str, Any]:

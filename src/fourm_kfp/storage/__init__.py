@@ -18,8 +18,10 @@ One module per concern; everything is imported from here (``from fourm_kfp.stora
   object;
 * :mod:`.metering`: every S3 request of the process counted by kind, and the bytes up and down (the runner records
   each stage's in its manifest);
-* :mod:`.client`: the minio client (:func:`s3_client`): endpoint and credentials from the environment, short
-  timeouts, one client per endpoint, fresh connection pools in a forked child;
+* :mod:`.credentials`: S3 credentials through the standard AWS chain (:func:`credential_chain`: environment,
+  ``~/.aws`` profile, web identity token, instance role) with minio's providers;
+* :mod:`.client`: the minio client (:func:`s3_client`): endpoint from the environment, credentials from the chain,
+  short timeouts, one client per endpoint, fresh connection pools in a forked child;
 * here: :func:`open_store` (a URI → its store) and :func:`file_store`.
 """
 
@@ -30,13 +32,14 @@ from urllib.parse import urlparse
 from fourm_kfp.storage.base import (Store, StorageError, is_s3_uri, join_uri, output_ref, resolve_uri,
                                     sibling_output_uri)
 from fourm_kfp.storage.client import _CLIENTS, s3_client, shared_client
+from fourm_kfp.storage.credentials import credential_chain
 from fourm_kfp.storage.layered import LayeredStore
 from fourm_kfp.storage.local import PACKAGE_SCHEME, LocalStore, package_folder
 from fourm_kfp.storage.retries import TRANSIENT_S3_CODES, is_transient, with_retries
 from fourm_kfp.storage.s3 import S3Store
 
 __all__ = ["PACKAGE_SCHEME", "TRANSIENT_S3_CODES", "LayeredStore", "LocalStore", "S3Store", "Store", "StorageError",
-           "file_store", "is_s3_uri", "is_transient", "join_uri", "open_store", "output_ref", "package_folder",
+           "credential_chain", "file_store", "is_s3_uri", "is_transient", "join_uri", "open_store", "output_ref", "package_folder",
            "resolve_uri", "s3_client", "shared_client", "sibling_output_uri", "with_retries", "_CLIENTS"]
 
 

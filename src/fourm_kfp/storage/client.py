@@ -1,10 +1,11 @@
 """The minio client of S3 stores: short timeouts and no retries of its own (:mod:`.retries` is the one layer),
-credentials from the environment only, one client per endpoint within a process, and a fresh connection pool for
-every client in a forked child.
+credentials through the standard AWS chain (:mod:`.credentials`), one client per endpoint within a process, and a
+fresh connection pool for every client in a forked child.
 
 The endpoint comes from ``open_store(..., s3_endpoint=...)`` or the ``AWS_ENDPOINT_URL`` environment variable;
-credentials only from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (a Kubernetes Secret fills them in the
-cluster) and are never logged or put in configs. Connections and reads time out after
+credentials from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (the optional Kubernetes Secret fills them in the
+cluster), else the ``~/.aws`` profile, the web identity token (IRSA) or the instance role; they are never logged or
+put in configs. Connections and reads time out after
 ``FOURM_STORAGE_CONNECT_TIMEOUT_S`` / ``FOURM_STORAGE_READ_TIMEOUT_S`` (5 s / 30 s).
 """
 
@@ -16,6 +17,7 @@ from urllib.parse import urlparse
 
 from fourm_kfp.storage import metering
 from fourm_kfp.storage.base import StorageError
+from fourm_kfp.storage.credentials import credential_chain
 from fourm_kfp.storage.retries import env_seconds
 
 
@@ -50,22 +52,18 @@ def default_endpoint() -> str:
 
 
 def s3_client(endpoint: str | None = None):
-    """A minio client for ``endpoint`` (or ``AWS_ENDPOINT_URL``) with credentials from the environment."""
+    """A minio client for ``endpoint`` (or ``AWS_ENDPOINT_URL``) with credentials from the standard chain."""
     from minio import Minio
 
     endpoint = endpoint or default_endpoint()
     if not endpoint:
         raise StorageError("s3:// URI given but no S3 endpoint: pass --s3-endpoint or set AWS_ENDPOINT_URL")
     parsed = urlparse(endpoint if "://" in endpoint else f"http://{endpoint}")
-    access_key = os.environ.get("AWS_ACCESS_KEY_ID")
-    secret_key = os.environ.get("AWS_SECRET_ACCESS_KEY")
-    if not access_key or not secret_key:
-        raise StorageError("S3 credentials missing: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    credentials, _source = credential_chain()
     # An explicit region avoids a GetBucketLocation call, which some S3 servers answer in a form minio can't parse.
     client = Minio(
         parsed.netloc,
-        access_key=access_key,
-        secret_key=secret_key,
+        credentials=credentials,
         secure=parsed.scheme == "https",
         region=os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1",
         http_client=_http_client(),
