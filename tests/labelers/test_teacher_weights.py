@@ -1,14 +1,18 @@
 """Where a teacher's weights come from (fourm_kfp.labelers.weights): a local folder, an s3:// folder on the real test
-S3 server, or a hub folder pinned to a commit and read from the cache with HF_HUB_OFFLINE; the digest in the label
-stage's address moves with any file and with nothing else. A stale teacher never passes: a retrained network of the
-same shape (every file the same size) moves the label stage's address and is labelled again, a same-size rewrite that
-keeps the old modification time is seen through the digest memo, and an s3:// folder's cache loses a file deleted
-upstream."""
+S3 server, or a hub folder pinned to a commit and read from the cache with HF_HUB_OFFLINE, or in place from a Hugging
+Face cache that HF_HOME / HF_HUB_CACHE names (laid out as huggingface_hub lays it out; no hub call); the digest in the
+label stage's address moves with any file and with nothing else. A stale teacher never passes: a retrained network of
+the same shape (every file the same size) moves the label stage's address and is labelled again, a same-size rewrite
+that keeps the old modification time is seen through the digest memo, and an s3:// folder's cache loses a file
+deleted upstream."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +186,90 @@ def test_an_s3_folder_refetched_mirrors_upstream_and_drops_a_file_deleted_there(
     cached = sorted(p.relative_to(again).as_posix() for p in Path(again).rglob("*") if p.is_file())
     assert cached == sorted(store.list()) == sorted(p.name for p in dpt.iterdir())  # upstream exactly
     assert folder_digest(again) == folder_digest(dpt)
+
+
+def _hf_cache_with(dpt, hub: Path, repo: str) -> Path:
+    """``hub`` laid out as huggingface_hub lays out its cache after a download of ``repo`` at :data:`COMMIT`:
+    ``models--<org>--<name>/snapshots/<commit>/`` (a random-weight teacher folder) and ``refs/main``."""
+    storage_folder = hub / ("models--" + repo.replace("/", "--"))
+    (storage_folder / "refs").mkdir(parents=True)
+    (storage_folder / "refs" / "main").write_text(COMMIT)
+    return Path(shutil.copytree(dpt, storage_folder / "snapshots" / COMMIT))
+
+
+@pytest.fixture
+def hub_calls(monkeypatch):
+    """Every call huggingface_hub's snapshot_download would make to the hub (none is expected)."""
+    from huggingface_hub import hf_api
+
+    calls = []
+    for name in ("repo_info", "list_repo_tree"):
+        monkeypatch.setattr(hf_api.HfApi, name, lambda self, *a, _name=name, **k: calls.append(_name) or [])
+    return calls
+
+
+def test_hf_home_and_hf_hub_cache_name_the_teacher_cache_and_the_labeler_cache_keeps_precedence(tmp_path, monkeypatch):
+    from fourm_kfp.labelers.weights import hf_cache_dir
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    assert hf_cache_dir() == tmp_path / "cache" / "hf"  # FOURM_LABELER_CACHE (the autouse fixture) comes first
+    monkeypatch.delenv("FOURM_LABELER_CACHE")
+    assert hf_cache_dir() == tmp_path / "hf-home" / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    assert hf_cache_dir() == tmp_path / "hub-cache"
+
+
+def test_a_pinned_hub_teacher_in_the_hf_cache_is_read_from_there_without_the_hub(dpt, tmp_path, monkeypatch,
+                                                                                  hub_calls):
+    """A pod with a PVC at $HF_HOME: the pinned commit, already in huggingface_hub's layout there, is read in place
+    (no hub call, HF_HUB_OFFLINE unset)."""
+    monkeypatch.delenv("FOURM_LABELER_CACHE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    snapshot = _hf_cache_with(dpt, tmp_path / "hf-home" / "hub", "x/y")
+    labeler = build_labeler("hf_depth", DEPTH, f"{HF_PREFIX}x/y@{COMMIT}")
+    assert labeler.setup.weights_path == str(snapshot) and hub_calls == []
+    reference = build_labeler("hf_depth", DEPTH, str(dpt))
+    np.testing.assert_array_equal(labeler.label(_photo())[0], reference.label(_photo())[0])
+
+    # With FOURM_LABELER_CACHE set, its own cache is the one read (offline here: it lacks the commit).
+    monkeypatch.setenv("FOURM_LABELER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(LabelerError, match=r"not in the weights cache .*cache/hf and HF_HUB_OFFLINE is set"):
+        build_labeler("hf_depth", DEPTH, f"{HF_PREFIX}x/y@{COMMIT}")
+
+
+def test_a_missing_teacher_folder_whose_source_is_in_the_hf_cache_is_read_from_there(dpt, tmp_path, monkeypatch,
+                                                                                     capsys, hub_calls):
+    """The preset's form (a local folder and its hub ``source``): ``fourm-kfp teachers`` prints an ``hf download``
+    into $HF_HOME's cache; once the commit is there the folder is no longer missing, and the label stage reads the
+    cached snapshot, with the digest of the same files in a folder of their own."""
+    from fourm_kfp.cli import main
+    from fourm_kfp.labelers.weights import fetch_command, folder_to_read
+    from fourm_kfp.stages.label import labelers_fingerprint
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FOURM_LABELER_CACHE")
+    hub = tmp_path / "hf-home" / "hub"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    source = f"{HF_PREFIX}x/y@{COMMIT}"
+    teachers = ["teachers", "--preset", "smoke", "--set",
+                f"label.labelers=[{{name: hf_depth, weights: models/dpt, source: '{source}', params: {DEPTH}}}]"]
+    assert main(teachers) == 1
+    printed = capsys.readouterr().out
+    command = fetch_command(source, "models/dpt", "w")
+    assert command.endswith(f"--cache-dir {hub}") and command in printed and "models/dpt  MISSING" in printed
+    # The hf CLI accepts the command as written: offline, its dry run gets as far as asking the hub for that commit.
+    hf = Path(sys.executable).with_name("hf")
+    proc = subprocess.run([str(hf), *shlex.split(command)[1:], "--dry-run"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path)
+    assert proc.returncode == 1 and "No such option" not in proc.stderr, proc.stderr[-2000:]
+    assert f"tree/{COMMIT}" in proc.stderr
+
+    snapshot = _hf_cache_with(dpt, hub, "x/y")  # what that command leaves
+    assert main(teachers) == 0 and "MISSING" not in capsys.readouterr().out
+    assert folder_to_read("models/dpt", source, "w") == str(snapshot)
+    config = load_config("smoke", overrides=teachers[-1:])
+    own_folder = load_config("smoke", overrides=[teachers[-1].replace("models/dpt", str(dpt))])
+    assert labelers_fingerprint(config) == labelers_fingerprint(own_folder)
+    assert hub_calls == []

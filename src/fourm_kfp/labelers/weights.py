@@ -21,10 +21,15 @@ the old modification time, as ``cp -p``, ``rsync -t`` or ``tar x`` leave one, st
 tool can set); an ``s3://`` folder's come from its listing; an ``hf://`` folder's is its commit. Every remote source
 is copied to a local cache once per worker (``FOURM_LABELER_CACHE``, else a folder under the system's temp dir) and
 read from there: an ``s3://`` file again only when its version (size, ETag, time) changed, an ``s3://`` folder only
-when its digest did (the copy is made anew, so a file deleted upstream leaves the cache too); an ``hf://`` folder
-through ``huggingface_hub``'s own cache layout under it, only the files a transformers folder needs
-(:data:`HF_FILES`), and never with ``HF_HUB_OFFLINE`` set, which then reads the cache alone. An ``hf://`` address must pin a commit: a branch or tag name is refused, because labels must not move under a
-fixed address. Nothing is fetched that the config does not name.
+when its digest did (the copy is made anew, so a file deleted upstream leaves the cache too). An ``hf://`` folder
+lives in ``huggingface_hub``'s own cache layout (``models--<org>--<name>/snapshots/<commit>/``) in
+:func:`hf_cache_dir`: ``$FOURM_LABELER_CACHE/hf`` when that is set (it keeps precedence), else ``$HF_HUB_CACHE``,
+else ``$HF_HOME/hub`` (so a PVC mounted there serves every pod), else the temp folder's ``hf``. A pinned commit
+already there is read from there without asking the hub; else only the files a transformers folder needs
+(:data:`HF_FILES`) are fetched, and never with ``HF_HUB_OFFLINE`` set, which then reads the cache alone. A local
+model folder that is missing but names a ``source`` commit that the cache holds is read from the cache (the same
+files, so the same digest). An ``hf://`` address must pin a commit: a branch or tag name is refused, because labels
+must not move under a fixed address. Nothing is fetched that the config does not name.
 """
 
 from __future__ import annotations
@@ -52,6 +57,23 @@ HF_FILES = ("*.json", "*.txt", "*.model", "*.tiktoken", "*.safetensors", "pytorc
 def cache_dir() -> Path:
     """The local cache of remote weights (``FOURM_LABELER_CACHE``, else under the system's temp dir)."""
     return Path(os.environ.get("FOURM_LABELER_CACHE") or Path(tempfile.gettempdir()) / "fourm-kfp-labeler-weights")
+
+
+def hf_cache_dir() -> Path:
+    """Where hub folders are cached, in huggingface_hub's layout: ``$FOURM_LABELER_CACHE/hf`` if set, else
+    ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else :func:`cache_dir`'s ``hf``."""
+    if os.environ.get("FOURM_LABELER_CACHE"):
+        return cache_dir() / "hf"
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return cache_dir() / "hf"
+
+
+def _hf_cache_named() -> bool:
+    """Whether the environment names a Hugging Face cache (``HF_HUB_CACHE`` or ``HF_HOME``)."""
+    return bool(os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME"))
 
 
 def file_digest(path: str | os.PathLike) -> str:
@@ -140,6 +162,22 @@ def _hf_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def cached_snapshot(uri: str, where: str) -> str | None:
+    """The folder of the pinned hub commit ``uri`` in :func:`hf_cache_dir` (huggingface_hub's own look-up, which
+    never asks the hub and refuses a snapshot its cached listing shows incomplete), or None when it is not there."""
+    repo, commit = parse_hf_uri(uri, where)
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        return None
+    try:
+        return snapshot_download(repo, revision=commit, cache_dir=hf_cache_dir(), allow_patterns=list(HF_FILES),
+                                 local_files_only=True)
+    except LocalEntryNotFoundError:
+        return None
+
+
 def _fetch_hf(uri: str, where: str) -> str:
     repo, commit = parse_hf_uri(uri, where)
     try:
@@ -147,13 +185,16 @@ def _fetch_hf(uri: str, where: str) -> str:
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError as exc:
         raise LabelerError(f"{where}: {uri} needs huggingface_hub: pip install 'fourm-kfp[teachers]'") from exc
+    cached = cached_snapshot(uri, where)
+    if cached is not None:
+        return cached
     offline = _hf_offline()
     try:
-        return snapshot_download(repo, revision=commit, cache_dir=cache_dir() / "hf", allow_patterns=list(HF_FILES),
+        return snapshot_download(repo, revision=commit, cache_dir=hf_cache_dir(), allow_patterns=list(HF_FILES),
                                  local_files_only=offline)
     except LocalEntryNotFoundError as exc:
         how = "HF_HUB_OFFLINE is set and the cache lacks it" if offline else "the hub cannot be reached"
-        raise LabelerError(f"{where}: {uri} is not in the weights cache {cache_dir() / 'hf'} and {how}: fetch it "
+        raise LabelerError(f"{where}: {uri} is not in the weights cache {hf_cache_dir()} and {how}: fetch it "
                            f"there once where the hub is reachable, or copy the folder and name it instead") from exc
     except Exception as exc:  # noqa: BLE001 - the hub's many error types: name the address
         raise LabelerError(f"{where}: cannot fetch {uri}: {type(exc).__name__}: {exc}") from exc
@@ -193,21 +234,33 @@ def fetch_folder(uri: str, where: str) -> tuple[str, str]:
 
 
 def fetch_command(source: str, folder: str, where: str) -> str:
-    """The one command that fetches the hub folder ``source`` (``hf://<repo>@<commit>``) into ``folder``: the
-    ``hf`` CLI that huggingface_hub installs, at that commit, only the files a transformers folder needs."""
+    """The one command that fetches the hub folder ``source`` (``hf://<repo>@<commit>``): the ``hf`` CLI that
+    huggingface_hub installs, at that commit, only the files a transformers folder needs; into the Hugging Face
+    cache (:func:`hf_cache_dir`) when the environment names one (``HF_HUB_CACHE``, ``HF_HOME``), where
+    :func:`folder_to_read` finds it, else into ``folder``."""
     repo, commit = parse_hf_uri(source, where)
     include = " ".join(f"--include '{pattern}'" for pattern in HF_FILES)
-    return f"hf download {repo} --revision {commit} {include} --local-dir {folder}"
+    into = f"--cache-dir {hf_cache_dir()}" if _hf_cache_named() else f"--local-dir {folder}"
+    return f"hf download {repo} --revision {commit} {include} {into}"
 
 
-def check_local_folder(uri: str, source: str, where: str) -> None:
-    """Fail naming ``where`` when ``uri`` is a local folder that does not exist; with a ``source``, the error gives
-    the command that fetches it (:func:`fetch_command`)."""
+def folder_to_read(uri: str, source: str, where: str) -> str:
+    """The model folder weights ``uri`` to read: ``uri`` itself unless it is a local folder that does not exist;
+    then the ``source`` commit's folder in the Hugging Face cache (:func:`cached_snapshot`) if it is there, else an
+    error naming ``where`` that gives the command that fetches it (:func:`fetch_command`)."""
     if not uri or is_s3_uri(uri) or uri.startswith(HF_PREFIX) or Path(uri).expanduser().is_dir():
-        return
+        return uri
+    cached = cached_snapshot(source, f"{where}.source") if source else None
+    if cached is not None:
+        return cached
     how = (f"; fetch it with:\n  {fetch_command(source, uri, where)}" if source
            else "; set it to a model folder, an s3:// prefix or hf://<repo>@<commit>")
     raise LabelerError(f"{where}.weights: the model folder {uri} does not exist{how}")
+
+
+def check_local_folder(uri: str, source: str, where: str) -> None:
+    """Fail as :func:`folder_to_read` does when the model folder ``uri`` is neither there nor in the cache."""
+    folder_to_read(uri, source, where)
 
 
 def folder_weights_digest(uri: str, where: str) -> str:

@@ -46,7 +46,7 @@ from fourm_kfp.data.shard_writer import ShardWriter, dropped_key
 from fourm_kfp.data.vocabularies import META_FILE, DatasetMeta, read_dataset_meta
 from fourm_kfp.labelers.base import LabelBatch, Labeler, check_labels
 from fourm_kfp.labelers.registry import build_labeler, labeler_class
-from fourm_kfp.labelers.weights import check_local_folder, weights_digest
+from fourm_kfp.labelers.weights import folder_to_read, weights_digest
 from fourm_kfp.progress import LineProgress
 from fourm_kfp.stages import PREPARE_DATA, PRETRAIN
 from fourm_kfp.storage import LayeredStore, Store, open_store, sibling_output_uri
@@ -86,16 +86,22 @@ def labelers_fingerprint(config: FourMConfig) -> str | None:
     parts = []
     for i, entry in enumerate(config.label.labelers):
         cls = labeler_class(entry.name)
-        if cls.weights_kind == "folder":
-            check_local_folder(entry.weights, entry.source, _where(i))
+        weights = _folder_or_uri(cls, entry, i)
         if entry.weights.startswith(PRESET_REF):
             digest = f"{PRETRAIN.name}/{_preset_address(entry.weights)}"
         elif cls.needs_weights or entry.weights:
-            digest = weights_digest(cls.weights_kind, entry.weights, _where(i))
+            digest = weights_digest(cls.weights_kind, weights, _where(i))
         else:
             digest = None
         parts.append({"name": entry.name, "version": str(cls.version), "weights": digest})
     return "sha256:" + hashlib.sha256(canonical_json(parts)).hexdigest()
+
+
+def _folder_or_uri(cls, entry, i: int) -> str:
+    """A folder labeler's weights to read (:func:`folder_to_read`: a missing local folder whose ``source`` commit is
+    in the Hugging Face cache is read from there; else an error with the command that fetches it); other weights as
+    the entry names them."""
+    return folder_to_read(entry.weights, entry.source, _where(i)) if cls.weights_kind == "folder" else entry.weights
 
 
 def _weights_uri(weights: str, data_uri: str, where: str) -> str:
@@ -133,9 +139,7 @@ def build_labelers(config: FourMConfig, present: list[str], data_uri: str,
     labelers, made = [], {}
     for i, entry in enumerate(config.label.labelers):
         cls = labeler_class(entry.name)
-        if cls.weights_kind == "folder":
-            check_local_folder(entry.weights, entry.source, _where(i))
-        weights = _weights_uri(entry.weights, data_uri, _where(i))
+        weights = _weights_uri(_folder_or_uri(cls, entry, i), data_uri, _where(i))
         labeler = build_labeler(entry.name, entry.params, weights, _device(cls.wants_accelerator), _where(i))
         modality = labeler.modality
         get_modality(modality)
