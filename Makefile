@@ -14,14 +14,13 @@ setup: $(STAMP)
 # torch goes first and pinned: any other torch requirement pulls GBs of CUDA packages on CPU machines.
 # torchx (`fourm-kfp launch`, src/fourm_kfp/launchers/torchx_job.py) goes last, with --no-deps: torchx 0.7.0 declares
 # urllib3<1.27, a stale bound (removed upstream after 0.7.0) that kfp's urllib3==2.7.0 contradicts, so pip cannot
-# resolve both. Its other requirements (docker, pyre-extensions, tabulate; the rest are already here) are installed
-# pinned from the lock first. `pip check` reports exactly one complaint, "torchx 0.7.0 has requirement
+# resolve both. Its other requirements (pyproject.toml's `launch` extra) are installed pinned from the lock first.
+# `pip check` reports exactly one complaint, "torchx 0.7.0 has requirement
 # urllib3<1.27,>=1.21.1, but you have urllib3 2.7.0." (tests/test_torchx_launch.py fails on any other).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev]"
-	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt docker pyre-extensions tabulate
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,launch]"
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-warn-conflicts --no-deps -c constraints.txt torchx
 	touch $(STAMP)
 

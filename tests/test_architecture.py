@@ -38,6 +38,7 @@ FLOORS: list[set[str]] = [
     {"components"},
     {"pipelines"},
     {"pipeline_runs"},
+    {"cli_help", "cli_completion"},
     {"cli"},
 ]
 

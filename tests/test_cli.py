@@ -150,3 +150,143 @@ def test_doctor_prints_one_line_per_check_or_json_and_exits_as_submit_does(tmp_p
     failed = [i for i, line in enumerate(lines) if line.startswith("FAIL")]
     assert [lines[i].split()[1] for i in failed] == ["mlflow"] and "fix: " in lines[failed[0] + 1]
     assert lines[-1] == "doctor: 1 of 4 checks failed"
+
+
+# ------------------------------------------------------------------------------------ as kfp, mlflow and hf answer
+
+def _subcommands() -> dict:
+    import argparse
+
+    from fourm_kfp.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"": parser, **sub.choices}
+
+
+RST_MARKUP = ("``", ":func:", ":class:", ":mod:", ":meth:", "::")
+
+
+def test_version_prints_the_installed_package_version():
+    from importlib.metadata import version
+
+    proc = _cli("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"fourm-kfp {version('fourm-kfp')}"
+
+
+def test_every_command_help_has_a_description_an_example_and_no_rst():
+    commands = _subcommands()
+    assert {"run", "stage", "status", "config", "submit", "launch", "completion"} <= set(commands)
+    for name, parser in commands.items():
+        text = parser.format_help()
+        assert not [m for m in RST_MARKUP if m in text], (name or "fourm-kfp", text)
+        if name:
+            assert parser.description and len(parser.description) > 40, name
+            example = text.split("Example:\n", 1)
+            assert len(example) == 2, f"{name}: no example in its --help"
+            assert example[1].lstrip().startswith(f"fourm-kfp {name}") or name == "completion", (name, example[1])
+    top = _cli("--help")
+    assert top.returncode == 0 and not [m for m in RST_MARKUP if m in top.stdout], top.stdout
+
+
+def _bash_complete(script: Path, words: list[str]) -> set[str]:
+    """What the bash completion function offers for the command line ``words`` (the last one being completed)."""
+    line = " ".join(shlex.quote(w) for w in words)
+    proc = subprocess.run(["bash", "-c", f'source {shlex.quote(str(script))}; COMP_WORDS=({line}); '
+                          f'COMP_CWORD={len(words) - 1}; _fourm_kfp; printf "%s\\n" "${{COMPREPLY[@]}}"'],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return set(proc.stdout.split())
+
+
+def test_bash_completion_offers_the_parsers_commands_options_stages_and_presets(tmp_path):
+    from fourm_kfp.config.loader import available_presets
+    from fourm_kfp.stages import STAGES
+
+    proc = _cli("completion", "bash")
+    assert proc.returncode == 0, proc.stderr
+    script = tmp_path / "fourm-kfp.bash"
+    script.write_text(proc.stdout)
+    syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    commands = {name for name in _subcommands() if name}
+    assert commands <= _bash_complete(script, ["fourm-kfp", ""])
+    assert _bash_complete(script, ["fourm-kfp", "st"]) == {n for n in commands if n.startswith("st")}
+    assert _bash_complete(script, ["fourm-kfp", "--debug", "stage", ""]) >= set(STAGES)
+    assert _bash_complete(script, ["fourm-kfp", "run", "--preset", ""]) == set(available_presets())
+    assert _bash_complete(script, ["fourm-kfp", "submit", "--end"]) == {"--endpoint"}
+    launch_options = {o for a in _subcommands()["launch"]._actions for o in a.option_strings}
+    assert _bash_complete(script, ["fourm-kfp", "launch", "--"]) == {o for o in launch_options if o.startswith("--")}
+    assert _bash_complete(script, ["fourm-kfp", "launch", "pretrain", "--scheduler", "k"]) == {"kubernetes"}
+    assert _bash_complete(script, ["fourm-kfp", "stage", "pretrain", "--root", ""]) == set()  # a path: bash's own
+
+
+def test_zsh_and_fish_completion_cover_every_command():
+    commands = {name for name in _subcommands() if name}
+    zsh = _cli("completion", "zsh").stdout
+    assert zsh.startswith("#compdef fourm-kfp") and "bashcompinit" in zsh and "complete -o default -F _fourm_kfp" in zsh
+    fish = _cli("completion", "fish").stdout
+    offered = set(re.findall(r"^complete -c fourm-kfp -n __fish_use_subcommand -a (\S+)", fish, re.M))
+    assert offered == commands
+    assert "complete -c fourm-kfp -n '__fish_seen_subcommand_from submit' -l endpoint -r -F" in fish
+    assert "complete -c fourm-kfp -n '__fish_seen_subcommand_from submit' -s n -r -F" in fish
+
+
+def test_submit_and_doctor_take_the_kfp_clis_endpoint_and_n():
+    from kfp.cli.cli import cli as kfp_cli
+
+    from fourm_kfp.cli import build_parser
+
+    kfp_options = {o for p in kfp_cli.params for o in p.opts}
+    assert {"--endpoint", "-n", "--namespace"} <= kfp_options  # the spellings, as kfp 2.17's CLI declares them
+    for command in ("submit", "doctor"):
+        args = build_parser().parse_args([command, "--endpoint", "https://kfp.example/pipeline", "-n", "team"])
+        assert (args.host, args.namespace) == ("https://kfp.example/pipeline", "team")
+        args = build_parser().parse_args([command, "--host", "https://other", "--namespace", "ns"])
+        assert (args.host, args.namespace) == ("https://other", "ns")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["config", "--set", "data.image_sz=96"], "unknown key(s) 'image_sz' (did you mean 'image_size'?)"),
+    (["config", "--set", "dta.image_size=96"], "unknown section 'dta' (did you mean 'data'?)"),
+    (["config", "--preset", "smok"], "unknown preset 'smok' (did you mean 'smoke'?)"),
+    (["status", "--preset", "dmeo", "--root", "unused"], "unknown preset 'dmeo' (did you mean 'demo'?)"),
+])
+def test_a_mistyped_key_or_preset_gets_the_closest_name(args, needle, capsys):
+    from fourm_kfp.cli import main
+
+    assert main(args) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_config_describe_lists_each_fields_type_choices_and_default(capsys):
+    import dataclasses
+    import typing
+
+    from fourm_kfp.cli import main
+    from fourm_kfp.config.fourm_config import SECTIONS
+
+    assert main(["config", "--describe"]) == 0
+    out = capsys.readouterr().out
+    prepare = SECTIONS["prepare_data"]
+    source = next(f for f in dataclasses.fields(prepare) if f.name == "source")
+    choices = typing.get_args(typing.get_type_hints(prepare)["source"])
+    line = next(line for line in out.splitlines() if line.startswith("prepare_data.source "))
+    assert f"default {json.dumps(source.default)}" in line and f"one of {', '.join(choices)}" in line
+    for name, cls in SECTIONS.items():  # every plain field of every section is listed
+        for f in dataclasses.fields(cls):
+            if not dataclasses.is_dataclass(typing.get_type_hints(cls)[f.name]):
+                assert re.search(rf"^{name}\.{f.name} +\(", out, re.M), f"{name}.{f.name}"
+
+
+def test_launch_without_torchx_says_what_to_install(tmp_path, monkeypatch, capsys):
+    from fourm_kfp.cli import main
+
+    monkeypatch.setitem(sys.modules, "torchx", None)  # `import torchx` raises ImportError, as where it is absent
+    assert main(["launch", "pretrain", "--preset", "smoke", "--root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    pin = next(line for line in (Path(__file__).resolve().parents[1] / "constraints.txt").read_text().splitlines()
+               if line.startswith("torchx=="))
+    assert "'fourm-kfp[launch]'" in err and f"-m pip install --no-deps {pin}" in err, err
+    assert not (tmp_path / "torchx").exists()  # nothing was planned or launched

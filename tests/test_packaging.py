@@ -45,3 +45,38 @@ def test_cli_works_from_any_directory(tmp_path):
                          text=True)
     assert bad.returncode == 2 and "data.image_size: expected an integer" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def _requirement_name(requirement: str) -> str:
+    import re
+
+    return re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_the_launch_extra_holds_torchxs_requirements_but_its_stale_urllib3_bound():
+    """torchx cannot be an extra itself: its `urllib3<1.27` contradicts kfp's urllib3 pin and pip would refuse the
+    extra. So `launch` lists the rest of what torchx requires (read from the installed torchx's metadata), and
+    torchx goes in with --no-deps, as the Makefile and `fourm-kfp launch`'s message say."""
+    from importlib.metadata import requires
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    launch = {_requirement_name(r) for r in project["optional-dependencies"]["launch"]}
+    core = {_requirement_name(r) for r in project["dependencies"]}
+    needed = {_requirement_name(r) for r in requires("torchx") if "extra ==" not in r}
+    assert "urllib3" in needed and "torchx" not in launch
+    assert launch == needed - core - {"urllib3"}
+    makefile = (REPO / "Makefile").read_text()
+    assert '-e ".[dev,launch]"' in makefile and "--no-deps -c constraints.txt torchx" in makefile
+
+
+def test_webdataset_is_no_dependency_and_no_module_imports_it():
+    import ast
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    assert "webdataset" not in {_requirement_name(r) for r in requirements}
+    for path in [*(REPO / "src").rglob("*.py"), *(REPO / "components").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not [n for n in names if n.split(".")[0] == "webdataset"], path

@@ -3,7 +3,8 @@ pipeline, show configs.
 
 Start-up stays light: heavy modules (torch, kfp, mlflow) are imported inside the commands that need them. A user
 error (:class:`fourm_kfp.errors.UserError`) prints one line, ``Error: ...``, and exits 2; ``--debug`` adds the
-traceback.
+traceback. The help text (plain, with an example per command) is :mod:`fourm_kfp.cli_help`'s; ``fourm-kfp
+completion`` prints the shell completion that :mod:`fourm_kfp.cli_completion` writes from this parser.
 """
 
 from __future__ import annotations
@@ -44,13 +45,17 @@ def _add_doctor_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fourm_kfp.cli_help import DESCRIPTION, subcommand_help
     from fourm_kfp.stages import STAGES
 
-    parser = argparse.ArgumentParser(prog="fourm-kfp", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fourm-kfp", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Run 'fourm-kfp COMMAND --help' for a command's options and examples.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_package_version()}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run the whole pipeline locally through kfp.local")
+    run = sub.add_parser("run", **subcommand_help("run", "run the whole pipeline locally through kfp.local"))
     _add_config_args(run)
     _add_store_args(run)
     run.add_argument("--force", action="append", default=[], choices=list(STAGES), metavar="STAGE",
@@ -64,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="another pipeline parameter, as in the KFP UI, e.g. --param "
                           "'pretrain_config_overrides=[\"train.steps=3\"]' (values parse as JSON when they can)")
 
-    stage = sub.add_parser("stage", help="run one stage directly (reusing committed upstream outputs)")
+    stage = sub.add_parser("stage", **subcommand_help(
+        "stage", "run one stage directly (reusing committed upstream outputs)"))
     stage.add_argument("name", choices=list(STAGES))
     _add_config_args(stage)
     _add_store_args(stage)
@@ -80,12 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     from fourm_kfp.cluster.job_spec import JOB_STAGES
     from fourm_kfp.launchers.torchx_job import CREDENTIALS_SECRET, SCHEDULERS
 
-    launch = sub.add_parser(
-        "launch", help="run pretrain or train-tokenizers as a torchx dist.ddp job (local_cwd, slurm, kubernetes), "
-                       "without Kubeflow",
+    launch = sub.add_parser("launch", **subcommand_help(
+        "launch", "run pretrain or train-tokenizers as a torchx dist.ddp job (local_cwd, slurm, kubernetes), "
+                  "without Kubeflow",
         description="Plan first (a committed output is reported, nothing is launched; the inputs must be "
-                    "committed), then run `fourm-kfp stage STAGE` under torchrun in every replica of torchx's "
-                    "dist.ddp on the scheduler, stream replica 0's log, wait, and print the stage outcome JSON.")
+                    "committed), then run 'fourm-kfp stage STAGE' under torchrun in every replica of torchx's "
+                    "dist.ddp on the scheduler, stream replica 0's log, wait, and print the stage outcome JSON.\n\n"
+                    "Needs torchx, which pip cannot install beside kfp with its dependencies (torchx pins "
+                    "urllib3<1.27, kfp urllib3 2): pip install 'fourm-kfp[launch]' && pip install --no-deps "
+                    "torchx==0.7.0"))
     launch.add_argument("name", choices=list(JOB_STAGES), metavar="STAGE",
                         help=f"the stage: {' or '.join(JOB_STAGES)} (the multi-node stages)")
     _add_config_args(launch)
@@ -125,16 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="use this committed output as an input instead of finding it by content address")
     launch.add_argument("--json", help="write the stage outcome JSON here")
 
-    status = sub.add_parser("status", help="print each stage's address and whether it is committed; runs nothing")
+    status = sub.add_parser("status", **subcommand_help(
+        "status", "print each stage's address and whether it is committed; runs nothing"))
     _add_config_args(status)
     _add_store_args(status)
     status.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    verify = sub.add_parser(
-        "verify", help="recompute a committed stage into a scratch store and compare it file by file",
+    verify = sub.add_parser("verify", **subcommand_help(
+        "verify", "recompute a committed stage into a scratch store and compare it file by file",
         description="Hash the committed payload of STAGE against its manifest, recompute the stage from the same "
                     "committed inputs into a scratch store (lineage off: nothing is registered), and compare "
-                    "each payload file. Exit status: 0 the same bytes, 1 a difference (listed), 2 a user error.")
+                    "each payload file. Exit status: 0 the same bytes, 1 a difference (listed), 2 a user error."))
     verify.add_argument("name", choices=list(STAGES), metavar="STAGE")
     _add_config_args(verify)
     _add_store_args(verify)
@@ -142,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "folder, deleted afterwards)")
     verify.add_argument("--json", help="write the result JSON here")
 
-    generate = sub.add_parser("generate", help="any-to-any generation with a trained model (from its URI)")
+    generate = sub.add_parser("generate", **subcommand_help(
+        "generate", "any-to-any generation with a trained model (from its URI)"))
     generate.add_argument("--model", required=True, help="a pretrain output URI (local path or s3://...)")
     generate.add_argument("--from", dest="inputs", action="append", default=[], metavar="MODALITY=VALUE",
                           help="an input: an image file for rgb/depth/normal/semseg/edge, a text file or the text "
@@ -161,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
     generate.add_argument("--s3-endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
 
-    export = sub.add_parser("export", help="write a trained model in another format (apple/ml-4m's FM folder)")
+    export = sub.add_parser("export", **subcommand_help(
+        "export", "write a trained model in another format (apple/ml-4m's FM folder)"))
     export.add_argument("model", metavar="MODEL_DIR", help="a pretrain output URI (local path or s3://...)")
     export.add_argument("out", metavar="OUT", help="the folder to write (local path or s3://...)")
     export.add_argument("--format", choices=("ml4m",), default="ml4m",
@@ -170,20 +182,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     from fourm_kfp.pipeline_runs.run_outcome import EXIT_CODES
 
-    submit = sub.add_parser(
-        "submit", help="run the pipeline on a Kubeflow Pipelines server (optionally wait for it)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    submit = sub.add_parser("submit", **subcommand_help(
+        "submit", "run the pipeline on a Kubeflow Pipelines server (optionally wait for it)",
         description="Upload the compiled pipeline (a new version when it exists), create a run in an experiment "
                     "with the preset, overrides and stage parameters, and print its UI link. --wait follows it to "
                     "the end and reports the stages and the model gate; --schedule creates a recurring run.\n\n"
                     "Auth: a bearer token from $KFP_TOKEN, else the service-account token file KFP mounts in a pod "
                     "($KF_PIPELINES_SA_TOKEN_PATH or /var/run/secrets/kubeflow/pipelines/token), re-read per request; "
                     "--namespace is the Kubeflow profile namespace of a multi-user install.",
-        epilog="exit status:\n" + "\n".join(f"  {code}  {what}" for code, what in sorted(EXIT_CODES.items())))
+        epilog="exit status:\n" + "\n".join(f"  {code}  {what}" for code, what in sorted(EXIT_CODES.items()))))
     _add_config_args(submit)
-    submit.add_argument("--host", default=None, help="KFP API endpoint, e.g. https://kubeflow.example.com/pipeline "
-                        "(default: $KFP_HOST)")
-    submit.add_argument("--namespace", default="", help="Kubeflow profile namespace (multi-user installs)")
+    # --endpoint and -n as the kfp CLI spells them (kfp/cli/cli.py: --endpoint, -n/--namespace).
+    submit.add_argument("--host", "--endpoint", dest="host", default=None,
+                        help="KFP API endpoint, e.g. https://kubeflow.example.com/pipeline (default: $KFP_HOST)")
+    submit.add_argument("-n", "--namespace", default="", help="Kubeflow profile namespace (multi-user installs)")
     submit.add_argument("--no-doctor", action="store_true",
                         help="skip the preflight check (fourm-kfp doctor) that otherwise runs before anything is "
                              "created and refuses to submit when a check fails")
@@ -223,17 +235,17 @@ def build_parser() -> argparse.ArgumentParser:
                              "run wrote it (its mlflow_tracking_uri), this only when it names none (default: "
                              "$MLFLOW_TRACKING_URI)")
 
-    doctor = sub.add_parser(
-        "doctor", help="check the cluster a run will use (KFP version, CRDs, RBAC, Secrets, runtimes, Kueue, S3, "
-                       "MLflow) before any GPU is held; creates nothing",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    doctor = sub.add_parser("doctor", **subcommand_help(
+        "doctor", "check the cluster a run will use (KFP version, CRDs, RBAC, Secrets, runtimes, Kueue, S3, "
+                  "MLflow) before any GPU is held; creates nothing",
         description="One line per check: ok, warn, skipped (with why) or FAIL (with the object and the command that "
                     "fixes it). Nothing is created in the cluster; one test object is written to the S3 store and "
                     "deleted. submit runs the same checks first (--no-doctor skips them).",
-        epilog="exit status:\n  0  no check failed\n  2  a check failed (as submit's user error: nothing started)")
+        epilog="exit status:\n  0  no check failed\n  2  a check failed (as submit's user error: nothing started)"))
     _add_config_args(doctor)
-    doctor.add_argument("--host", default=None, help="KFP API endpoint (default: $KFP_HOST; none: no version check)")
-    doctor.add_argument("--namespace", default="", help="the namespace the run's pods run in (default: the "
+    doctor.add_argument("--host", "--endpoint", dest="host", default=None,
+                        help="KFP API endpoint (default: $KFP_HOST; none: no version check)")
+    doctor.add_argument("-n", "--namespace", default="", help="the namespace the run's pods run in (default: the "
                         "kubeconfig's, or the pod's)")
     doctor.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="a pipeline parameter as submit takes it (pretrain_launcher, scheduler, "
@@ -245,27 +257,44 @@ def build_parser() -> argparse.ArgumentParser:
     _add_doctor_args(doctor)
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
 
-    ui = sub.add_parser("ui", help="serve the MLflow UI on a run folder's store (needs the `ui` extra: make ui)")
+    ui = sub.add_parser("ui", **subcommand_help(
+        "ui", "serve the MLflow UI on a run folder's store (needs the 'ui' extra: make ui)"))
     ui.add_argument("--root", default="runs/demo", help="run folder whose mlflow.db to show (default runs/demo)")
     ui.add_argument("--mlflow-tracking-uri", help="a tracking store instead of <root>/mlflow.db")
     ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ui.add_argument("--port", type=int, default=5000, help="port (default 5000)")
 
-    compile_ = sub.add_parser("compile", help="compile the KFP pipeline to YAML")
+    compile_ = sub.add_parser("compile", **subcommand_help("compile", "compile the KFP pipeline to YAML"))
     compile_.add_argument("--output", help="default: fourm_pretrain.yaml beside the pipeline definition")
     compile_.add_argument("--image-tag", default="",
                           help="tag of the images the steps and their jobs run, e.g. the commit the image workflow "
                                "built (default: the package version, or $FOURM_IMAGE_TAG)")
 
-    teachers = sub.add_parser(
-        "teachers", help="list the label stage's teachers, where their weights are and where each pinned hub commit "
-                         "was seen in public; print the commands that fetch the missing model folders")
+    teachers = sub.add_parser("teachers", **subcommand_help(
+        "teachers", "list the label stage's teachers, where their weights are and where each pinned hub commit "
+                    "was seen in public; print the commands that fetch the missing model folders"))
     _add_config_args(teachers)
 
-    config = sub.add_parser("config", help="print the resolved config (or --describe every field)")
+    config = sub.add_parser("config", **subcommand_help(
+        "config", "print the resolved config (or --describe every field)"))
     _add_config_args(config)
-    config.add_argument("--describe", action="store_true", help="list every config key with its type and doc")
+    config.add_argument("--describe", action="store_true",
+                        help="list every config key with its type, accepted values, default and doc")
+
+    from fourm_kfp.cli_completion import SHELLS
+
+    completion = sub.add_parser("completion", **subcommand_help("completion", "print a shell completion script"))
+    completion.add_argument("shell", choices=SHELLS)
     return parser
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fourm-kfp")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _widths(args: argparse.Namespace) -> dict[str, int]:
@@ -639,10 +668,18 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     if args.describe:
         for section, cls in SECTIONS.items():
-            for key, type_name, doc in describe(cls, f"{section}."):
-                print(f"{key:40s} {type_name:24s} {doc}")
+            for field in describe(cls, f"{section}."):
+                choices = f"  one of {', '.join(map(str, field.choices))}" if field.choices else ""
+                print(f"{field.key}  ({field.type}, default {field.default}){choices}\n    {field.doc}")
         return 0
     print(yaml.safe_dump(to_dict(load_config(args.preset, overrides=args.overrides)), sort_keys=False), end="")
+    return 0
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from fourm_kfp.cli_completion import completion_script
+
+    print(completion_script(build_parser(), args.shell), end="")
     return 0
 
 
@@ -652,7 +689,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = {"run": cmd_run, "stage": cmd_stage, "launch": cmd_launch, "status": cmd_status, "compile": cmd_compile,
                "config": cmd_config, "generate": cmd_generate, "export": cmd_export, "verify": cmd_verify,
-               "submit": cmd_submit, "doctor": cmd_doctor, "ui": cmd_ui, "teachers": cmd_teachers}[args.command]
+               "submit": cmd_submit, "doctor": cmd_doctor, "ui": cmd_ui, "teachers": cmd_teachers,
+               "completion": cmd_completion}[args.command]
     try:
         return handler(args)
     except UserError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import typing
 
 from pathlib import Path
 
@@ -118,6 +119,37 @@ def test_modalities_the_data_lacks_get_no_budget():
 def test_unknown_preset_lists_the_available_ones():
     with pytest.raises(ConfigError, match="unknown preset 'huge'.*smoke"):
         load_config("huge")
+
+
+@pytest.mark.parametrize("mistyped, where", [
+    ("smok", "preset"),  # --preset
+    ("dta.image_size=96", "section"),  # --set: the section
+    ("data.imagesize=96", "key"),  # --set: a key of a section
+    ("train.model.encoder_layer=2", "key"),  # a key of a nested section
+    ("train_tokenizers.image.architectur=vit", "key"),
+])
+def test_a_mistyped_name_gets_the_closest_known_one(mistyped, where):
+    """The suggestion is the known name difflib finds closest; a name far from any gets none."""
+    import difflib
+
+    from fourm_kfp.config.fourm_config import SECTIONS
+
+    known = {"preset": available_presets(), "section": list(SECTIONS)}
+    name = mistyped if where == "preset" else mistyped.split("=")[0].split(".")[0 if where == "section" else -1]
+    if where == "key":
+        cls = SECTIONS[mistyped.split(".")[0]]
+        for part in mistyped.split("=")[0].split(".")[1:-1]:
+            cls = typing.get_type_hints(cls)[part]
+        known["key"] = [f.name for f in dataclasses.fields(cls)]
+    expected = difflib.get_close_matches(name, known[where], n=1)
+    assert expected and expected[0] != name
+    with pytest.raises(ConfigError) as err:
+        load_config(mistyped) if where == "preset" else load_config("smoke", overrides=[mistyped])
+    assert f"{name!r} (did you mean {expected[0]!r}?)" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # nothing close: no suggestion
+        load_config("zzzzzz") if where == "preset" else load_config("smoke", overrides=[
+            mistyped.replace(name, "zzzzzz", 1) if where == "section" else mistyped.replace(name + "=", "zzzzzz=")])
+    assert "did you mean" not in str(err.value)
 
 
 def _external_sources(preset: str, folder: Path) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import yaml
 
 from fourm_kfp.config.fourm_config import SECTIONS, FourMConfig
-from fourm_kfp.config.schema import ConfigError, from_dict
+from fourm_kfp.config.schema import ConfigError, did_you_mean, from_dict
 
 log = logging.getLogger(__name__)
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -36,7 +36,9 @@ def available_presets() -> list[str]:
 def preset_dir(preset: str) -> Path:
     path = PRESETS_DIR / preset
     if not (path / "train.yaml").is_file():
-        raise ConfigError(f"unknown preset {preset!r}; available presets: {', '.join(available_presets())}")
+        presets = available_presets()
+        raise ConfigError(f"unknown preset {preset!r}{did_you_mean(preset, presets)}; available presets: "
+                          f"{', '.join(presets)}")
     return path
 
 
@@ -61,7 +63,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or len(parts) < 2 or not all(parts):
         raise ConfigError(f"override {text!r}: expected SECTION.KEY=VALUE, e.g. data.image_size=96")
     if parts[0] not in SECTIONS:
-        raise ConfigError(f"override {text!r}: unknown section {parts[0]!r}; sections: {', '.join(SECTIONS)}")
+        raise ConfigError(f"override {text!r}: unknown section {parts[0]!r}{did_you_mean(parts[0], SECTIONS)}; "
+                          f"sections: {', '.join(SECTIONS)}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:

@@ -3,12 +3,14 @@
 Every config is a frozen dataclass whose fields are declared with :func:`option`: a default, a one-line doc, an
 optional range or choice set, and whether the field is *versioned* (changes the stage's output, and therefore its
 content address) or not (worker counts, logging intervals). :func:`from_dict` builds a dataclass from YAML data and
-rejects unknown keys, wrong types and out-of-range values with a :class:`ConfigError` naming the key and the file.
+rejects unknown keys (suggesting the closest known one), wrong types and out-of-range values with a
+:class:`ConfigError` naming the key and the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from typing import Any, Literal, TypeVar, get_args, get_origin
@@ -35,6 +37,12 @@ def option(default: Any = dataclasses.MISSING, doc: str = "", *, versioned: bool
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def did_you_mean(name: str, known: typing.Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known name closest to a mistyped ``name``, else ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _type_name(tp: Any) -> str:
@@ -113,7 +121,8 @@ def from_dict(cls: type[T], data: dict, where: str) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(fields)}")
+        named = ", ".join(f"{key!r}{did_you_mean(key, fields)}" for key in unknown)
+        raise ConfigError(f"{where}: unknown key(s) {named}; known: {', '.join(fields)}")
     kwargs = {}
     for name, field in fields.items():
         key_where = f"{where}.{name}"
@@ -159,8 +168,40 @@ def versioned_dict(obj: Any) -> Any:
     return to_dict(obj)
 
 
-def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
-    """``(dotted key, type, doc)`` for every field, recursively: the documentation of a config class."""
+@dataclasses.dataclass(frozen=True)
+class FieldDescription:
+    """One config field as ``fourm-kfp config --describe`` lists it."""
+
+    key: str  #: dotted, e.g. ``data.image_size``
+    type: str
+    choices: tuple  #: the accepted values (a ``Literal`` or ``choices=``), else empty
+    default: str  #: as JSON (a YAML subset) writes it, or ``(required)``
+    doc: str
+
+
+def _choices(tp: Any, meta: typing.Mapping[str, Any]) -> tuple:
+    if meta.get("choices") is not None:
+        return tuple(meta["choices"])
+    if get_origin(tp) is Literal:
+        return get_args(tp)
+    if get_origin(tp) in (typing.Union, types.UnionType):
+        return tuple(c for arg in get_args(tp) for c in _choices(arg, {}))
+    return ()
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    import json
+
+    if f.default_factory is not dataclasses.MISSING:
+        return json.dumps(to_dict(f.default_factory()))
+    if f.default is dataclasses.MISSING:
+        return "(required)"
+    return json.dumps(to_dict(f.default))
+
+
+def describe(cls: type, prefix: str = "") -> list[FieldDescription]:
+    """Every field of the config class ``cls``, recursively (a nested class's fields under its dotted key): its
+    type, accepted values, default and doc."""
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -168,5 +209,6 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
         if dataclasses.is_dataclass(hints[f.name]):
             rows += describe(hints[f.name], f"{key}.")
         else:
-            rows.append((key, _type_name(hints[f.name]), f.metadata.get("doc", "")))
+            rows.append(FieldDescription(key, _type_name(hints[f.name]), _choices(hints[f.name], f.metadata),
+                                         _default_text(f), f.metadata.get("doc", "")))
     return rows

@@ -2,8 +2,8 @@
 
 Shard ``i`` of a split is one tar per modality plus the key index ``<split>/_keys/shard-NNNNNN.txt`` that
 :mod:`fourm_kfp.data.shard_writer` writes. :func:`iter_joined_shard` streams the key index and every modality's
-tar in lockstep (:func:`fourm_kfp.data.ustar.read_members`) over ``webdataset``'s ``gopen`` streams (``s3://``
-through an opener registered with webdataset and backed by :mod:`fourm_kfp.storage`): each key yields one sample
+tar in lockstep (:func:`fourm_kfp.data.ustar.read_members`) over the store's own streaming readers
+(:meth:`fourm_kfp.storage.Store.open_read`: a local file, or one S3 GET): each key yields one sample
 holding the modalities that have a member for it; a modality lacking the key is absent from that sample, and the
 members of keys listed in the shard's dropped-keys file (a later layer's gate: ``shard_writer.DROPPED_DIR``) are
 passed over. A member whose key is not the next expected one (a corrupt or foreign shard) is a
@@ -29,7 +29,7 @@ from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.data.shard_writer import DROPPED_DIR, KEYS_DIR, SOURCE_DIR, dropped_key, keys_key, shard_key
 from fourm_kfp.data.ustar import read_members
 from fourm_kfp.errors import UserError
-from fourm_kfp.storage import Store, file_store, is_s3_uri
+from fourm_kfp.storage import Store
 
 _KEY_INDEX = re.compile(r"shard-(\d{6})\.txt$")
 Decode = Callable[[str, bytes], Any]
@@ -55,28 +55,6 @@ class _StoreStream:
 
     def close(self) -> None:
         self._context.__exit__(None, None, None)
-
-
-def _open_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -> _StoreStream:
-    return _StoreStream(*file_store(url))
-
-
-def register_s3_opener() -> None:
-    """Let webdataset's ``gopen`` open ``s3://`` URLs through our storage module (idempotent)."""
-    import sys
-
-    import webdataset  # noqa: F401  (imports webdataset.gopen)
-
-    sys.modules["webdataset.gopen"].gopen_schemes["s3"] = _open_s3
-
-
-def _open(store: Store, key: str) -> Any:
-    from webdataset import gopen
-
-    uri = store.uri_of(key)
-    if is_s3_uri(uri):
-        register_s3_opener()
-    return gopen(uri, "rb")
 
 
 def shard_indices(store: Store, split: str) -> list[int]:
@@ -139,7 +117,7 @@ def _members(store: Store, key: str, present: bool | None = None) -> Iterator[tu
     exists, when the caller knows; else the store is asked)."""
     if not (store.exists(key) if present is None else present):
         return
-    stream = _open(store, key)
+    stream = _StoreStream(store, key)
     try:
         for name, data in read_members(stream, store.uri_of(key)):
             yield name.rsplit("/", 1)[-1].split(".", 1)[0], data

@@ -31,7 +31,8 @@ instance type. :func:`patch_volcano_job` edits the dry run's pod templates befor
 accelerator's toleration and the user's, the node selector and the image pull secret, as the pipeline's jobs have.
 
 torchx 0.7.0 is installed by ``make setup`` with ``--no-deps`` (its ``urllib3<1.27`` bound is stale and contradicts
-kfp's pin; see the Makefile); it is imported only when a launch runs.
+kfp's pin; see the Makefile); it is imported only when a launch runs, and :func:`require_torchx` tells a user
+without it the commands that install it (the ``launch`` extra holds its other requirements).
 """
 
 from __future__ import annotations
@@ -377,10 +378,32 @@ class TorchxApp(RemoteBackend):
         return f"torchx app {handle}"
 
 
+#: The torchx this launcher is written against (constraints.txt pins the same).
+TORCHX_VERSION = "0.7.0"
+
+
+def install_torchx_commands() -> str:
+    """The commands that install torchx beside kfp into this Python: its other requirements (the ``launch`` extra),
+    then torchx without its stale ``urllib3<1.27`` bound."""
+    pip = f"{sys.executable} -m pip install"
+    return f"{pip} 'fourm-kfp[launch]' && {pip} --no-deps torchx=={TORCHX_VERSION}"
+
+
+def require_torchx() -> None:
+    """A :class:`UserError` saying what to install when torchx cannot be imported."""
+    try:
+        import torchx  # noqa: F401
+    except ImportError as exc:
+        raise UserError(f"fourm-kfp launch needs torchx ({exc}); pip cannot install it with its dependencies beside "
+                        f"kfp (torchx {TORCHX_VERSION} pins urllib3<1.27, kfp urllib3 2), so install it with "
+                        f"--no-deps: {install_torchx_commands()}") from None
+
+
 def launch_torchx(stage: str, run: RunContext, *, root: str | os.PathLike, force: bool = False,
                   input_uris: dict[str, str] | None = None, params: TorchxParams | None = None, runner=None,
                   out: Callable[[str], None] = print) -> StageOutcome:
     """Stage ``stage`` (one of :data:`fourm_kfp.cluster.job_spec.JOB_STAGES`) as a torchx app; see the module
     docstring."""
+    require_torchx()
     backend = TorchxApp(params or TorchxParams(), root, runner, out)
     return launch_remote(stage, run, backend, force=force, input_uris=input_uris, root=str(root), out=out)
