@@ -50,7 +50,7 @@ class CountingLoader:
                       lambda state: setattr(self, "position", state["position"]))
 
 
-def _trainer(root, total_steps: int, sink: Recording, loader: CountingLoader) -> Trainer:
+def _trainer(root, total_steps: int, sinks: list, loader: CountingLoader) -> Trainer:
     torch.manual_seed(0)
     model = FourM(FourMArgs(SPECS, dim=32, heads=4))
     optimizer = build_optimizer(model, OptimizerConfig(), 1e-3)
@@ -58,7 +58,7 @@ def _trainer(root, total_steps: int, sink: Recording, loader: CountingLoader) ->
                         nonfinite="skip", max_skipped_steps=10, flops_per_token=1e6, peak_flops=1e12)
     return Trainer(model=model, optimizer=optimizer, schedule=Schedule(1e-3, 1, 8), loader=loader.as_loader(),
                    validate=lambda m: {"val/loss": 1.0}, checkpoints=CheckpointManager(open_store(str(root))),
-                   metrics=MetricWriter([sink]), loop=loop,
+                   metrics=MetricWriter(sinks), loop=loop,
                    step_settings=StepSettings(None, 1.0, tuple(s.name for s in SPECS)), device=torch.device("cpu"))
 
 
@@ -67,10 +67,10 @@ def _train_lines(sink: Recording) -> list[tuple[int, dict[str, float]]]:
 
 
 def test_the_first_rates_after_a_resume_count_only_the_tokens_since_the_resume(tmp_path):
-    first = _trainer(tmp_path, 4, Recording(), CountingLoader())
+    first = _trainer(tmp_path, 4, [Recording()], CountingLoader())
     first.fit()  # checkpoint at step 4
     sink = Recording()
-    resumed = _trainer(tmp_path, 8, sink, CountingLoader())
+    resumed = _trainer(tmp_path, 8, [sink], CountingLoader())
     assert resumed.restore()
     tokens_at_resume = resumed.state.tokens
     assert resumed.state.step == 4 and tokens_at_resume > 0
@@ -85,7 +85,7 @@ def test_the_first_rates_after_a_resume_count_only_the_tokens_since_the_resume(t
 
 def test_the_loader_wait_is_measured_per_log_interval(tmp_path):
     sink = Recording()
-    _trainer(tmp_path, 4, sink, CountingLoader(delay_s=0.05)).fit()
+    _trainer(tmp_path, 4, [sink], CountingLoader(delay_s=0.05)).fit()
     lines = _train_lines(sink)
     assert [step for step, _ in lines] == [2, 4]
     for _, values in lines:  # two steps per interval, one micro-batch each, 50 ms apiece

@@ -113,6 +113,14 @@ class MetricWriter:
         for sink in self.sinks:
             sink.write(step, values)
 
+    def tracker_run(self) -> tuple[str | None, str | None]:
+        """The tracking URI and run id of the MLflow run a :class:`TrackerSink` writes to (``None``s without one:
+        the other ranks, lineage off)."""
+        for sink in self.sinks:
+            if isinstance(sink, TrackerSink) and sink.tracker.run_id:
+                return sink.tracker.tracking_uri, sink.tracker.run_id
+        return None, None
+
     def saved_history(self) -> list[dict[str, float]]:
         """The history as a checkpoint keeps it: without the wall-clock measures (:data:`TIMING_KEYS`), so that a
         checkpoint's bytes follow from the training alone."""

@@ -26,6 +26,7 @@ from fourm_kfp.train.metrics import MetricWriter, Throughput
 from fourm_kfp.train.optimizer import Schedule, set_learning_rate
 from fourm_kfp.train.step import (StepSettings, global_norm, optimized_parameters, parameter_snapshot, to_host,
                                   train_step, update_norm)
+from fourm_kfp.train.system_metrics import node_system_metrics
 
 log = logging.getLogger("fourm_kfp.train")
 
@@ -127,6 +128,12 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------------------------------
 
     def fit(self) -> TrainState:
+        """Train to ``loop.total_steps`` (with each node's system metrics in the stage's MLflow run, when MLflow's
+        ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` is on)."""
+        with node_system_metrics(*self.metrics.tracker_run()):
+            return self._fit()
+
+    def _fit(self) -> TrainState:
         loop = self.loop
         if self.state.step == 0:
             self._validate()
