@@ -224,10 +224,13 @@ def _kfp_link(client, parent_run_id: str | None) -> dict[str, str]:
         return {}
     link = {TAG_KFP_RUN_ID: kfp_run_id}
     if parent_tags.get(TAG_KFP_HOST):
-        from fourm_kfp.pipeline_runs.submit import run_url
-
-        link[TAG_KFP_RUN_URL] = run_url(parent_tags[TAG_KFP_HOST], kfp_run_id)
+        link[TAG_KFP_RUN_URL] = kfp_run_page(parent_tags[TAG_KFP_HOST], kfp_run_id)
     return link
+
+
+def kfp_run_page(host: str, kfp_run_id: str) -> str:
+    """The KFP UI's page of a run: ``<host>/#/runs/details/<run id>``."""
+    return f"{host.rstrip('/')}/#/runs/details/{kfp_run_id}"
 
 
 def start_pipeline_run(tracking_uri: str | None, run_name: str, params: Mapping[str, Any],
