@@ -16,11 +16,9 @@ from fourm_kfp.train.system_metrics import node_system_metrics
 
 from tests.train.test_training_metrics import CountingLoader, _trainer
 
-pytest.importorskip("psutil", reason="MLflow's system metrics monitors need psutil")
-
-
 @pytest.fixture
 def system_metrics_on(monkeypatch):
+    pytest.importorskip("psutil", reason="MLflow's system metrics monitors need psutil")
     monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "true")
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
 
@@ -64,6 +62,8 @@ def _node(rank: int, world: int, init_file: str, uri: str, run_file: str) -> Non
 
 def test_each_node_logs_its_own_system_metrics_into_the_stage_run(tmp_path):
     import torch.multiprocessing as mp
+
+    pytest.importorskip("psutil", reason="MLflow's system metrics monitors need psutil")
 
     uri = lineage.default_tracking_uri(tmp_path)
     with lineage.stage_run(uri, None, "pretrain") as tracker:
