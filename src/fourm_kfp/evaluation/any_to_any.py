@@ -12,6 +12,7 @@ principal components, and read back in that format.
 
 from __future__ import annotations
 
+import io
 import json
 from collections import Counter
 from pathlib import Path
@@ -169,33 +170,50 @@ def read_input(modality: str, value: str, image_size: int) -> Any:
         return path.read_text().strip() if path.is_file() else value
     if not path.is_file():
         raise FileNotFoundError(f"--from {modality}={value}: no such file")
+    return decode_input(modality, path.read_bytes(), image_size, f"--from {modality}={value}")
+
+
+def decode_input(modality: str, data: bytes, image_size: int, where: str) -> Any:
+    """An input value from the bytes of its file (:func:`read_input`'s reading; ``where`` names the input in
+    errors): UTF-8 text for a sequence modality, any picture for a camera image (resized to ``image_size``), else
+    the modality's shard format with sides of ``image_size``."""
+    info = get_modality(modality)
+    if info.kind == "sequence":
+        return data.decode().strip()
     if info.camera_image:
-        image = Image.open(path).convert("RGB")
+        image = Image.open(io.BytesIO(data)).convert("RGB")
         if image.size != (image_size, image_size):
             image = image.resize((image_size, image_size), Image.BICUBIC)
         return np.asarray(image)
-    array = info.decode(path.read_bytes())
+    array = info.decode(data)
     if array.shape[:2] != (image_size, image_size):
         unit = "cells" if info.grid_sized else "px"
-        raise ValueError(f"--from {modality}={value}: {array.shape[0]} x {array.shape[1]} {unit}, the model needs "
+        raise ValueError(f"{where}: {array.shape[0]} x {array.shape[1]} {unit}, the model needs "
                          f"{image_size} x {image_size} {unit}")
     return array
+
+
+def encode_output(modality: str, value: Any) -> tuple[str, bytes]:
+    """``(extension, bytes)`` of a generated value as :func:`write_output` writes its ``<modality>.<extension>``:
+    text as UTF-8 with a final newline (``txt``), an image modality in its shard format."""
+    info = get_modality(modality)
+    if info.kind == "sequence":
+        return "txt", (str(value) + "\n").encode()
+    return info.ext, info.encode(value)
 
 
 def write_output(out_dir: Path, modality: str, value: Any, size: int = 256) -> list[Path]:
     """Write one generated value: text as ``<modality>.txt``; an image modality in its shard format
     (``<modality>.<ext>``) and as a picture (``<modality>_view.png``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    info = get_modality(modality)
-    if info.kind == "sequence":
-        path = out_dir / f"{modality}.txt"
-        path.write_text(str(value) + "\n")
+    ext, data = encode_output(modality, value)
+    path = out_dir / f"{modality}.{ext}"
+    path.write_bytes(data)
+    if get_modality(modality).kind == "sequence":
         return [path]
-    data = out_dir / f"{modality}.{info.ext}"
-    data.write_bytes(info.encode(value))
     view = out_dir / f"{modality}_view.png"
     Image.fromarray(visualize(modality, value, size)).save(view)
-    return [data, view]
+    return [path, view]
 
 
 def class_legend(ids: np.ndarray, vocabulary: Sequence[str]) -> dict[str, str]:

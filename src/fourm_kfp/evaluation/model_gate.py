@@ -1,8 +1,11 @@
 """The model gate: register an evaluated model in the MLflow model registry and promote it when it is better.
 
-Every evaluated model becomes a new version of a registered model (created on first use) whose source is the
-pretrain output URI: the exported ``model/`` folder with its card, a local path or an ``s3://`` URI, not an
-MLflow-format model. The version is linked to the evaluate stage's run, carries its lineage as tags
+Every evaluated model becomes a new version of a registered model (created on first use). The evaluate stage logs
+it as an MLflow model of its run (a pyfunc, :mod:`fourm_kfp.model.mlflow_model`) and passes its model id: the
+version's source is then ``models:/<model id>``, so ``mlflow.pyfunc.load_model("models:/<name>@champion")`` loads
+it, and the evaluation's metrics are logged linked to that model (MLflow 3's model metrics). Without a logged model
+(a caller passing none) the source is the pretrain output URI itself: the exported ``model/`` folder with its card,
+a local path or an ``s3://`` URI, not an MLflow-format model. The version is linked to the evaluate stage's run, carries its lineage as tags
 (``fourm.<key>``: data, tokenizers, pretokenized data and model URIs, content addresses, manifest digests, pipeline
 and evaluate run ids; ``fourm.source`` is always the model folder) and every metric as ``metric.<name>``, so a
 later gate reads the champion's score from the registry alone, without looking up runs.
@@ -245,10 +248,14 @@ def _ensure_registered_model(client, model_name: str) -> None:
             raise
 
 
-def _create_version(client, model_name: str, source: str, run_id: str | None, tags: dict[str, str]):
+def _create_version(client, model_name: str, source: str, run_id: str | None, tags: dict[str, str],
+                    logged_model_id: str | None = None):
     from mlflow.exceptions import MlflowException
 
     description = f"fourm-kfp model from {source}"
+    if logged_model_id:  # the MLflow model (pyfunc) logged by the evaluate run: what models:/ URIs load
+        return client.create_model_version(model_name, f"models:/{logged_model_id}", run_id=run_id, tags=tags,
+                                           description=description, model_id=logged_model_id)
     try:
         return client.create_model_version(model_name, source, run_id=run_id, tags=tags, description=description)
     except MlflowException as error:
@@ -265,6 +272,17 @@ def _create_version(client, model_name: str, source: str, run_id: str | None, ta
     return client.create_model_version(model_name, fallback, run_id=run_id, tags=tags, description=description)
 
 
+def _log_model_metrics(client, run_id: str, model_id: str, metrics: Mapping[str, float]) -> None:
+    """``metrics`` (the finite ones) logged to the run, linked to the logged model ``model_id``."""
+    import time
+
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(key, float(value), now, 0, model_id=model_id)
+                                      for key, value in metrics.items() if math.isfinite(float(value))])
+
+
 def _champion(client, model_name: str):
     """The version holding ``champion`` (``None`` if no version does); read from the model's alias map, so an
     unreachable server raises instead of looking like an empty registry."""
@@ -274,11 +292,15 @@ def _champion(client, model_name: str):
 
 def register_and_gate(tracking_uri: str, *, model_name: str, model_uri: str, run_id: str | None,
                       metrics: Mapping[str, float], primary_metric: str, higher_is_better: bool, margin: float,
-                      lineage: Mapping[str, str], scene_scores: Mapping[str, Any] | None = None) -> GateDecision:
+                      lineage: Mapping[str, str], scene_scores: Mapping[str, Any] | None = None,
+                      logged_model_id: str | None = None) -> GateDecision:
     """Register ``model_uri`` as a new version of ``model_name`` and apply the gate (see the module docstring).
 
     ``scene_scores``: the candidate's scene-scores document (:func:`scene_scores`; the evaluate run also logs it as
     :data:`SCENE_SCORES`, where a later gate finds it when this version is the champion).
+    ``logged_model_id``: the MLflow model logged from ``model_uri`` (:func:`fourm_kfp.model.mlflow_model.log_pyfunc`):
+    the version is registered from it (source ``models:/<id>``, so ``models:/<name>@champion`` loads with
+    ``mlflow.pyfunc.load_model``) and ``metrics`` are logged to ``run_id`` linked to it (MLflow 3's model metrics).
 
     Raises :class:`ValueError` before touching the registry when ``primary_metric`` is not in ``metrics`` or
     ``margin`` is negative or not finite."""
@@ -294,10 +316,16 @@ def register_and_gate(tracking_uri: str, *, model_name: str, model_uri: str, run
     tags[TAG_SOURCE] = source
     tags |= {METRIC_TAG + k: repr(float(v)) for k, v in metrics.items()}
 
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
     client = _client(tracking_uri)
     with _quiet_warnings():
         _ensure_registered_model(client, model_name)
-        version = str(_create_version(client, model_name, source, run_id, tags).version)
+        if logged_model_id and run_id:
+            _log_model_metrics(client, run_id, logged_model_id, metrics)
+        # The SQL registry resolves a models:/ source through the global tracking URI: this store's, meanwhile.
+        with _use_tracking_uri(tracking_uri):
+            version = str(_create_version(client, model_name, source, run_id, tags, logged_model_id).version)
         champion = _champion(client, model_name)
         verdict = _decide(primary_metric, value, champion, higher_is_better, margin, scene_scores,
                           lambda champ: _champion_scene_scores(client, champ))

@@ -2,7 +2,7 @@
 
 Masked-modeling loss per modality on the val split; cross-modal generation (rgb → depth/normal/semseg/det/caption,
 caption → rgb) scored beside the tokenizer ceiling and a trivial baseline; a Markdown/HTML report with grids; the
-model registered in the MLflow registry as ``candidate`` and promoted to ``champion`` when it beats the current
+model logged as an MLflow model (a pyfunc) and registered in the MLflow registry as ``candidate`` and promoted to ``champion`` when it beats the current
 one with confidence (a bootstrap over the val scenes against the champion's per-scene scores).
 
 Reads the model by URI (the pretrain output), its tokenizers, the pretokenized val split (the model's inputs) and
@@ -151,7 +151,7 @@ def run(ctx: StageContext) -> StageResult:
     ctx.write_report("evaluation_report.md", report_markdown(report).encode())
     ctx.write_report("evaluation_report.html", report_html(report, grids, figure).encode())
 
-    gate, gate_skipped = _gate(ctx, model_uri, metrics, scores)
+    gate, gate_skipped = _gate(ctx, engine, model_uri, metrics, scores)
     gate_json = json.dumps(gate or {"skipped": gate_skipped}, indent=2).encode()
     ctx.output.put_bytes(GATE_FILE, gate_json)
     ctx.tracker.log_artifact(GATE_FILE, gate_json)  # where `fourm-kfp submit --wait` reads the verdict
@@ -169,14 +169,16 @@ def _labelled_by(ctx: StageContext) -> dict[str, str]:
             for modality, who in layer.manifest.get("counts", {}).get("labelers", {}).items()}
 
 
-def _gate(ctx: StageContext, model_uri: str, metrics: dict[str, float],
+def _gate(ctx: StageContext, engine: AnyToAny, model_uri: str, metrics: dict[str, float],
           scores: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """Register the model and apply the gate (needs an MLflow tracking store: lineage on)."""
+    """Log the model as an MLflow model of the evaluate run (a pyfunc, :mod:`fourm_kfp.model.mlflow_model`),
+    register it and apply the gate (needs an MLflow tracking store: lineage on)."""
     gate = ctx.config.evaluate.gate
     tracking = ctx.tracker.tracking_uri
     if not tracking:
         return None, "Lineage is off (no MLflow tracking store), so the model was not registered."
     from fourm_kfp.evaluation.model_gate import register_and_gate
+    from fourm_kfp.model.mlflow_model import INPUT_MODALITY, log_pyfunc
 
     lineage = {"model_uri": model_uri, "pipeline_run_id": ctx.tracker.parent_run_id or "",
                "evaluate_run_id": ctx.tracker.run_id or ""}
@@ -184,10 +186,16 @@ def _gate(ctx: StageContext, model_uri: str, metrics: dict[str, float],
         lineage[f"{name}.uri"] = stage_input.uri
         lineage[f"{name}.address"] = stage_input.uri.rstrip("/").rsplit("/", 1)[-1]
         lineage[f"{name}.manifest_digest"] = stage_input.digest
+    logged_model_id = None
+    targets = [m for m in engine.modalities if m != INPUT_MODALITY]
+    if ctx.tracker.run_id and INPUT_MODALITY in engine.modalities and targets:
+        logged_model_id = log_pyfunc(tracking, ctx.tracker.run_id, model_uri=model_uri,
+                                     tokenizers_uri=ctx.inputs[TOKENIZERS].uri, image_size=engine.side(INPUT_MODALITY),
+                                     target=targets[0])
     decision = register_and_gate(tracking, model_name=gate.model_name, model_uri=model_uri,
                                  run_id=ctx.tracker.run_id, metrics=metrics, primary_metric=gate.metric,
                                  higher_is_better=gate.higher_is_better, margin=gate.margin, lineage=lineage,
-                                 scene_scores=scores)
+                                 scene_scores=scores, logged_model_id=logged_model_id)
     log.info("model gate: %s version %s %s — %s", decision.model_name, decision.version,
              "promoted to champion" if decision.promoted else "not promoted", decision.reason)
     return decision.to_dict(), ""
