@@ -1,14 +1,14 @@
 """The model gate: register an evaluated model in the MLflow model registry and promote it when it is better.
 
-Every evaluated model becomes a new version of a registered model (created on first use). The evaluate stage logs
-it as an MLflow model of its run (a pyfunc, :mod:`fourm_kfp.model.mlflow_model`) and passes its model id: the
+Every evaluated model becomes a new version of a registered model (created on first use). The evaluate stage logs it
+as an MLflow model of its run (a pyfunc, :mod:`fourm_kfp.evaluation.mlflow_model`) and passes its model id: the
 version's source is then ``models:/<model id>``, so ``mlflow.pyfunc.load_model("models:/<name>@champion")`` loads
 it, and the evaluation's metrics are logged linked to that model (MLflow 3's model metrics). Without a logged model
 (a caller passing none) the source is the pretrain output URI itself: the exported ``model/`` folder with its card,
-a local path or an ``s3://`` URI, not an MLflow-format model. The version is linked to the evaluate stage's run, carries its lineage as tags
-(``fourm.<key>``: data, tokenizers, pretokenized data and model URIs, content addresses, manifest digests, pipeline
-and evaluate run ids; ``fourm.source`` is always the model folder) and every metric as ``metric.<name>``, so a
-later gate reads the champion's score from the registry alone, without looking up runs.
+a local path or an ``s3://`` URI, not an MLflow-format model. The version is linked to the evaluate stage's run,
+carries its lineage as tags (``fourm.<key>``: data, tokenizers, pretokenized data and model URIs, content addresses,
+manifest digests, pipeline and evaluate run ids; ``fourm.source`` is always the model folder) and every metric as
+``metric.<name>``, so a later gate reads the champion's score from the registry alone, without looking up runs.
 
 The version gets the alias ``candidate``, and takes the alias ``champion`` when
 
@@ -298,9 +298,10 @@ def register_and_gate(tracking_uri: str, *, model_name: str, model_uri: str, run
 
     ``scene_scores``: the candidate's scene-scores document (:func:`scene_scores`; the evaluate run also logs it as
     :data:`SCENE_SCORES`, where a later gate finds it when this version is the champion).
-    ``logged_model_id``: the MLflow model logged from ``model_uri`` (:func:`fourm_kfp.model.mlflow_model.log_pyfunc`):
-    the version is registered from it (source ``models:/<id>``, so ``models:/<name>@champion`` loads with
-    ``mlflow.pyfunc.load_model``) and ``metrics`` are logged to ``run_id`` linked to it (MLflow 3's model metrics).
+    ``logged_model_id``: the MLflow model logged from ``model_uri``
+    (:func:`fourm_kfp.evaluation.mlflow_model.log_pyfunc`): the version is registered from it (source
+    ``models:/<id>``, so ``models:/<name>@champion`` loads with ``mlflow.pyfunc.load_model``) and ``metrics`` are
+    logged to ``run_id`` linked to it (MLflow 3's model metrics).
 
     Raises :class:`ValueError` before touching the registry when ``primary_metric`` is not in ``metrics`` or
     ``margin`` is negative or not finite."""

@@ -2,8 +2,9 @@
 
 Masked-modeling loss per modality on the val split; cross-modal generation (rgb → depth/normal/semseg/det/caption,
 caption → rgb) scored beside the tokenizer ceiling and a trivial baseline; a Markdown/HTML report with grids; the
-model logged as an MLflow model (a pyfunc) and registered in the MLflow registry as ``candidate`` and promoted to ``champion`` when it beats the current
-one with confidence (a bootstrap over the val scenes against the champion's per-scene scores).
+model logged as an MLflow model (a pyfunc) and registered in the MLflow registry as ``candidate`` and promoted to
+``champion`` when it beats the current one with confidence (a bootstrap over the val scenes against the champion's
+per-scene scores).
 
 Reads the model by URI (the pretrain output), its tokenizers, the pretokenized val split (the model's inputs) and
 the prepared val split (exact ground truth). Writes the payload -- ``evaluation.json`` (every number, the per-scene
@@ -171,14 +172,14 @@ def _labelled_by(ctx: StageContext) -> dict[str, str]:
 
 def _gate(ctx: StageContext, engine: AnyToAny, model_uri: str, metrics: dict[str, float],
           scores: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """Log the model as an MLflow model of the evaluate run (a pyfunc, :mod:`fourm_kfp.model.mlflow_model`),
+    """Log the model as an MLflow model of the evaluate run (a pyfunc, :mod:`fourm_kfp.evaluation.mlflow_model`),
     register it and apply the gate (needs an MLflow tracking store: lineage on)."""
     gate = ctx.config.evaluate.gate
     tracking = ctx.tracker.tracking_uri
     if not tracking:
         return None, "Lineage is off (no MLflow tracking store), so the model was not registered."
     from fourm_kfp.evaluation.model_gate import register_and_gate
-    from fourm_kfp.model.mlflow_model import INPUT_MODALITY, log_pyfunc
+    from fourm_kfp.evaluation.mlflow_model import INPUT_MODALITY, log_pyfunc
 
     lineage = {"model_uri": model_uri, "pipeline_run_id": ctx.tracker.parent_run_id or "",
                "evaluate_run_id": ctx.tracker.run_id or ""}

@@ -2,16 +2,16 @@
 
 :class:`FourMPyfunc` wraps :class:`~fourm_kfp.evaluation.any_to_any.AnyToAny`: ``load_context`` loads the model and
 its tokenizer bundle from the MLflow model's artifacts, ``predict`` reads each row's image and generates its target
-(one modality, or a comma-separated chain as ``fourm-kfp generate --to`` takes) through the same code as
-``fourm-kfp generate``, one row at a time with the row's seed, so a row gives the bytes ``generate`` writes for the
-same image, target and seed.
+(one modality, or a comma-separated chain as ``fourm-kfp generate --to`` takes) through the same code as ``fourm-kfp
+generate``, one row at a time with the seed of the params, so a row gives the bytes ``generate`` writes for the same
+image, target and seed.
 
-Input (a DataFrame or a dict of columns): ``image`` (binary, base64 in JSON: any picture file, read as the model's ``rgb`` as
-``--from rgb=FILE`` reads it) and ``target`` (string). Params (MLflow's params schema, with generate's defaults):
-``seed``, ``steps``, ``order``, ``schedule``, ``temperature``, ``top_k``, ``top_p``, ``guidance``. Output: one row
-per generated value: ``row`` (the input row), ``modality``, ``format`` (the file extension generate writes),
-``data`` (the bytes of generate's ``<modality>.<format>``: an image modality in its shard format, text as UTF-8)
-and ``text`` (the text of a sequence modality, else empty).
+Input (a DataFrame or a dict of columns): ``image`` (binary, base64 in JSON: any picture file, read as the model's
+``rgb`` as ``--from rgb=FILE`` reads it) and ``target`` (string). Params (MLflow's params schema, with generate's
+defaults): ``seed``, ``steps``, ``order``, ``schedule``, ``temperature``, ``top_k``, ``top_p``, ``guidance``.
+Output: one row per generated value: ``row`` (the input row), ``modality``, ``format`` (the file extension generate
+writes), ``data`` (the bytes of generate's ``<modality>.<format>``: an image modality in its shard format, text as
+UTF-8) and ``text`` (the text of a sequence modality, else empty).
 
 The artifacts are copies: the model (card, weights, manifest; not its snapshots) and its tokenizer bundle are
 copied out of the store into the MLflow model, so a registry user needs MLflow's tracking and artifact access
@@ -155,7 +155,8 @@ def log_pyfunc(tracking_uri: str, run_id: str, *, model_uri: str, tokenizers_uri
         logged = client.create_logged_model(run.info.experiment_id, name=name, source_run_id=run_id,
                                             tags={"fourm.source": model_uri})
         info = Model.log(  # pyfunc's log_model, for a run that is not the active one (run_id)
-            artifact_path=None, name=name, flavor=mlflow.pyfunc, python_model=FourMPyfunc(), artifacts=artifacts, signature=signature(),
+            artifact_path=None, name=name, flavor=mlflow.pyfunc, python_model=FourMPyfunc(), artifacts=artifacts,
+            signature=signature(),
             input_example=({"image": [example_image(image_size)], "target": [target]}, DEFAULT_PARAMS),
             pip_requirements=[f"fourm-kfp=={__version__}", f"mlflow-skinny=={mlflow.__version__}", "pandas"],
             run_id=run_id, model_id=logged.model_id)
