@@ -141,6 +141,7 @@ def log_pyfunc(tracking_uri: str, run_id: str, *, model_uri: str, tokenizers_uri
     """Log the pretrain output at ``model_uri`` as an MLflow model of run ``run_id`` (a LoggedModel in the run's
     experiment, with its signature and an input example generating ``target``); returns its model id."""
     import mlflow
+    from mlflow.entities import LoggedModelStatus
     from mlflow.models import Model
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
@@ -160,4 +161,5 @@ def log_pyfunc(tracking_uri: str, run_id: str, *, model_uri: str, tokenizers_uri
             input_example=({"image": [example_image(image_size)], "target": [target]}, DEFAULT_PARAMS),
             pip_requirements=[f"fourm-kfp=={__version__}", f"mlflow-skinny=={mlflow.__version__}", "pandas"],
             run_id=run_id, model_id=logged.model_id)
+        client.finalize_logged_model(info.model_id, LoggedModelStatus.READY)  # Model.log leaves it PENDING
     return info.model_id
