@@ -312,9 +312,11 @@ def latest_pipeline_run(tracking_uri: str) -> str | None:
     return run.info.run_id if run is not None else None
 
 
-def find_run_by_tag(tracking_uri: str, key: str, value: str):
-    """The newest run carrying tag ``key=value`` (``None`` if there is none)."""
+def find_run_by_tag(tracking_uri: str, key: str, value: str, kind: str | None = None):
+    """The newest run carrying tag ``key=value`` (``None`` if there is none); of ``kind`` (``pipeline``, ``stage``,
+    ``part``) only, when given: a stage run carries its pipeline run's KFP run id too."""
     client = _client(tracking_uri)
-    runs = client.search_runs([_experiment_id(client, tracking_uri)], filter_string=f"tags.`{key}` = '{value}'",
+    where = f"tags.`{key}` = '{value}'" + (f" and tags.`{TAG_KIND}` = '{kind}'" if kind else "")
+    runs = client.search_runs([_experiment_id(client, tracking_uri)], filter_string=where,
                               order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0] if runs else None

@@ -167,7 +167,7 @@ def close_lineage_step(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str
     if tracking is None:
         return
     if mlflow_parent_run_id:
-        run = lineage.find_run_by_tag(tracking, TAG_KFP_RUN_ID, kfp_run_id)
+        run = lineage.find_run_by_tag(tracking, TAG_KFP_RUN_ID, kfp_run_id, kind="pipeline")
         if run is None or run.data.tags.get(TAG_DECLINED_PARENT) != mlflow_parent_run_id:
             return  # the launcher's parent run, claimed by this run: the launcher closes it
     else:

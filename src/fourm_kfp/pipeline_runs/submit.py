@@ -234,7 +234,7 @@ def attach(request: SubmitRequest, run_id: str, client=None, out: Callable[[str]
     tracking = lineage.resolve_tracking_uri(run_tracking or request.tracking_uri or None, None)
     parent, opened_by_submit = str(params.get("mlflow_parent_run_id") or ""), False
     if tracking:  # the parent the run's first step claimed or opened (a cloned run's own), tagged with the run id
-        found = lineage.find_run_by_tag(tracking, TAG_KFP_RUN_ID, run_id)
+        found = lineage.find_run_by_tag(tracking, TAG_KFP_RUN_ID, run_id, kind="pipeline")
         parent = found.info.run_id if found is not None else parent
     if tracking and parent:
         opened_by_submit = lineage._client(tracking).get_run(parent).data.tags.get(TAG_OPENED_BY) == OPENED_BY_SUBMIT
