@@ -25,7 +25,8 @@ TAG_RUN_LABEL = "fourm.run_label"
 #: On a parent run: the KFP run it belongs to. The pipeline's first step tags the parent it opens, and claims a
 #: launcher's parent it is given; the id of a parent a cloned run declined (it opened its own) goes in
 #: TAG_DECLINED_PARENT.
-TAG_KFP_RUN_ID, TAG_DECLINED_PARENT = "fourm.kfp_run_id", "fourm.declined_parent_run_id"
+TAG_KFP_RUN_ID = lineage.TAG_KFP_RUN_ID  # the tag that links a pipeline run (and its stage runs) to KFP
+TAG_DECLINED_PARENT = "fourm.declined_parent_run_id"
 #: How long KFP retries a job stage's step, from its first attempt's start (the compiled retry policy's
 #: backoffMaxDuration, which KFP hands Argo as the retry strategy's maxDuration; a retried pod is also killed at the
 #: first attempt's start plus this). A job's queue time and deadline must fit in it (:func:`check_retry_window`).
