@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from fourm_kfp import storage
-from fourm_kfp.local_s3_server import LocalS3, serve_s3
+from fourm_kfp.testing import LocalS3, serve_s3
 from tests.smoke_runs import run_smoke
 
 S3_KEY, S3_SECRET = "fourm-test-key", "fourm-test-secret"
