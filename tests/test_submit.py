@@ -246,7 +246,9 @@ def _closed_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("host", [f"http://127.0.0.1:{_closed_port()}", "http://no-such-kfp-host.invalid"])
+# Named ids: each xdist worker collects its own closed port, and the workers must collect the same test ids.
+@pytest.mark.parametrize("host", [f"http://127.0.0.1:{_closed_port()}", "http://no-such-kfp-host.invalid"],
+                         ids=["closed-port", "unresolvable-host"])
 def test_an_unreachable_host_is_one_line_and_exit_2(capsys, host):
     code = cli_main(["submit", "--no-doctor", "--host", host, "--preset", "smoke"])
     err = capsys.readouterr().err
