@@ -225,6 +225,35 @@ def test_export_refuses_what_ml4m_cannot_express_with_every_reason():
         export_ml4m(FourM(small), "/nonexistent/never-written")
 
 
+def test_a_modality_without_an_ml4m_domain_is_refused_on_export_by_name_and_left_out_on_import(tmp_path,
+                                                                                                 monkeypatch):
+    """A SigLIP-like feature map whose record has no ml-4m domain (``ml4m=None``): export names it, says why and what
+    to do, and writes nothing (the pretrain stage records the reason instead of a folder); import, asked for it beside
+    modalities ml-4m has, leaves it out, and asked for it alone says that it has no domain."""
+    from fourm_kfp.data.modalities import MODALITIES, feature_map
+
+    monkeypatch.setitem(MODALITIES, "siglip", feature_map("siglip"))
+    siglip = ModalitySpec("siglip", "image", 8192, grid=GRID)
+    args = FourMArgs((ModalitySpec("rgb", "image", 16384, grid=GRID), siglip), 1, 1, 32, 2, tie_embeddings=False,
+                     context_bias=True)
+    [reason] = ml4m_unexpressible(args)
+    assert reason.startswith("modality 'siglip' has no ml-4m domain") and "record's ml4m is None" in reason
+    assert "leave it out of data.modalities" in reason
+    with pytest.raises(Ml4mError, match="'siglip' has no ml-4m domain"):
+        export_ml4m(FourM(args), tmp_path / "refused")
+    assert not (tmp_path / "refused" / "model.safetensors").exists()
+    from fourm_kfp.stages.pretrain import _export_ml4m
+    from fourm_kfp.storage import open_store
+
+    model = FourM(args)
+    assert _export_ml4m(model.state_dict(), args, open_store(str(tmp_path / "out"), create=True), {}) == [reason]
+    export_ml4m(random_model(layers=(1, 1)), tmp_path / "ml4m")
+    back, report = import_ml4m(tmp_path / "ml4m", modalities=["rgb", "depth", "siglip"])
+    assert back.args.names == ("rgb", "depth") and report.missing == []
+    with pytest.raises(Ml4mError, match=r"among \['siglip'\] \(siglip: no ml-4m domain\)"):
+        import_ml4m(tmp_path / "ml4m", modalities=["siglip"])
+
+
 def test_feature_maps_are_exchanged_as_ml4m_s_clip_and_dinov2_tokens_at_their_own_grids(tmp_path):
     """tok_clip@224 is 14 x 14 (16-px patches), tok_dinov2@224 16 x 16 (DINOv2's 14-px patches)."""
     features = (ModalitySpec("rgb", "image", 16384, grid=GRID), ModalitySpec("clip", "image", 8192, grid=(14, 14)),

@@ -50,7 +50,7 @@ labeler that made it reports.
   one (``metric``), the train-tokenizers settings it needs beneath a preset's ``per_modality``
   (``tokenizer_defaults``), the evaluate stage's scorer family (``scoring``,
   :data:`fourm_kfp.evaluation.targets.SCORERS`), and its token domain in apple/ml-4m's format (``ml4m``, read by
-  :mod:`fourm_kfp.model.ml4m`).
+  :mod:`fourm_kfp.model.ml4m`; None where ml-4m has none).
 
 ``tests/data/test_modality_table.py`` checks that every record is complete: each name resolves in its family table
 and each consumer reaches every modality. Everything is looked up by name (``MODALITIES["depth"].encode(x)``), so
@@ -135,7 +135,8 @@ class Modality:
     #: its side is the dataset's ``grid`` setting (a teacher's token grid) and its channels the ``channels``
     #: setting, not the prepared image's size
     grid_sized: bool = False
-    #: its token domain in ml-4m's format; None: ml-4m has none (such a model cannot be exported)
+    #: its token domain in ml-4m's format; None: ml-4m has none (a model holding it is not exported to ml-4m, and an
+    #: ml-4m model cannot give it)
     ml4m: Ml4mDomain | None = None
 
     def shape(self, image_size: int, settings: Mapping[str, Any] | None = None) -> tuple[int, ...]:
@@ -267,13 +268,15 @@ def decode_feature_map(data: bytes) -> np.ndarray:
     return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False).astype(np.float32)
 
 
-def _feature_map(name: str, domain: Ml4mDomain) -> Modality:
+def feature_map(name: str, ml4m: Ml4mDomain | None = None) -> Modality:
     """A teacher network's patch features (4M-21's feature-map modalities): a grid-sized float map, tokenized by a
-    VQ-VAE over cells (a ViT, patch 1: ml-4m's feature tokenizers), scored by cosine similarity."""
+    VQ-VAE over cells (a ViT, patch 1: ml-4m's feature tokenizers), scored by cosine similarity. ``ml4m``: its
+    domain in ml-4m's format, if ml-4m has one (a feature map it lacks, SigLIP's say, has none: such a model is
+    not exported to ml-4m)."""
     return Modality(name, "image", "npy", encode_feature_map, decode_feature_map, 0, "vqvae", "mse",
                     scoring="features", check="features", visual="features", crop="grid", codec="features",
                     errors="features", tokenizer_defaults={"architecture": "vit", "patch_size": 1},
-                    settings={"channels": 0, "grid": 0}, grid_sized=True, ml4m=domain)
+                    settings={"channels": 0, "grid": 0}, grid_sized=True, ml4m=ml4m)
 
 
 _TEXT_VOCABULARY = 30000  # ml-4m's shared WordPiece vocabulary
@@ -314,8 +317,8 @@ MODALITIES: dict[str, Modality] = {
                  ml4m=Ml4mDomain("metadata", _TEXT_VOCABULARY, max_length=40)),
         # CLIP-B/16's ``ln_post(patch tokens) @ proj`` (512 channels, 14 x 14 at 224 px) and DINOv2-B/14's patch
         # tokens (768 channels, 16 x 16 at 224 px), or whatever teacher a labeler runs (its channels and grid)
-        _feature_map("clip", Ml4mDomain("tok_clip@224", 8192)),
-        _feature_map("dinov2", Ml4mDomain("tok_dinov2@224", 8192, grid=(16, 16))),
+        feature_map("clip", Ml4mDomain("tok_clip@224", 8192)),
+        feature_map("dinov2", Ml4mDomain("tok_dinov2@224", 8192, grid=(16, 16))),
     )
 }
 
