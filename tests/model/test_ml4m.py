@@ -135,6 +135,30 @@ def test_export_has_ml4m_keys_and_shapes_and_config(tmp_path):
     assert {k: json.loads(v) for k, v in metadata.items()} == KEYS["config"]
 
 
+@pytest.mark.parametrize("switches", [{}, {"tie_embeddings": True, "context_bias": False,
+                                          "pixel_modality_embed": False}])
+def test_the_key_map_places_each_row_of_ours_once_and_writes_what_ml4m_saves(switches):
+    """The one table both directions read (``key_map``): every row of every tensor of ours is one ml-4m tensor's,
+    none twice (two would leave import's result to their order; tied heads are written as both of ml-4m's, and read
+    back untied), and the names export writes are those ml-4m's ``save_pretrained`` writes for this config."""
+    from fourm_kfp.model.ml4m.key_map import Fixed, key_map
+
+    model = random_model(**switches)
+    mapping = key_map(model)
+    pairs = [e for e in mapping.entries if not isinstance(e, Fixed)]
+    placed = {name: torch.zeros(value.shape[0] if value.dim() else 1, dtype=torch.int64)
+              for name, value in model.state_dict().items()}
+    for pair in pairs:
+        placed[pair.ours][pair.rows or slice(None)] += 1
+    placed["enc_token_embed.weight"][model.enc_token_offset[model.pixel_index]] += 1  # the pixel placeholder row
+    twice = {"dec_token_embed.weight"} if model.args.tie_embeddings else set()  # tied: to_logits is token_emb too
+    assert {name: rows.unique().tolist() for name, rows in placed.items()} == {
+        name: [2 if name in twice else 1] for name in placed}
+    written = [name for pair in pairs for name in pair.names[:pair.written]]
+    written += [fixed.name for fixed in mapping.entries if isinstance(fixed, Fixed)]
+    assert len(written) == len(set(written)) and set(written) == set(_saved_keys(KEYS["keys"]))
+
+
 def test_a_file_with_one_alias_of_a_shared_embedding_still_imports(tmp_path):
     """ml-4m's ``save_pretrained`` keeps one name of a shared tensor: either one is enough."""
     model = random_model(layers=(1, 1))
