@@ -24,13 +24,13 @@ import torch
 
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract import run_stage
+from fourm_kfp.contract.shard_jobs import Shard
 from fourm_kfp.data.shard_stream import shard_indices
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers
 from fourm_kfp.tokenizers.pretokenizer import Pretokenizer, ShardTokens, output_names, pretokenize_shards
-from fourm_kfp.tokenizers.shard_crops import (CropSettings, ShardJob, chunk_samples, crop_chunk, decode_workers,
-                                              raw_chunks)
+from fourm_kfp.tokenizers.shard_crops import CropSettings, chunk_samples, crop_chunk, decode_workers, raw_chunks
 
 from bench_output import emit
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
         make = lambda encoders: Pretokenizer(encoders, IMAGE_SIZE, crops, args.batch_size,  # noqa: E731
                                              device, TEXT, keep_rgb=True)
         modalities = list(IMAGE) + TEXT
-        jobs = [ShardJob("train", i) for i in shard_indices(data, "train")]
+        jobs = [Shard("train", i) for i in shard_indices(data, "train")]
         names = output_names(IMAGE, TEXT, True)
 
         encoder_seconds = bare_encoder_seconds(make({m: tokenizers.image[m] for m in IMAGE}), data, jobs, modalities)

@@ -1,6 +1,8 @@
 """The pretokenize stage: byte-identical reruns into fresh stores (local and S3), decode worker processes giving the
 bytes of the reader thread, a corrupt member named in a clear error with no process left behind, a killed worker
-redoing only the missing shards, fan-out parts equal to one worker, and real data with only rgb and captions."""
+redoing only the shards its ledger does not hold committed, the collect step naming a shard no worker committed,
+the reconstruction check reading train-tokenizers' manifest (not its report), fan-out parts equal to one worker,
+and real data with only rgb and captions."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ import pytest
 
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract import run_stage, run_stage_part
-from fourm_kfp.contract.context import part_key
-from fourm_kfp.contract.manifest import MANIFEST_NAME
+from fourm_kfp.contract.context import PARTS_DIR, part_key
+from fourm_kfp.contract.manifest import MANIFEST_NAME, commit_manifest
+from fourm_kfp.contract.shard_jobs import IncompleteShardsError, Shard, parts_stats_key
 from fourm_kfp.data.pretokenized import INDEX_FILE, decode_member
 from fourm_kfp.data.shard_stream import iter_split
 from fourm_kfp.data.shard_writer import keys_key, shard_key
@@ -25,6 +28,8 @@ from fourm_kfp.data.ustar import TarSpool
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers import shard_crops
+from fourm_kfp.tokenizers.metrics import METRICS
+from fourm_kfp.stages.pretokenize import PretokenizeCheckError
 from fourm_kfp.tokenizers.shard_crops import CropError
 
 SPEC = get_stage("pretokenize")
@@ -120,21 +125,70 @@ def test_a_corrupt_member_in_a_worker_names_the_shard_and_leaves_no_process(upst
     assert not any(k.endswith("train/_keys/shard-000001.txt") for k in committed)
 
 
-def test_a_killed_worker_redoes_only_the_missing_shard(upstream, tmp_path):
+def _payload_shards(out) -> dict[str, bytes]:
+    """The output's shard files (the statistics records under ``_parts/`` are not the payload's)."""
+    return {k: out.get_bytes(k) for k in out.list() if "/shard-" in k and not k.startswith(f"{PARTS_DIR}/")}
+
+
+@pytest.mark.parametrize("lost", ["key index", "statistics record"])
+def test_a_killed_worker_redoes_only_the_shard_its_ledger_lacks(upstream, tmp_path, lost):
     config, inputs = upstream
     root = open_store(str(tmp_path), create=True)
     out_uri = run_stage_part(SPEC, config, root, 0, 1, input_uris=inputs)
     out = open_store(out_uri)
-    complete = {k: out.get_bytes(k) for k in out.list() if "/shard-" in k}
-    # the worker "dies" while writing train shard 2: its key index (the shard's commit marker) never lands
-    out.delete_prefix(keys_key("train", 2))
+    complete = _payload_shards(out)
+    assert out.exists(parts_stats_key(Shard("train", 2)))  # each shard's record, beside the part records
+    # the worker "dies" while committing train shard 2: its record or its key index (written last) never lands
+    out.delete_prefix(keys_key("train", 2) if lost == "key index" else parts_stats_key(Shard("train", 2)))
     out.delete_prefix(part_key(0, 1))
     outcome = run_stage(SPEC, config, root, input_uris=inputs)
     record = json.loads(out.get_bytes(part_key(0, 1)))
     assert record["metrics"]["shards_done"] == 1 and record["metrics"]["shards_skipped"] == 4
     assert record["metrics"]["encoded_images"] == 4 * 2 * 5  # train shard 2: 4 samples x 2 crops x 5 modalities
-    assert {k: out.get_bytes(k) for k in out.list() if "/shard-" in k} == complete
+    assert _payload_shards(out) == complete
     assert _token_files(outcome.output_uri).keys() == complete.keys()  # skipped shards still in the manifest
+
+
+def test_collect_names_a_shard_no_worker_committed(upstream, tmp_path):
+    config, inputs = upstream
+    root = open_store(str(tmp_path), create=True)
+    out = open_store(run_stage_part(SPEC, config, root, 0, 2, input_uris=inputs))
+    run_stage_part(SPEC, config, root, 1, 2, input_uris=inputs)
+    out.delete_prefix(keys_key("val", 1))  # the part records stand: the collect step runs no worker again
+    with pytest.raises(IncompleteShardsError, match="val shard 1 is not committed"):
+        run_stage(SPEC, config, root, input_uris=inputs, parts=2)
+    assert not out.exists(MANIFEST_NAME)
+
+
+def _tokenizers_copy(inputs: dict[str, str], folder: Path, **metrics: float) -> dict[str, str]:
+    """The inputs with train-tokenizers' output copied to ``folder``, its reports removed, ``metrics`` recorded in
+    its manifest."""
+    shutil.copytree(inputs["train-tokenizers"], folder)
+    copy = open_store(str(folder))
+    copy.delete_prefix("reports/")
+    manifest = json.loads(copy.get_bytes(MANIFEST_NAME))
+    manifest["metrics"].update(metrics)
+    commit_manifest(copy, manifest)
+    return {**inputs, "train-tokenizers": str(folder)}
+
+
+def test_the_check_reads_the_tokenizers_manifest_not_their_report(upstream, tmp_path):
+    config, inputs = upstream
+    reference = run_stage(SPEC, config, open_store(str(tmp_path / "reference"), create=True), input_uris=inputs)
+    copied = _tokenizers_copy(inputs, tmp_path / "tokenizers")
+    outcome = run_stage(SPEC, config, open_store(str(tmp_path / "out"), create=True), input_uris=copied)
+    assert outcome.metrics["check.rgb.deviation"] == reference.metrics["check.rgb.deviation"]
+    assert _token_files(outcome.output_uri) == _token_files(reference.output_uri)
+
+
+def test_a_tokenizer_error_unlike_the_recorded_one_fails_naming_the_modality(upstream, tmp_path):
+    config, inputs = upstream
+    measured = json.loads(open_store(inputs["train-tokenizers"]).get_bytes(MANIFEST_NAME))["metrics"]
+    primary = METRICS["depth"].primary
+    far_off = measured[f"depth.{primary}"] + 10 * measured[f"depth.baseline_{primary}"]
+    copied = _tokenizers_copy(inputs, tmp_path / "tokenizers", **{f"depth.{primary}": far_off})
+    with pytest.raises(PretokenizeCheckError, match=f"decoded depth tokens give {primary}="):
+        run_stage(SPEC, config, open_store(str(tmp_path / "out"), create=True), input_uris=copied)
 
 
 def test_two_parts_give_what_one_worker_gives(upstream, tmp_path):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from fourm_kfp.config.loader import load_config
+from fourm_kfp.contract.shard_jobs import Shard
 from fourm_kfp.data.crops import Crop, apply_crop, draw_crops
 from fourm_kfp.data.shard_writer import ShardWriter, encode_sample
 from fourm_kfp.stages import PRETOKENIZE
@@ -25,7 +26,7 @@ from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.ml4m import conventions
 from fourm_kfp.tokenizers.ml4m.adapter import describe, load_ml4m_tokenizer
 from fourm_kfp.tokenizers.ml4m.folder import read_folder
-from fourm_kfp.tokenizers.shard_crops import CropSettings, ShardJob, crop_chunk, raw_chunks
+from fourm_kfp.tokenizers.shard_crops import CropSettings, crop_chunk, raw_chunks
 
 REFERENCE = Path(__file__).parent / "ml4m_reference"
 CROPS = np.load(REFERENCE / "crops.npz")
@@ -81,7 +82,7 @@ def test_crop_chunks_use_the_settings_resampling(tmp_path):
     for key, photo in photos.items():
         writer.write(key, encode_sample({"rgb": photo}, ("rgb",)))
     writer.close()
-    (chunk,) = raw_chunks(store, ShardJob("train", 0), ("rgb",), size=2)
+    (chunk,) = raw_chunks(store, Shard("train", 0), ("rgb",), size=2)
     bicubic = CropSettings(4, (0.3, 0.6), (0.75, 1.33), 0.5, 11, camera_resample="bicubic")
     bilinear = CropSettings(4, (0.3, 0.6), (0.75, 1.33), 0.5, 11)
     got, old = crop_chunk(bicubic, side, chunk).images["rgb"].crops, crop_chunk(bilinear, side, chunk).images["rgb"]

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from fourm_kfp.contract.shard_jobs import Shard
 from fourm_kfp.data.crops import apply_crop, draw_crops
 from fourm_kfp.data.shard_writer import ShardWriter, encode_sample
 from fourm_kfp.storage import open_store
-from fourm_kfp.tokenizers.shard_crops import (MAX_AUTO_DECODE_WORKERS, CropSettings, DecodeWorkerError, ShardJob,
-                                              crop_chunk, crop_executor, cropped, decode_workers, raw_chunks)
+from fourm_kfp.tokenizers.shard_crops import (MAX_AUTO_DECODE_WORKERS, CropSettings, DecodeWorkerError, crop_chunk,
+                                              crop_executor, cropped, decode_workers, raw_chunks)
 
 MODALITIES = ("rgb", "depth", "caption", "det")
 SETTINGS = CropSettings(3, (0.5, 1.0), (0.75, 1.33), 0.5, 7)
@@ -55,7 +56,7 @@ def shard(tmp_path):
 
 
 def test_a_worker_crops_as_the_reader_thread_through_shared_memory(shard):
-    chunks = list(raw_chunks(shard, ShardJob("train", 0), MODALITIES, size=3))
+    chunks = list(raw_chunks(shard, Shard("train", 0), MODALITIES, size=3))
     assert [c.keys for c in chunks] == [["0000", "0001", "0002"], ["0003", "0004", "0005"], ["0006"]]
     inline = [crop_chunk(SETTINGS, SIZE, c) for c in chunks]
     pool = crop_executor(1)

@@ -1,8 +1,10 @@
 """Pretokenization of shards: every sample's aligned crops through the VQ-VAEs, shard by shard.
 
 Input shard ``i`` of a split becomes output shard ``i`` (the layout of :mod:`fourm_kfp.data.pretokenized`), so
-work splits into independent shards: a fan-out worker takes some of them, and a shard whose key index already
-exists in the output is committed and skipped (the shard writer puts the key index last). Inside a worker three
+work splits into independent shards (:class:`~fourm_kfp.contract.shard_jobs.Shard`): which shards a fan-out worker
+does, and which an earlier run committed already, is the stage's ledger's
+(:class:`~fourm_kfp.contract.shard_jobs.ShardLedger`); :func:`pretokenize_shards` writes the ones it is given, each
+committed by its key index, written last, after its statistics record (``commit_stats``). Inside a worker three
 threads and a pool of processes keep the encoder busy:
 
 * a reader thread streams each shard's stored bytes in chunks and submits them to the decode workers
@@ -14,7 +16,7 @@ threads and a pool of processes keep the encoder busy:
   mode (bf16 autocast on CUDA, batches copied from pinned memory), tokens kept on the device until a chunk is
   complete;
 * a writer thread serialises each completed chunk's members and streams them into the shard's tars, then commits
-  the shard (its key index last).
+  the shard (its statistics record, then its key index).
 """
 
 from __future__ import annotations
@@ -32,15 +34,19 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from fourm_kfp.contract.shard_jobs import Shard
 from fourm_kfp.data.pretokenized import CROP, encode_member, member_ext, token_dtype, token_name
-from fourm_kfp.data.shard_writer import ShardWriter, keys_key
+from fourm_kfp.data.shard_writer import ShardWriter
 from fourm_kfp.storage import Store
-from fourm_kfp.tokenizers.shard_crops import (CropSettings, CroppedChunk, ShardJob, chunk_samples, crop_chunk,
-                                              crop_executor, cropped, raw_chunks)
+from fourm_kfp.tokenizers.shard_crops import (CropSettings, CroppedChunk, chunk_samples, crop_chunk, crop_executor,
+                                              cropped, raw_chunks)
 
 log = logging.getLogger(__name__)
 #: A chunk with the token grids of its image modalities (``[rows * n_crops, h, w]``, the codebook's dtype).
 Encoded = tuple[CroppedChunk, dict[str, np.ndarray]]
+#: Takes a written shard's statistics record (``samples``, ``members`` per output name) before its key index
+#: commits it: :meth:`~fourm_kfp.contract.shard_jobs.ShardLedger.commit_stats`.
+CommitStats = Callable[[Shard, dict[str, Any]], None]
 
 
 def output_names(image_modalities: Sequence[str], text_modalities: Sequence[str], keep_rgb: bool) -> list[str]:
@@ -149,67 +155,55 @@ class ShardTokens:
         return done
 
 
-def _reader(source: Store, jobs: Sequence[ShardJob], modalities: Sequence[str], crop: Callable[..., CroppedChunk],
+def _reader(source: Store, shards: Sequence[Shard], modalities: Sequence[str], crop: Callable[..., CroppedChunk],
             size: int, executor: Executor, out: "queue.Queue[Any]", stop: threading.Event) -> None:
-    """``(job, shard URI, future chunk)`` for every chunk, then ``(job, URI, None)`` at the end of each shard."""
+    """``(shard, its URI, future chunk)`` for every chunk, then ``(shard, URI, None)`` at the end of each shard."""
     try:
-        for job in jobs:
-            shard = source.uri_of(keys_key(job.split, job.index))
-            for chunk in raw_chunks(source, job, modalities, size):
+        for shard in shards:
+            uri = source.uri_of(shard.keys_key)
+            for chunk in raw_chunks(source, shard, modalities, size):
                 if stop.is_set():
                     return
-                out.put((job, shard, executor.submit(crop, chunk)))
-            out.put((job, shard, None))
+                out.put((shard, uri, executor.submit(crop, chunk)))
+            out.put((shard, uri, None))
     except BaseException as exc:  # surfaced in the main thread
         out.put(exc)
     out.put(None)
 
 
 def _writer(target: Store, names: Sequence[str], pretokenizer: Pretokenizer, todo: "queue.Queue[Any]",
-            errors: list[BaseException]) -> None:
-    """Writes ``(job, encoded chunk)`` items into the job's shard, committed by ``(job, None)``."""
+            errors: list[BaseException], commit_stats: CommitStats | None) -> None:
+    """Writes ``(shard, encoded chunk)`` items into the shard, committed by ``(shard, None)``: its statistics record
+    to ``commit_stats``, then its key index (an empty one when it has no sample)."""
     writer = None
     while (item := todo.get()) is not None:
-        job, encoded = item
+        shard, encoded = item
         if errors:
             continue  # the main thread raises the first; drain
         try:
             # one output shard per input shard: it never splits (sys.maxsize samples per shard)
-            writer = writer or ShardWriter(target, job.split, tuple(names), sys.maxsize, ext=member_ext,
-                                           first_index=job.index)
+            writer = writer or ShardWriter(target, shard.split, tuple(names), sys.maxsize, ext=member_ext,
+                                           first_index=shard.index)
             if encoded is not None:
                 for key, members in pretokenizer.members(*encoded):
                     writer.write(key, members)
                 continue
-            if not writer.samples:
-                target.put_text(keys_key(job.split, job.index), "")
-            writer.close()
+            if commit_stats is not None:
+                commit_stats(shard, {"samples": writer.samples, "members": dict(sorted(writer.counts.items()))})
+            writer.close(commit_empty=True)
             writer = None
         except BaseException as exc:
             errors.append(exc)
 
 
-def _skip_committed(target: Store, jobs: Sequence[ShardJob]) -> list[ShardJob]:
-    """The jobs whose shard is not committed in ``target`` (the files of those that are stay in its manifest)."""
-    todo = [job for job in jobs if not target.exists(keys_key(job.split, job.index))]
-    if len(todo) < len(jobs):
-        log.info("pretokenize: %d of %d shards already committed, %d to do", len(jobs) - len(todo), len(jobs),
-                 len(todo))
-        if hasattr(target, "record_existing"):  # their files still belong in the manifest
-            done = {(j.split, j.index) for j in jobs} - {(j.split, j.index) for j in todo}
-            for key in target.list():
-                parts = key.split("/")
-                if len(parts) == 3 and parts[2][:13].startswith("shard-") and (parts[0], int(parts[2][6:12])) in done:
-                    target.record_existing(key)
-    return todo
-
-
-def pretokenize_shards(source: Store, target: Store, jobs: Sequence[ShardJob], modalities: Sequence[str],
+def pretokenize_shards(source: Store, target: Store, shards: Sequence[Shard], modalities: Sequence[str],
                        pretokenizer: Pretokenizer, names: Sequence[str], decode_workers: int = 0,
-                       progress: Callable[[int, int, float], None] | None = None) -> dict[str, float]:
-    """Pretokenize ``jobs`` (shards already committed in ``target`` are skipped) with ``decode_workers`` decode
-    processes (0: the reader thread decodes); returns counts and timings."""
-    todo = _skip_committed(target, jobs)
+                       progress: Callable[[int, int, float], None] | None = None,
+                       commit_stats: CommitStats | None = None) -> dict[str, float]:
+    """Pretokenize ``shards`` of ``source`` into ``target`` (every one of them: leaving out those an earlier run
+    committed is the caller's, :meth:`~fourm_kfp.contract.shard_jobs.ShardLedger.take`) with ``decode_workers``
+    decode processes (0: the reader thread decodes); ``commit_stats`` gets each shard's statistics record before
+    its key index is written. Returns counts and timings."""
     executor = crop_executor(decode_workers)
     read: "queue.Queue[Any]" = queue.Queue(maxsize=max(2, 2 * decode_workers))  # chunks in flight
     write: "queue.Queue[Any]" = queue.Queue(maxsize=4)
@@ -217,27 +211,28 @@ def pretokenize_shards(source: Store, target: Store, jobs: Sequence[ShardJob], m
     stop = threading.Event()
     crop = partial(crop_chunk, pretokenizer.crops, pretokenizer.image_size)
     size = chunk_samples(pretokenizer.crops.n_crops, pretokenizer.image_size)
-    reader = threading.Thread(target=_reader, args=(source, todo, modalities, crop, size, executor, read, stop),
+    reader = threading.Thread(target=_reader, args=(source, shards, modalities, crop, size, executor, read, stop),
                               daemon=True)
-    writer = threading.Thread(target=_writer, args=(target, names, pretokenizer, write, errors), daemon=True)
+    writer = threading.Thread(target=_writer, args=(target, names, pretokenizer, write, errors, commit_stats),
+                              daemon=True)
     reader.start()
     writer.start()
     started, samples, encode_seconds = time.monotonic(), 0, 0.0
-    shard = ShardTokens(pretokenizer)
+    tokens = ShardTokens(pretokenizer)
     try:
         while (item := read.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
-            job, uri, future = item
+            shard, uri, future = item
             chunk = cropped(future, uri) if future is not None else None
             t0 = time.monotonic()
-            encoded = shard.add(chunk) if chunk is not None else shard.finish()
+            encoded = tokens.add(chunk) if chunk is not None else tokens.finish()
             encode_seconds += time.monotonic() - t0
             for done in encoded:
-                write.put((job, done))
+                write.put((shard, done))
             if chunk is None:  # the end of the shard: commit it, start the next
-                write.put((job, None))
-                shard = ShardTokens(pretokenizer)
+                write.put((shard, None))
+                tokens = ShardTokens(pretokenizer)
             if errors:
                 raise errors[0]
             if chunk is not None:
@@ -256,5 +251,5 @@ def pretokenize_shards(source: Store, target: Store, jobs: Sequence[ShardJob], m
         writer.join()
     if errors:
         raise errors[0]
-    return {"shards_done": float(len(todo)), "shards_skipped": float(len(jobs) - len(todo)), "samples": float(samples),
-            "seconds": time.monotonic() - started, "encode_seconds": encode_seconds}
+    return {"shards_done": float(len(shards)), "samples": float(samples), "seconds": time.monotonic() - started,
+            "encode_seconds": encode_seconds}

@@ -25,10 +25,11 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from fourm_kfp.contract.shard_jobs import Shard
 from fourm_kfp.data.crops import apply_crop, draw_crops
 from fourm_kfp.data.modalities import get_modality
 from fourm_kfp.data.shard_stream import iter_joined_shard
-from fourm_kfp.data.shard_writer import keys_key, shard_key
+from fourm_kfp.data.shard_writer import shard_key
 from fourm_kfp.errors import UserError
 from fourm_kfp.hardware import available_cpus, spare_cpu_workers
 from fourm_kfp.storage import Store
@@ -57,14 +58,6 @@ class CropSettings:
     seed: int
     #: how rgb crops are resized (``fourm_kfp.data.crops.CAMERA_RESAMPLE``): bicubic for an ml-4m rgb tokenizer
     camera_resample: str = "bilinear"
-
-
-@dataclass(frozen=True)
-class ShardJob:
-    """One input shard to pretokenize."""
-
-    split: str
-    index: int
 
 
 @dataclass(frozen=True)
@@ -107,20 +100,20 @@ def chunk_samples(n_crops: int, image_size: int) -> int:
     return max(1, CHUNK_PIXELS // (n_crops * image_size * image_size))
 
 
-def raw_chunks(source: Store, job: ShardJob, modalities: Sequence[str], size: int) -> Iterator[RawChunk]:
-    """The shard's samples as stored, ``size`` at a time, in key-index order."""
-    shard = source.uri_of(keys_key(job.split, job.index))
-    tars = {m: source.uri_of(shard_key(job.split, m, job.index)) for m in modalities}
+def raw_chunks(source: Store, shard: Shard, modalities: Sequence[str], size: int) -> Iterator[RawChunk]:
+    """The input shard's samples as stored, ``size`` at a time, in key-index order."""
+    uri = source.uri_of(shard.keys_key)
+    tars = {m: source.uri_of(shard_key(shard.split, m, shard.index)) for m in modalities}
     keys: list[str] = []
     samples: list[dict[str, bytes]] = []
-    for key, stored in iter_joined_shard(source, job.split, job.index, modalities, decode=None):
+    for key, stored in iter_joined_shard(source, shard.split, shard.index, modalities, decode=None):
         keys.append(key)
         samples.append(stored)
         if len(keys) == size:
-            yield RawChunk(shard, tars, keys, samples)
+            yield RawChunk(uri, tars, keys, samples)
             keys, samples = [], []
     if keys:
-        yield RawChunk(shard, tars, keys, samples)
+        yield RawChunk(uri, tars, keys, samples)
 
 
 def _decode(chunk: RawChunk, key: str, modality: str, data: bytes) -> Any:
