@@ -1,13 +1,13 @@
-"""The output shards of a resumable fan-out stage (prepare-data, label): which a worker does, which an earlier run
-committed already, and each shard's statistics record for the collect step.
+"""The output shards of a resumable fan-out stage (prepare-data, label, pretokenize): which a worker does, which an
+earlier run committed already, and each shard's statistics record for the collect step.
 
 Such a stage writes shards of each split (:mod:`fourm_kfp.data.shard_writer`: ``<split>/<folder>/shard-NNNNNN.*``),
 each committed by its key index, written last; before the index its job writes the shard's statistics record, which
-the collect step sums. Where that record lives is the stage's: prepare-data keeps it outside the payload, beside the
-part records (``_parts/shards/<split>/shard-NNNNNN.json``, :func:`parts_stats_key`: anything under ``_parts/`` is
-written past the recording store), the label stage in it (``<split>/_label_stats/shard-NNNNNN.json``, the gate's
-counts; :func:`payload_stats_key`). A :class:`ShardLedger` over the stage's output does the rest the same way for
-both:
+the collect step reads. Where that record lives is the stage's: prepare-data and pretokenize keep it outside the
+payload, beside the part records (``_parts/shards/<split>/shard-NNNNNN.json``, :func:`parts_stats_key`: anything
+under ``_parts/`` is written past the recording store), the label stage in it
+(``<split>/_label_stats/shard-NNNNNN.json``, the gate's counts; :func:`payload_stats_key`). A :class:`ShardLedger`
+over the stage's output does the rest the same way for all three:
 
 * :meth:`~ShardLedger.take`: fan-out worker ``part`` of ``parts`` takes every ``parts``-th job and leaves the
   committed ones (a shard is committed when its key index and its statistics record are there); the files of the
