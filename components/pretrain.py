@@ -13,7 +13,7 @@ from fourm_kfp.images import GPU_IMAGE
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
 def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
-             parent_run_id: str, force: bool, pretokenized_uri: str, tokenizers_uri: str,
+             parent_run_id: str, force: bool, pretokenized_uri: str, tokenizers_uri: str, model: dsl.Output[dsl.Model],
              report: dsl.Output[dsl.Markdown], report_html: dsl.Output[dsl.HTML], metrics: dsl.Output[dsl.Metrics],
              job_spec: dsl.Output[dsl.Artifact],
              launcher: str = "pytorchjob", nodes: int = 1, procs_per_node: int = 1,
@@ -23,7 +23,8 @@ def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
              gpu_node_selector: dict = {}, gpu_tolerations: list = [], rendezvous_timeout_s: int = 1800,
              queue_timeout_s: int = 86400, rdma_resource: str = "", nccl_env: dict = {},
              stage_overrides: list = []) -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):
-    """Train the model; outputs the committed run's URI (exported model, checkpoints, metrics, report), the report
+    """Train the model; outputs the committed run's URI (exported model, checkpoints, metrics, report; also as the
+    ``model`` artifact), the report
     with the loss curves inline (HTML, shown in the UI) and, in the job modes, the rendered job spec."""
     import json
     from collections import namedtuple
@@ -38,5 +39,5 @@ def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
         "pretrain", preset, overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id, force,
         input_uris={"pretokenize": pretokenized_uri, "train-tokenizers": tokenizers_uri}, job=job,
         cluster=cluster, kfp_run_id=kfp_run_id, report_path=report.path, metrics=metrics, job_spec_path=job_spec.path,
-        html_path=report_html.path)
+        html_path=report_html.path, artifact=model)
     return namedtuple("Outputs", ["output_uri", "result"])(outcome.output_uri, json.dumps(outcome.to_dict()))

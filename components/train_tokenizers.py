@@ -14,7 +14,8 @@ from fourm_kfp.images import GPU_IMAGE
 
 @dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
 def train_tokenizers(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str, mlflow_tracking_uri: str,
-                     parent_run_id: str, force: bool, dataset: str, report: dsl.Output[dsl.Markdown],
+                     parent_run_id: str, force: bool, dataset: str, tokenizers: dsl.Output[dsl.Model],
+                     report: dsl.Output[dsl.Markdown],
                      metrics: dsl.Output[dsl.Metrics], job_spec: dsl.Output[dsl.Artifact],
                      launcher: str = "in-pod", nodes: int = 1, procs_per_node: int = 1,
                      accelerator: str = "nvidia.com/gpu", cpu_per_node: str = "", memory_per_node: str = "",
@@ -25,7 +26,8 @@ def train_tokenizers(preset: str, config_overrides: list, store_uri: str, s3_end
                      queue_timeout_s: int = 86400, rdma_resource: str = "", nccl_env: dict = {}
                      ) -> NamedTuple("Outputs", [("output_uri", str), ("result", str)]):
     """Train the tokenizers on the ``dataset`` (its layers' URIs by stage, as the dataset steps pass it on); outputs
-    the committed tokenizer bundle's URI and, in the job modes, the rendered job spec."""
+    the committed tokenizer bundle's URI (also as the ``tokenizers`` artifact) and, in the job modes, the rendered
+    job spec."""
     import json
     from collections import namedtuple
 
@@ -37,5 +39,5 @@ def train_tokenizers(preset: str, config_overrides: list, store_uri: str, s3_end
     outcome = run_job_component(
         "train-tokenizers", preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id,
         force, input_uris=dataset_uris(dataset), job=job, cluster=cluster, kfp_run_id=kfp_run_id,
-        report_path=report.path, metrics=metrics, job_spec_path=job_spec.path)
+        report_path=report.path, metrics=metrics, job_spec_path=job_spec.path, artifact=tokenizers)
     return namedtuple("Outputs", ["output_uri", "result"])(outcome.output_uri, json.dumps(outcome.to_dict()))

@@ -17,6 +17,7 @@ from fourm_kfp.cluster.job_spec import (GPU_TOLERATION, IN_POD, ClusterParams, J
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.config.schema import ConfigError, to_dict
 from fourm_kfp.contract import StageOutcome, lineage
+from fourm_kfp.launchers.kfp_artifacts import fill_output_artifact, output_record
 from fourm_kfp.launchers.stage import (RunContext, clear_stage_output, launch_stage, launch_stage_part,
                                        setup_logging)
 from fourm_kfp.storage import open_store
@@ -181,10 +182,11 @@ def run_stage_component(stage: str, preset: str, config_overrides: Sequence[str]
                         s3_endpoint: str, mlflow_tracking_uri: str, parent_run_id: str, force: bool,
                         input_uris: dict[str, str] | None = None, report_path: str | None = None,
                         metrics=None, parts: int = 1, html_path: str | None = None,
-                        part_uris: Sequence[str] = ()) -> StageOutcome:
-    """Run one stage as a pipeline step; its Markdown report and metrics also become KFP output artifacts
-    (``report_path``: a Markdown artifact's path; ``metrics``: a ``dsl.Metrics`` artifact; ``html_path``: an HTML
-    artifact's path, for a stage with an HTML report), which the UI shows. A fan-out stage's collect step passes
+                        part_uris: Sequence[str] = (), artifact=None) -> StageOutcome:
+    """Run one stage as a pipeline step; its committed output, Markdown report and metrics also become KFP output
+    artifacts (``artifact``: the typed output artifact, :mod:`fourm_kfp.launchers.kfp_artifacts`; ``report_path``: a
+    Markdown artifact's path; ``metrics``: a ``dsl.Metrics`` artifact; ``html_path``: an HTML artifact's path, for a
+    stage with an HTML report), which the UI shows. A fan-out stage's collect step passes
     the output URIs its workers returned (``part_uris``), which must all be one output, and no ``force``: a forced
     fan-out stage was cleared by its fan-out step (:func:`fan_out_items`) and recomputed by its workers."""
     if len(set(part_uris)) > 1:
@@ -194,12 +196,17 @@ def run_stage_component(stage: str, preset: str, config_overrides: Sequence[str]
                          "every part in one process; force the stage's fan-out step instead")
     run = RunContext(preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
     outcome = launch_stage(stage, run, force=force, input_uris=input_uris, parts=parts)
-    return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
+    return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path,
+                           artifact=artifact, preset=preset, input_uris=input_uris)
 
 
 def publish_outcome(outcome: StageOutcome, report_path: str | None = None, metrics=None,
-                    html_path: str | None = None) -> StageOutcome:
-    """Copy a committed stage's reports and metrics into the step's KFP output artifacts, print its outcome."""
+                    html_path: str | None = None, artifact=None, preset: str = "",
+                    input_uris: dict[str, str] | None = None) -> StageOutcome:
+    """Copy a committed stage's reports and metrics into the step's KFP output artifacts, record its output in its
+    typed artifact (``artifact``, made from ``preset`` and the ``input_uris`` it read), print its outcome."""
+    if artifact is not None:
+        fill_output_artifact(artifact, output_record(outcome, preset, input_uris))
     output = open_store(outcome.output_uri) if report_path or html_path else None
     if report_path:
         pages = [k for k in output.list("reports") if k.endswith(".md")]
@@ -241,7 +248,7 @@ def run_job_component(stage: str, preset: str, config_overrides: Sequence[str], 
                       mlflow_tracking_uri: str, parent_run_id: str, force: bool, input_uris: dict[str, str],
                       job: JobParams, kfp_run_id: str, report_path: str | None = None,
                       metrics=None, job_spec_path: str | None = None, html_path: str | None = None,
-                      cluster: ClusterParams | None = None) -> StageOutcome:
+                      cluster: ClusterParams | None = None, artifact=None) -> StageOutcome:
     """A job stage's step (pretrain, train-tokenizers): train in this pod (``job.launcher`` ``in-pod``), or launch
     and follow a PyTorchJob / TrainJob (:mod:`fourm_kfp.launchers.kubernetes_job`) and report its committed output
     the same way, under the run-wide ``cluster`` settings (scheduler, pull secret, GPU placement)."""
@@ -251,7 +258,8 @@ def run_job_component(stage: str, preset: str, config_overrides: Sequence[str], 
                 fh.write(f"# {param_prefix(stage)}_launcher=in-pod: trained in the step's own pod, no job\n")
         return run_stage_component(stage, preset, config_overrides, store_uri, s3_endpoint,
                                    mlflow_tracking_uri, parent_run_id, force, input_uris=input_uris,
-                                   report_path=report_path, metrics=metrics, html_path=html_path)
+                                   report_path=report_path, metrics=metrics, html_path=html_path,
+                                   artifact=artifact)
     from fourm_kfp.launchers.kubernetes_job import launch_stage_job
     from fourm_kfp.images import GPU_IMAGE
 
@@ -260,7 +268,8 @@ def run_job_component(stage: str, preset: str, config_overrides: Sequence[str], 
     run = RunContext(preset, config_overrides, store_uri, s3_endpoint, mlflow_tracking_uri, parent_run_id)
     outcome = launch_stage_job(stage, run, force=force, input_uris=input_uris, params=job, image=GPU_IMAGE,
                                kfp_run_id=kfp_run_id, spec_path=job_spec_path, cluster=cluster)
-    return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path)
+    return publish_outcome(outcome, report_path=report_path, metrics=metrics, html_path=html_path,
+                           artifact=artifact, preset=preset, input_uris=input_uris)
 
 
 def check_retry_window(stage: str, job: JobParams, cluster: ClusterParams) -> None:
