@@ -21,7 +21,6 @@ threads and a pool of processes keep the encoder busy:
 
 from __future__ import annotations
 
-import logging
 import queue
 import sys
 import threading
@@ -41,7 +40,6 @@ from fourm_kfp.storage import Store
 from fourm_kfp.tokenizers.shard_crops import (CropSettings, CroppedChunk, chunk_samples, crop_chunk, crop_executor,
                                               cropped, raw_chunks)
 
-log = logging.getLogger(__name__)
 #: A chunk with the token grids of its image modalities (``[rows * n_crops, h, w]``, the codebook's dtype).
 Encoded = tuple[CroppedChunk, dict[str, np.ndarray]]
 #: Takes a written shard's statistics record (``samples``, ``members`` per output name) before its key index
