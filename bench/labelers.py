@@ -15,7 +15,7 @@ default threads (one label worker as the pipeline runs it), after one warm-up ba
   ``--batch-size``: ``images_per_s_per_worker``, and ``workers_for_10m_images_in_1h`` = ``ceil(1e7 / (rate * 3600))``.
 * The transformers teachers (``hf_depth``, ``hf_semseg``, ``hf_det``, ``hf_caption``, ``hf_normal``,
   ``normal_from_depth``, ``hf_clip``, ``hf_dinov2``) are small but real-shaped random-weight networks built offline
-  into a temporary folder (``fourm_kfp.labelers.teachers.random_folders``, size ``small``), on ``--device``. Each times one batch of ``--batch-size``
+  into a temporary folder (``fourm_kfp.testing``, size ``small``), on ``--device``. Each times one batch of ``--batch-size``
   photos without captions (the caption teacher labels only those), three ways, interleaved in each of ``--rounds``
   rounds (worker, bare forward, pre-processing, worker, ...), so that a 2-core machine's noise falls on all three
   alike; the medians over the rounds are reported:
@@ -176,7 +176,7 @@ def time_teachers(names: list[str], image_size: int, batch_size: int, rounds: in
     """The teachers' entries (see the module docstring), each built into a temporary folder."""
     import torch
 
-    from fourm_kfp.labelers.teachers.random_folders import save_random_teacher
+    from fourm_kfp.testing import save_random_teacher
 
     images, _ = photos(batch_size, image_size)
     batch = LabelBatch(tuple(f"k{i}" for i in range(batch_size)), tuple(images))  # no captions: all get one

@@ -32,7 +32,7 @@ from fourm_kfp.data.modalities import MODALITIES
 from fourm_kfp.data.shard_writer import ShardWriter, encode_sample
 from fourm_kfp.data.synthetic_scenes import synthetic_sample
 from fourm_kfp.hardware import cpu_matmul_rate
-from fourm_kfp.local_s3_server import serve_s3
+from fourm_kfp.testing import serve_s3
 from fourm_kfp.stages import get_stage
 
 from bench_output import emit

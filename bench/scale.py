@@ -36,7 +36,7 @@ from pathlib import Path
 
 from fourm_kfp import storage
 from fourm_kfp.hardware import cpu_matmul_rate
-from fourm_kfp.local_s3_server import serve_s3
+from fourm_kfp.testing import serve_s3
 
 from bench_output import emit
 from process_tree import descendants

@@ -1,4 +1,4 @@
-"""Tiny random-weight teacher networks for the tests: the folders of :mod:`fourm_kfp.labelers.teachers.random_folders`
+"""Tiny random-weight teacher networks for the tests: the folders of :mod:`fourm_kfp.testing`
 at its ``tiny`` size (64 px photos), and more families the built-in teachers read, each saved as the hub's
 checkpoints of the family are laid out, to check transformers' other code paths: SegFormer (per-pixel semantic
 logits), MaskFormer, DETR over a transformers ResNet given by its config (facebook/detr-resnet-50's ``no_timm``
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fourm_kfp.labelers.teachers.random_folders import (CAPTION_WORDS, FAMILIES, TINY_DET_CLASSES, TINY_SEG_CLASSES,
-                                                         labels, save_random_teacher, spread)
+from fourm_kfp.testing import (CAPTION_WORDS, FAMILIES, TINY_DET_CLASSES, TINY_SEG_CLASSES, labels,
+                               save_random_teacher, spread)
 
 #: every transformers teacher of the registry (tests/labelers/test_teachers.py tests each)
 TEACHER_LABELERS = (*FAMILIES, "normal_from_depth")
@@ -75,7 +75,7 @@ def save_segformer(folder: Path, side: int = 64, seed: int = 0) -> Path:
 def save_detr(folder: Path, side: int = 64, seed: int = 0, classes: tuple[str, ...] = COCO_LIKE,
               std: float = 0.0) -> Path:
     """DETR over a transformers ResNet given by its config (not timm's, not by name), with ``classes``, its weights
-    spread by ``std`` (:func:`~fourm_kfp.labelers.teachers.random_folders.spread`)."""
+    spread by ``std`` (:func:`~fourm_kfp.testing.spread`)."""
     from transformers import DetrConfig, DetrForObjectDetection, DetrImageProcessor, ResNetConfig
 
     _seeded(seed)
@@ -359,7 +359,7 @@ def save_blip_hub_layout(folder: Path, side: int = 64) -> None:
     save_with_hub_processor_files(processor, folder)
 
 
-#: more families of each teacher, beyond :mod:`~fourm_kfp.labelers.teachers.random_folders`' (tested by
+#: more families of each teacher, beyond :mod:`~fourm_kfp.testing`'s (tested by
 #: tests/labelers/test_teacher_families.py): name -> (labeler, saver)
 MORE_FAMILIES = {
     "glpn": ("hf_depth", save_glpn),

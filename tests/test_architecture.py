@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: may import any name of a lower floor, and none of its own floor's other entries.
 FLOORS: list[set[str]] = [
     {"__init__", "errors", "progress", "console", "distributed", "hardware", "manifests"},
-    {"images", "local_s3_server"},
+    {"images"},
     {"storage"},
     {"batch"},
     {"data"},
@@ -32,6 +32,7 @@ FLOORS: list[set[str]] = [
     {"train"},
     {"evaluation"},
     {"labelers"},
+    {"testing"},
     {"stages"},
     {"cluster"},
     {"launchers"},
@@ -152,3 +153,9 @@ def test_the_rules_catch_an_arrow_that_runs_up_and_a_circle():
     # the circle this layout removed: a launcher that imports the pipeline, whose components import the launchers
     graph["fourm_kfp.launchers.stage"] |= {"fourm_kfp.pipelines.fourm_pretrain"}
     assert "fourm_kfp.launchers.stage -> fourm_kfp.pipelines.fourm_pretrain" in _upward(graph)
+
+
+def test_nothing_of_the_product_imports_the_test_fixtures():
+    """``fourm_kfp.testing`` (the local S3 server, random teacher folders) is for the tests and benches alone."""
+    importers = sorted(module for module, targets in _graph().items() if "fourm_kfp.testing" in targets)
+    assert not importers, f"product modules that import the test fixtures: {importers}"

@@ -1,6 +1,6 @@
 """The benchmarks' JSON output (``bench/bench_output.py``) is strict JSON: undefined metrics become null. And no
 benchmark or experiment script reaches into the test suite: what one needs from a stage is a public function of the
-package (e.g. ``fourm_kfp.pipeline_runs.run_outputs``, ``fourm_kfp.local_s3_server``)."""
+package (e.g. ``fourm_kfp.pipeline_runs.run_outputs``, ``fourm_kfp.testing``)."""
 
 from __future__ import annotations
 

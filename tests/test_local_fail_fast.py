@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from kfp import dsl, local
 
 from fourm_kfp.distributed import free_port
-from fourm_kfp.local_s3_server import serve_s3
+from fourm_kfp.testing import serve_s3
 from fourm_kfp.pipeline_runs.local import without_step_retries
 from tests.smoke_runs import CLI, run_smoke
 

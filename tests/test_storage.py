@@ -167,7 +167,7 @@ def test_write_survives_an_endpoint_that_comes_up_late(tmp_path, monkeypatch, ca
     import threading
     import time
 
-    from fourm_kfp.local_s3_server import serve_s3
+    from fourm_kfp.testing import serve_s3
 
     port, ready, stop = free_port(), threading.Event(), threading.Event()
 

