@@ -7,7 +7,8 @@ import sys, json, time
 from pathlib import Path
 import numpy as np, torch
 from fourm_kfp.masking.multimodal_masking import MaskedSample, MaskingArgs, collate
-from fourm_kfp.pipeline_runs.run_outputs import open_run_outputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # the probes' run_outputs.py
+from run_outputs import open_run_outputs  # noqa: E402
 
 preset, root, n_scenes = sys.argv[1], sys.argv[2], int(sys.argv[3])
 run = open_run_outputs(preset, root, scenes=n_scenes)

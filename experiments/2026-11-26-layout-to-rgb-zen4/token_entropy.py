@@ -4,9 +4,11 @@ p(rgb token | semseg token) fitted on half the scenes.
     .venv/bin/python experiments/2026-11-26-layout-to-rgb-zen4/token_entropy.py demo runs/demo 256
 """
 import sys
+from pathlib import Path
 from collections import Counter
 import numpy as np
-from fourm_kfp.pipeline_runs.run_outputs import open_run_outputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # the probes' run_outputs.py
+from run_outputs import open_run_outputs  # noqa: E402
 preset, root, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 scenes = open_run_outputs(preset, root, scenes=n).scenes
 rgb = np.stack([np.asarray(t).reshape(-1) for t in scenes.tokens["rgb"]])

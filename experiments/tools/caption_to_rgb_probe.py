@@ -30,8 +30,8 @@ This probe takes that score apart, on the same val scenes, sampling and seed as 
     .venv/bin/python experiments/tools/caption_to_rgb_probe.py --preset proof --root runs/proof [--sweep KEY=VALUE]
 
 Prints one JSON object (``--output`` writes it too). The stage outputs are found by content address under
-``--root``, as ``fourm-kfp stage`` finds them (``--set`` as there: :func:`fourm_kfp.pipeline_runs.run_outputs.
-open_run_outputs`). Not a benchmark: an experiment's probe (``experiments/README.md``).
+``--root``, as ``fourm-kfp stage`` finds them (``--set`` as there: :func:`run_outputs.open_run_outputs`, beside
+this script). Not a benchmark: an experiment's probe (``experiments/README.md``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from fourm_kfp.hardware import reuse_freed_memory
 from fourm_kfp.masking.multimodal_masking import MaskedSample, MaskingArgs, collate
 from fourm_kfp.model.generation import SamplingArgs
 from fourm_kfp.evaluation.scene_loading import train_ground_truth
-from fourm_kfp.pipeline_runs.run_outputs import open_run_outputs
+from run_outputs import open_run_outputs  # beside this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # the benches' strict-JSON writer
 from bench_output import emit  # noqa: E402

@@ -1,7 +1,7 @@
 """The scenes an evaluation scores, read from committed stage outputs: the val scenes' exact ground truth (prepare-data)
 with their crop-0 tokens (pretokenize), the training scenes the trivial baselines are fitted on, and which tasks
 the model and the data both allow. Used by the evaluate stage and by anything that takes a trained model apart
-(:mod:`fourm_kfp.pipeline_runs.run_outputs`)."""
+(the experiments' probes)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """A finished run folder opened for reading: its committed stage outputs, its trained model and its val scenes.
 
 What a script needs to take a trained model apart after ``fourm-kfp run`` (or ``fourm-kfp stage``) has committed
-the stages: the experiments' probes (``experiments/tools/``) call :func:`open_run_outputs` instead of reaching into
-a stage body. It runs no stage and writes nothing:
+the stages: the experiments' probes (this folder, and ``../2026-11-26-layout-to-rgb-zen4/``) call
+:func:`open_run_outputs` instead of reaching into a stage body. It runs no stage and writes nothing:
 
 1. the config is loaded as the run loaded it (the preset and the same ``--set`` overrides: the addresses follow
    from the config alone);
@@ -17,7 +17,8 @@ a stage body. It runs no stage and writes nothing:
    output alone, not from the whole dataset the evaluate stage reads: a run with labelers has its labelled
    modalities in the label stage's layer, which is not opened here, so their ground truth is missing.
 
-With the whole-pipeline runs, since it reads the stage table (a floor above ``stages/``); it imports no stage body.
+It lives with its callers, outside the package: like them it imports the package as it was at the commit this folder
+is pinned to (``COMMIT``; ``experiments/run.sh`` runs a script there), and it imports no stage body.
 """
 
 from __future__ import annotations
