@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
+import re
+import subprocess
 import tomllib
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,6 +47,23 @@ FLOORS: list[set[str]] = [
     {"cli_help", "cli_completion"},
     {"cli"},
 ]
+
+
+#: The public API (docs/ARCHITECTURE.md, "The public API"): the modules code outside the package may import. Everything
+#: else is internal and moves with the package.
+PUBLIC_API = {
+    "fourm_kfp.cli",  # the command line (main)
+    "fourm_kfp.config.loader",  # load_config: a preset with its overrides
+    "fourm_kfp.storage",  # open_store and the Store interface
+    "fourm_kfp.tokenizers.bundle",  # load_tokenizers: a train-tokenizers output
+    "fourm_kfp.model.saved_model",  # load_model: a pretrain output
+    "fourm_kfp.evaluation.any_to_any",  # AnyToAny: any-to-any generation with a model and its tokenizers
+    "fourm_kfp.model.ml4m",  # ml-4m's checkpoint format, both ways
+    "fourm_kfp.labelers.base",  # a labeler plug-in's interface
+    "fourm_kfp.labelers.registry",  # the labelers installed
+    "fourm_kfp.testing",  # the tests' and benches' fixtures: a local S3 endpoint, random teacher folders
+}
+EXPERIMENTS = REPO / "experiments"
 
 
 def _installed_modules() -> dict[str, Path]:
@@ -159,3 +181,86 @@ def test_nothing_of_the_product_imports_the_test_fixtures():
     """``fourm_kfp.testing`` (the local S3 server, random teacher folders) is for the tests and benches alone."""
     importers = sorted(module for module, targets in _graph().items() if "fourm_kfp.testing" in targets)
     assert not importers, f"product modules that import the test fixtures: {importers}"
+
+
+def _internal_imports(path: Path) -> list[str]:
+    """The internal ``fourm_kfp`` modules (not of :data:`PUBLIC_API`) a script outside the package imports."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "fourm_kfp" and a.name not in PUBLIC_API}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "fourm_kfp":
+            found |= {f"{node.module}.{a.name}" if node.module == "fourm_kfp" else node.module for a in node.names
+                      if node.module not in PUBLIC_API and f"{node.module}.{a.name}" not in PUBLIC_API}
+    return sorted(found)
+
+
+def _pin(script: Path) -> Path | None:
+    """The ``COMMIT`` file that pins ``script``'s folder (or the nearest folder above it, up to experiments/)."""
+    for folder in script.parents:
+        if (folder / "COMMIT").is_file():
+            return folder / "COMMIT"
+        if folder == EXPERIMENTS:
+            return None
+    return None
+
+
+def _pinned_commit(pin: Path) -> str:
+    lines = [line.strip() for line in pin.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert lines and re.fullmatch(r"[0-9a-f]{40}", lines[0]), f"{pin}: the first line is not a full commit id"
+    return lines[0]
+
+
+def test_the_public_api_is_the_documented_one():
+    """Each module of PUBLIC_API is named in docs/ARCHITECTURE.md's section on the public API, and exists."""
+    doc = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    section = doc.split("## The public API", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(fourm_kfp(?:\.\w+)+)`", section))
+    assert named == PUBLIC_API
+    missing = [module for module in sorted(PUBLIC_API) if importlib.util.find_spec(module) is None]
+    assert not missing, missing
+
+
+def test_the_example_plug_in_uses_only_the_public_api():
+    scripts = sorted((REPO / "examples").rglob("*.py"))
+    assert scripts
+    internal = [f"{s.relative_to(REPO)}: {m}" for s in scripts for m in _internal_imports(s)]
+    assert not internal, internal
+
+
+def test_experiments_use_the_public_api_or_are_pinned_to_a_commit():
+    """An experiment script that imports an internal module runs against the package of the commit its folder is
+    pinned to (``COMMIT``, experiments/run.sh), never against today's: the lab is outside the package's import
+    graph, and a refactor of the package has nothing to change there."""
+    unpinned = []
+    for script in sorted(EXPERIMENTS.rglob("*.py")):
+        internal = _internal_imports(script)
+        if internal and _pin(script) is None:
+            unpinned.append(f"{script.relative_to(REPO)}: {', '.join(internal)}")
+    assert not unpinned, "experiment scripts that import internals but are pinned to no commit:\n  " + \
+        "\n  ".join(unpinned)
+
+
+def _in_history(commit: str) -> bool:
+    return subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
+                          capture_output=True).returncode == 0
+
+
+def test_a_pinned_script_is_the_one_of_its_commit():
+    """experiments/run.sh runs this tree's copy of a script against its commit's package: the copy must be the
+    commit's (an edited script is pinned again, to a commit that holds the edit). Checked where the clone has the
+    commit."""
+    pins = sorted(EXPERIMENTS.rglob("COMMIT"))
+    assert pins
+    checked = 0
+    for pin in pins:
+        commit = _pinned_commit(pin)
+        if not _in_history(commit):
+            continue
+        scripts = [str(p.relative_to(REPO)) for p in pin.parent.rglob("*") if p.suffix in (".py", ".sh")]
+        changed = subprocess.run(["git", "-C", str(REPO), "diff", "--name-only", commit, "--", *scripts],
+                                 capture_output=True, text=True, check=True).stdout.split()
+        assert not changed, f"{pin.parent.relative_to(REPO)}: scripts changed since {commit}: {changed}"
+        checked += 1
+    if not checked:
+        pytest.skip("a shallow clone: no pinned commit is in its history")
