@@ -44,7 +44,6 @@ FLOORS: list[set[str]] = [
     {"components"},
     {"pipelines"},
     {"pipeline_runs"},
-    {"cli_help", "cli_completion"},
     {"cli"},
 ]
 

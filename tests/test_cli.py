@@ -119,7 +119,8 @@ def test_cli_start_up_stays_light():
 def test_the_mlflow_ui_serves_one_browser_with_one_worker_and_no_job_consumers():
     """`fourm-kfp ui` on a 2-core machine: MLflow's defaults start four web workers and several GenAI job consumers
     (MLflow 3.17 `mlflow ui --help`: workers default 4; MLFLOW_SERVER_ENABLE_JOB_EXECUTION defaults to true)."""
-    from fourm_kfp.cli import build_parser, ui_server_command
+    from fourm_kfp.cli import build_parser
+    from fourm_kfp.cli.mlflow_ui import ui_server_command
 
     argv, env = ui_server_command("mlflow", "sqlite:////r/mlflow.db", "127.0.0.1", 5000)
     assert argv[argv.index("--workers") + 1] == "1" and argv[argv.index("--backend-store-uri") + 1].endswith(".db")
@@ -188,6 +189,22 @@ def test_every_command_help_has_a_description_an_example_and_no_rst():
             assert example[1].lstrip().startswith(f"fourm-kfp {name}") or name == "completion", (name, example[1])
     top = _cli("--help")
     assert top.returncode == 0 and not [m for m in RST_MARKUP if m in top.stdout], top.stdout
+
+
+def test_each_command_runs_its_own_handler_whose_docstring_is_its_description():
+    """A command lives in one place: its group module declares it beside its handler (``set_defaults(func=...)``),
+    and the handler's docstring is the description its --help shows."""
+    import inspect
+
+    commands = {name: parser for name, parser in _subcommands().items() if name}
+    handlers = {name: parser.get_default("func") for name, parser in commands.items()}
+    assert all(callable(handler) for handler in handlers.values()), handlers
+    assert len({id(handler) for handler in handlers.values()}) == len(handlers), "two commands share a handler"
+    for name, handler in handlers.items():
+        assert handler.__module__.startswith("fourm_kfp.cli."), (name, handler.__module__)
+        assert inspect.getdoc(handler), f"{name}: its handler has no docstring, the command's description"
+        shown, written = ("".join(text.split()) for text in (commands[name].description, inspect.getdoc(handler)))
+        assert shown == written, name  # the same words, wrapped (argparse may break a line at a hyphen)
 
 
 def _bash_complete(script: Path, words: list[str]) -> set[str]:

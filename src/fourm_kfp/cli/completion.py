@@ -1,5 +1,5 @@
-"""Shell completion for ``fourm-kfp``: static scripts for bash, zsh and fish, written from the argparse parser itself
-(``fourm-kfp completion SHELL``), so they always list the commands and options the parser has.
+"""``fourm-kfp completion SHELL``: static completion scripts for bash, zsh and fish, written from the argparse parser
+itself, so they always list the commands and options the parser has.
 
 What completes: the commands; each command's options; the values of options and positionals that have choices
 (stage names, ``--scheduler``, ...) and the preset names for ``--preset``. Other option values complete as file
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+
+from fourm_kfp.cli.help_text import add_command
 
 SHELLS = ("bash", "zsh", "fish")
 FUNCTION = "_fourm_kfp"
@@ -131,3 +133,20 @@ def _fish_flag(option: str) -> str:
 def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
     """The completion script of ``shell`` (one of :data:`SHELLS`) for ``parser``'s commands."""
     return {"bash": _bash, "zsh": _zsh, "fish": _fish}[shell](parser)
+
+
+def add_completion_command(commands: argparse._SubParsersAction, parser: argparse.ArgumentParser) -> None:
+    """``completion``, whose scripts complete ``parser``: the whole command line, ``commands`` included."""
+
+    def cmd_completion(args: argparse.Namespace) -> int:
+        """Print a shell completion script for fourm-kfp: its commands, their options and the preset names. Load it
+        in the current shell, or install it where the shell looks for completions."""
+        print(completion_script(parser, args.shell), end="")
+        return 0
+
+    completion = add_command(
+        commands, "completion", cmd_completion, "print a shell completion script",
+        ["source <(fourm-kfp completion bash)",
+         "fourm-kfp completion zsh > \"${fpath[1]}/_fourm-kfp\"",
+         "fourm-kfp completion fish > ~/.config/fish/completions/fourm-kfp.fish"])
+    completion.add_argument("shell", choices=SHELLS)
