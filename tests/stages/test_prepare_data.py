@@ -16,6 +16,7 @@ from PIL import Image
 
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.data.ingest import TooManyBadSamplesError
+from fourm_kfp.data.photo_sources import NoSourceDataError
 from fourm_kfp.contract.manifest import MANIFEST_NAME
 from fourm_kfp.contract import run_stage
 from fourm_kfp.stages import get_stage
@@ -98,15 +99,14 @@ def test_image_folder_above_threshold_fails_naming_files_and_commits_nothing(tmp
 @pytest.mark.parametrize("source", ["missing", "empty", "no images"])
 def test_a_source_folder_with_no_image_fails_at_prepare_data_naming_it_and_commits_nothing(tmp_path, source):
     """It committed an empty dataset before, and the run failed two stages later at pretokenize."""
-    from fourm_kfp.config.schema import ConfigError
-
     folder = tmp_path / "photos"
     if source != "missing":
         folder.mkdir()
     if source == "no images":
         (folder / "notes.txt").write_text("not a photo")
     store = open_store(str(tmp_path / "store"), create=True)
-    with pytest.raises(ConfigError, match=rf"prepare_data.source_uri='{folder}' \(image_folder\): no image \(.*\.jpg"):
+    with pytest.raises(NoSourceDataError,
+                       match=rf"prepare_data.source_uri='{folder}' \(image_folder\): no image \(.*\.jpg"):
         run_stage(SPEC, _folder_config(folder, 0.2), store)
     assert not [k for k in store.list() if k.endswith(MANIFEST_NAME)]
 

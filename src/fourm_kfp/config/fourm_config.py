@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from fourm_kfp.config.schema import option
 from fourm_kfp.data.modalities import MODALITIES
+from fourm_kfp.data.sources import SOURCES, source_of
 
 ALL_MODALITIES = tuple(MODALITIES)
 #: train-tokenizers' defaults: a VQ-VAE for every image modality of the table, in its order
@@ -236,8 +237,9 @@ class AlphasConfig:
 class PrepareDataConfig:
     """The prepare-data stage: where samples come from and how they are sharded."""
 
-    source: Literal["synthetic", "image_folder", "webdataset"] = option(
-        "synthetic", "synthetic scenes, a folder of images, or an image-text WebDataset")
+    source: str = option("synthetic", "where the samples come from: "
+                         + ", ".join(f"{name} ({s.description})" for name, s in SOURCES.items()),
+                         choices=SOURCES.keys())  # a live view: the sources of the table (fourm_kfp.data.sources)
     source_uri: str = option("", "folder or WebDataset location for real data: a local path, s3://bucket/prefix, or "
                                  "pkg://<python package>/<folder> (a folder inside an installed package)")
     captions_file: str = option("", "image_folder only: JSONL/CSV of file -> caption (else <name>.txt files)")
@@ -256,7 +258,7 @@ class PrepareDataConfig:
     workers: int = option(0, "processes rendering/decoding samples (0 = one per core)", versioned=False, min=0)
 
     def __post_init__(self) -> None:
-        if self.source != "synthetic" and not self.source_uri:
+        if source_of(self.source).external and not self.source_uri:
             raise ValueError(f"source_uri is required when source is {self.source!r}")
 
 

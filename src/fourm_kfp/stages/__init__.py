@@ -34,22 +34,20 @@ def _labelers_configured(config: Any) -> bool:
     return bool(config.label.labelers)
 
 
-#: The modalities each prepare-data source writes (the others of ``data.modalities`` come from later stages).
-SOURCE_MODALITIES = {"synthetic": ("rgb", "depth", "normal", "semseg", "edge", "det", "caption"),
-                     "image_folder": ("rgb", "caption"), "webdataset": ("rgb", "caption")}
-
-
 def _prepare_data_view(config: Any) -> dict[str, Any]:
-    """What prepare-data's address covers of ``data.modalities``: those its source writes, in their order, so that
-    adding a labelled modality to the data config does not move it. For a photo source, also that its photos are
-    cropped as ml-4m crops them (whole-pixel centred square, one bicubic resize: ``data/image_normalize.py``); the
-    synthetic scenes are rendered square, their addresses unmoved."""
-    source = SOURCE_MODALITIES[config.prepare_data.source]
-    view: dict[str, Any] = {"data.modalities": [m for m in config.data.modalities if m in source]}
-    if config.prepare_data.source != "synthetic":
+    """What prepare-data's address covers of ``data.modalities``: those its source writes (its record's
+    ``modalities``, :data:`fourm_kfp.data.sources.SOURCES`), in their order, so that adding a labelled modality to
+    the data config does not move it. Beside the ``prepare_data`` section, also how the source processes what it
+    reads where the config does not say (its record's ``processing``: a photo source crops as ml-4m crops); a
+    source without any (the synthetic scenes) has the section as it is."""
+    from fourm_kfp.data.sources import source_of
+
+    source = source_of(config.prepare_data.source)
+    view: dict[str, Any] = {"data.modalities": [m for m in config.data.modalities if m in source.modalities]}
+    if source.processing:
         from fourm_kfp.config.schema import versioned_dict
 
-        view["prepare_data"] = {**versioned_dict(config.prepare_data), "photo_crop": "ml4m"}
+        view["prepare_data"] = {**versioned_dict(config.prepare_data), **source.processing}
     return view
 
 

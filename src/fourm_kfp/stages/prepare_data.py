@@ -1,38 +1,29 @@
 """The ``prepare-data`` stage: samples from a source → aligned per-modality shards, a report and a preview grid,
 fanned out over the output shards, resumable.
 
-Sources (``prepare_data.source``):
-
-* ``synthetic`` — procedurally generated, exactly aligned 3-D scenes in all seven modalities
-  (:mod:`fourm_kfp.data.synthetic_scenes`), rendered in worker processes; deterministic for a seed;
-* ``image_folder`` / ``webdataset`` — real images (with captions where there are any), normalised to RGB squares
-  (:mod:`fourm_kfp.data.ingest`); unreadable samples are skipped and counted by reason, and the stage fails when
-  their fraction of the whole source exceeds ``prepare_data.max_bad_fraction``.
+The source (``prepare_data.source``) is a record of :data:`fourm_kfp.data.sources.SOURCES`: synthetic scenes
+(:mod:`fourm_kfp.data.synthetic_source`), a folder of images or an image-text WebDataset
+(:mod:`fourm_kfp.data.photo_sources`). This module does the same for every one; the record says what differs (its
+plan and items, whether it reads outside the config, whether its keys are unique, how the preview gets its samples).
 
 Output: ``<split>/<modality>/shard-NNNNNN.tar`` and the key indexes ``<split>/_keys/shard-NNNNNN.txt``
-(:mod:`fourm_kfp.data.shard_writer`) for ``train`` and ``val``; for real data also ``<split>/_source/shard-NNNNNN.tar``,
-each sample's original size before the centre crop (read it with
+(:mod:`fourm_kfp.data.shard_writer`) for ``train`` and ``val``; for a source that records each sample's original
+size before the centre crop (the photos) also ``<split>/_source/shard-NNNNNN.tar`` (read it with
 :func:`fourm_kfp.data.shard_stream.iter_source_info`); and ``reports/`` (JSON and Markdown report, preview grid and
 histograms, also attached to the stage's MLflow run).
 
 Which samples go into which output shard follows from the input alone, never from the number of workers, so the
-payload is the same bytes at any width (:func:`plan`):
+payload is the same bytes at any width: the source's plan lists every job and the output shards it writes.
 
-* synthetic: the train scenes ``0 .. num_train - 1``, then the val scenes, fill their split's shards of
-  ``samples_per_shard`` in order;
-* image folder: the sorted listing gives every image its key and the key's hash its split; a split's images, in
-  listing order, fill its shards of ``samples_per_shard`` (an unusable image leaves its shard one sample short);
-* WebDataset: input tar ``t`` (in name order) becomes shard ``t`` of each split, its samples in tar order and split
-  by key hash (``samples_per_shard`` does not apply: a tar's samples are not known before it is read).
-
-A job writes one output shard (a WebDataset job both shards of its tar): the shard's tars, its statistics and skips
-(``_parts/shards/<split>/shard-NNNNNN.json``, beside the part records and like them outside the payload), then its
-key index, which commits it. Fan-out worker ``part`` of ``parts`` (:func:`run_part`) takes every ``parts``-th job
-and skips the committed ones, so a killed worker redoes only what is missing; inside a worker
+A job writes its output shards (a WebDataset job both shards of its tar): the shard's tars, its statistics and
+skips (``_parts/shards/<split>/shard-NNNNNN.json``, beside the part records and like them outside the payload),
+then its key index, which commits it. Fan-out worker ``part`` of ``parts`` (:func:`run_part`) takes every
+``parts``-th job and skips the committed ones, so a killed worker redoes only what is missing; inside a worker
 ``prepare_data.workers`` processes (synthetic scenes) or threads (real images) render or decode. The collect step
 (:func:`run`) checks that every planned shard is committed, merges the shards' statistics and skips, applies
-``max_bad_fraction`` to the whole source, gives every shard of a split a tar of each modality the split has (empty
-where the shard has none of it), and writes the reports; the preview shows the first samples in shard order.
+``max_bad_fraction`` to the whole of an external source, gives every shard of a split a tar of each modality the
+split has (empty where the shard has none of it), and writes the reports; the preview shows the first samples in
+shard order.
 """
 
 from __future__ import annotations
@@ -42,14 +33,12 @@ import io
 import itertools
 import json
 import logging
-import multiprocessing
 import os
 import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -57,187 +46,33 @@ from fourm_kfp.config.fourm_config import FourMConfig
 from fourm_kfp.contract import ExternalSource, StageContext, StageResult
 from fourm_kfp.contract.shard_jobs import Shard, ShardLedger, parts_stats_key
 from fourm_kfp.data.dataset_report import DatasetStats, render_histograms, render_preview_grid, report_markdown
-from fourm_kfp.config.schema import ConfigError
-from fourm_kfp.data.ingest import (IMAGE_EXTENSIONS, ImageFolder, SkipCounter, iter_webdataset_tar, ordered_map,
-                                   webdataset_tars)
+from fourm_kfp.data.ingest import SkipCounter
 from fourm_kfp.data.shard_stream import iter_joined_shard
-from fourm_kfp.data.shard_writer import (SOURCE_DIR, SPLITS, ShardWriter, encode_sample, encode_source_info, keys_key,
-                                         shard_key)
+from fourm_kfp.data.shard_writer import SOURCE_DIR, SPLITS, ShardWriter, keys_key, shard_key
+from fourm_kfp.data.source_record import EncodedSample, SourceJob
+from fourm_kfp.data.sources import source_of
 from fourm_kfp.data.ustar import TarSpool
 from fourm_kfp.progress import LineProgress
-from fourm_kfp.storage import Store, open_store
-
-if TYPE_CHECKING:
-    from fourm_kfp.data.image_normalize import BadSampleError
-    from fourm_kfp.data.ingest import SourceItem
+from fourm_kfp.storage import Store
 
 log = logging.getLogger(__name__)
-#: Real-data outputs are laid out by :func:`plan` (a split's shards filled from the listing, WebDataset tar ``t`` →
-#: shard ``t``) and carry a ``_source`` tar, unlike the single-worker layout before: this salt in their source
-#: fingerprint moves their addresses. Synthetic outputs keep their bytes, so their address stays.
-REAL_DATA_LAYOUT = "layout 2: fan-out shards planned from the listing, _source tars"
 
 
-@dataclass(frozen=True)
-class Job:
-    """One unit of a worker's work: the output shards it writes and what it reads for them."""
-
-    shards: tuple[Shard, ...]
-    #: synthetic: the scene indices; image folder: its :class:`~fourm_kfp.data.ingest.FolderEntry` tuple;
-    #: WebDataset: the input tar's key
-    inputs: Any
+def _shards(job: SourceJob) -> tuple[Shard, ...]:
+    """The output shards ``job`` writes."""
+    return tuple(Shard(split, index) for split, index in job.shards)
 
 
-@dataclass
-class Plan:
-    """What the whole source gives: every job (in order) and every output shard (in shard order)."""
-
-    jobs: list[Job]
-    folder: ImageFolder | None = None  # an image folder source
-    origins: list[str] = field(default_factory=list)  # a real source's inputs, in order (its lineage digest)
-
-    @property
-    def shards(self) -> list[Shard]:
-        return sorted((s for job in self.jobs for s in job.shards), key=lambda s: s.order)
-
-
-class _Item(NamedTuple):
-    """One sample of a job, encoded, or the record of one that was skipped."""
-
-    split: str
-    key: str
-    sample: dict[str, Any] | None
-    encoded: dict[str, bytes] | None
-    skipped: BadSampleError | None = None
-
-
-def _split_of(key: str, fraction: float) -> str:
-    """Deterministic split by key: the same sample always lands in the same split."""
-    return "val" if int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) / 0x100000000 < fraction else "train"
-
-
-def _chunks(items: Any, size: int) -> list[Any]:
-    return [items[first:first + size] for first in range(0, len(items), size)]
-
-
-def plan(config: FourMConfig) -> Plan:
-    """The jobs and output shards of the whole source, from the config and the source's listing alone."""
-    cfg = config.prepare_data
-    if cfg.source == "synthetic":
-        jobs = []
-        for split, start, count in (("train", 0, cfg.num_train), ("val", cfg.num_train, cfg.num_val)):
-            scenes = range(start, start + count)
-            jobs += [Job((Shard(split, i),), chunk) for i, chunk in enumerate(_chunks(scenes, cfg.samples_per_shard))]
-        return Plan(jobs)
-    source = open_store(cfg.source_uri)
-    if cfg.source == "image_folder":
-        folder = ImageFolder(source, config.data.image_size, cfg.captions_file or None, cfg.min_image_side,
-                             cfg.include)
-        if not folder.entries:
-            _no_source_data(cfg, "no image (" + " ".join(sorted(IMAGE_EXTENSIONS)) + ")"
-                            + (f" matching prepare_data.include {list(cfg.include)}" if cfg.include else ""))
-        by_split: dict[str, list[Any]] = {split: [] for split in SPLITS}
-        for entry in folder.entries:
-            by_split[_split_of(entry.key, cfg.val_fraction)].append(entry)
-        jobs = [Job((Shard(split, i),), tuple(chunk)) for split in SPLITS
-                for i, chunk in enumerate(_chunks(by_split[split], cfg.samples_per_shard))]
-        return Plan(jobs, folder, [source.uri_of(e.path) for e in folder.entries])
-    tars = webdataset_tars(source)
-    if not tars:
-        _no_source_data(cfg, "no WebDataset shard (.tar)")
-    return Plan([Job((Shard("train", t), Shard("val", t)), tar) for t, tar in enumerate(tars)], None,
-                [source.uri_of(tar) for tar in tars])
-
-
-def _no_source_data(cfg, what: str) -> None:
-    """Fail at the start of prepare-data on a source with nothing to prepare (a missing or empty folder, a wrong
-    path): committed, an empty dataset would fail the run stages later, far from the cause."""
-    raise ConfigError(f"prepare_data.source_uri={cfg.source_uri!r} ({cfg.source}): {what} there; is the folder "
-                      "missing or empty, or the path wrong?")
+def _planned_shards(jobs: list[SourceJob]) -> list[Shard]:
+    """Every output shard of the plan, in shard order."""
+    return sorted((shard for job in jobs for shard in _shards(job)), key=lambda shard: shard.order)
 
 
 def source_fingerprint(config: FourMConfig) -> str | None:
-    """Digest of a real-data source's listing (keys and sizes, plus the captions file) and of the output layout: a
-    changed folder gets a new output address. Synthetic data is fully described by the config."""
-    cfg = config.prepare_data
-    if cfg.source == "synthetic":
-        return None
-    from fourm_kfp.data.ingest import included
-
-    digest = hashlib.sha256(f"{REAL_DATA_LAYOUT}\n".encode())
-    for key, size in open_store(cfg.source_uri).list_sizes():
-        if included(key, cfg.include) or key.endswith(".txt"):  # the images taken, and caption side files
-            digest.update(f"{key}\t{size}\n".encode())
-    if cfg.captions_file:
-        digest.update(f"captions {cfg.captions_file}\n".encode())
-    return "sha256:" + digest.hexdigest()
-
-
-# ------------------------------------------------------------------------------------------------ the workers
-
-
-def _scene(scene: tuple[int, int, int, tuple[str, ...]]) -> dict[str, Any]:
-    """Synthetic scene ``(seed, index, image_size, modalities kept)``."""
-    from fourm_kfp.data.synthetic_scenes import synthetic_sample
-
-    seed, index, image_size, modalities = scene
-    return {m: v for m, v in synthetic_sample(seed, index, image_size).items() if m in modalities}
-
-
-def _render(scene: tuple[int, int, int, tuple[str, ...]]) -> tuple[str, dict[str, Any], dict[str, bytes]]:
-    sample = _scene(scene)
-    return f"{scene[1]:08d}", sample, encode_sample(sample, scene[3])
-
-
-def _scenes(config: FourMConfig, indices: Iterable[int]) -> Iterator[tuple[int, int, int, tuple[str, ...]]]:
-    for index in indices:
-        yield config.prepare_data.seed, index, config.data.image_size, tuple(config.data.modalities)
-
-
-def _synthetic_items(config: FourMConfig, jobs: list[Job]) -> Iterator[tuple[int, _Item]]:
-    work = [(pos, job.shards[0].split, index) for pos, job in enumerate(jobs) for index in job.inputs]
-    scenes = _scenes(config, (index for _, _, index in work))
-    workers = min(config.prepare_data.workers or os.cpu_count() or 1, max(len(work) // 64, 1))
-    pool = multiprocessing.get_context("forkserver").Pool(workers) if workers > 1 else None
-    try:
-        rendered = pool.imap(_render, scenes, chunksize=16) if pool else map(_render, scenes)
-        for (pos, split, _), (key, sample, encoded) in zip(work, rendered, strict=True):
-            yield pos, _Item(split, key, sample, encoded)
-    finally:
-        if pool:
-            pool.terminate()
-
-
-def _real_item(config: FourMConfig, split: str, item: SourceItem) -> _Item:
-    if item.skipped is not None:
-        return _Item(split, item.key, None, None, item.skipped)
-    sample = {m: v for m, v in item.sample.items() if m in config.data.modalities}
-    width, height = item.original_size
-    encoded = {**encode_sample(sample, config.data.modalities),
-               SOURCE_DIR: encode_source_info({"original_width": width, "original_height": height})}
-    return _Item(split, item.key, sample, encoded)
-
-
-def _folder_items(config: FourMConfig, folder: ImageFolder, jobs: list[Job]) -> Iterator[tuple[int, _Item]]:
-    def load(work: tuple[int, str, Any]) -> tuple[int, _Item]:  # decoded and encoded on a worker thread
-        pos, split, entry = work
-        return pos, _real_item(config, split, folder.load(entry))
-
-    work = ((pos, job.shards[0].split, entry) for pos, job in enumerate(jobs) for entry in job.inputs)
-    yield from ordered_map(load, work, config.prepare_data.workers or os.cpu_count() or 1)
-
-
-def _webdataset_items(config: FourMConfig, jobs: list[Job]) -> Iterator[tuple[int, _Item]]:
-    cfg = config.prepare_data
-    source, workers = open_store(cfg.source_uri), cfg.workers or os.cpu_count() or 1
-
-    def encode(item: SourceItem) -> _Item:  # on a worker thread too: a 224-px PNG costs about what its decode does
-        return _real_item(config, _split_of(item.key, cfg.val_fraction), item)
-
-    for pos, job in enumerate(jobs):
-        items = iter_webdataset_tar(source, job.inputs, config.data.image_size, cfg.min_image_side, workers)
-        for item in ordered_map(encode, items, workers):
-            yield pos, item
+    """What the address covers of what the source reads beyond the config (its record's fingerprint): a changed
+    folder gets a new output address. None for a source the config describes wholly."""
+    source = source_of(config.prepare_data.source)
+    return source.fingerprint(config) if source.fingerprint else None
 
 
 def _ledger(ctx: StageContext) -> ShardLedger:
@@ -254,7 +89,7 @@ class _ShardOutput:
         self.writer = ShardWriter(ctx.output, shard.split, modalities, sys.maxsize, first_index=shard.index)
         self.stats, self.skips = DatasetStats(), SkipCounter()
 
-    def add(self, item: _Item) -> None:
+    def add(self, item: EncodedSample) -> None:
         if item.skipped is not None:
             self.skips.add(item.skipped)
             return
@@ -271,20 +106,19 @@ class _ShardOutput:
         return self.writer.samples
 
 
-def _write_jobs(ctx: StageContext, ledger: ShardLedger, jobs: list[Job], items: Iterator[tuple[int, _Item]],
-                bar: LineProgress) -> int:
+def _write_jobs(ctx: StageContext, ledger: ShardLedger, jobs: list[SourceJob],
+                items: Iterator[tuple[int, EncodedSample]], bar: LineProgress) -> int:
     """Route each job's items (in job order) into its output shards and commit them; returns the samples written."""
-    modalities = tuple(ctx.config.data.modalities)
-    if ctx.config.prepare_data.source != "synthetic":
-        modalities += (SOURCE_DIR,)
+    # and the per-sample source facts (SOURCE_DIR), for the samples whose source records them
+    modalities = (*ctx.config.data.modalities, SOURCE_DIR)
     written, pending = 0, next(items, None)
     for pos, job in enumerate(jobs):
-        outputs = {shard.split: _ShardOutput(ctx, ledger, shard, modalities) for shard in job.shards}
+        outputs = {shard.split: _ShardOutput(ctx, ledger, shard, modalities) for shard in _shards(job)}
         while pending is not None and pending[0] == pos:
             item = pending[1]
             if item.split not in outputs:
                 raise RuntimeError(f"prepare-data: sample {item.key!r} of {item.split} came with the job of "
-                                   f"{', '.join(map(str, job.shards))}")
+                                   f"{', '.join(map(str, _shards(job)))}")
             outputs[item.split].add(item)
             bar.update()
             pending = next(items, None)
@@ -294,23 +128,20 @@ def _write_jobs(ctx: StageContext, ledger: ShardLedger, jobs: list[Job], items: 
 
 def run_part(ctx: StageContext, part: int, parts: int) -> StageResult:
     """Fan-out worker ``part`` of ``parts``: every ``parts``-th job of the plan, the committed ones skipped."""
-    config, cfg = ctx.config, ctx.config.prepare_data
-    the_plan, ledger = plan(config), _ledger(ctx)
-    jobs = ledger.take(the_plan.jobs, part, parts, lambda job: job.shards)
+    config = ctx.config
+    source = source_of(config.prepare_data.source)
+    the_plan, ledger = source.plan(config), _ledger(ctx)
+    jobs = ledger.take(the_plan.jobs, part, parts, _shards)
     todo = jobs.todo
-    if cfg.source == "synthetic":
-        items, total, unit = _synthetic_items(config, todo), sum(len(job.inputs) for job in todo), "scenes"
-    elif cfg.source == "image_folder":
-        items, total, unit = _folder_items(config, the_plan.folder, todo), sum(len(j.inputs) for j in todo), "images"
-    else:
-        items, total, unit = _webdataset_items(config, todo), None, "images"
+    sizes = [job.samples for job in todo]
+    total = None if None in sizes else sum(sizes)
     started = time.monotonic()
-    bar = LineProgress(total, f"prepare-data part {part + 1}/{parts}", unit, interval=10.0)
-    written = _write_jobs(ctx, ledger, todo, items, bar)
+    bar = LineProgress(total, f"prepare-data part {part + 1}/{parts}", source.unit, interval=10.0)
+    written = _write_jobs(ctx, ledger, todo, source.items(config, the_plan, todo), bar)
     bar.close()
     seconds = time.monotonic() - started
     return StageResult(counts={"jobs": len(jobs.mine), "jobs_skipped": len(jobs.done),
-                               "shards": [[s.split, s.index] for job in todo for s in job.shards]},
+                               "shards": [list(shard) for job in todo for shard in job.shards]},
                        metrics={"samples": float(written), "seconds": seconds,
                                 "samples_per_s": written / max(seconds, 1e-9)})
 
@@ -336,8 +167,9 @@ def _key_hash(key: str) -> int:
 
 
 def _duplicate_keys(store: Store, shards: list[Shard], limit: int = 5) -> list[tuple[str, list[Shard]]]:
-    """Keys that more than one shard lists (up to ``limit``) with those shards. WebDataset keys are unique within
-    a tar; across tars only this tells (a set of 8-byte hashes, not of the keys: a big dataset has millions)."""
+    """Keys that more than one shard lists (up to ``limit``) with those shards. A source's keys may be unique
+    within an input only (a WebDataset's within a tar); across inputs only this tells (a set of 8-byte hashes, not
+    of the keys: a big dataset has millions)."""
     hashes, owners = [], []
     for pos, shard in enumerate(shards):
         keys = store.get_text(shard.keys_key).split()
@@ -360,17 +192,18 @@ def _duplicate_keys(store: Store, shards: list[Shard], limit: int = 5) -> list[t
 
 
 def _preview_samples(ctx: StageContext, shards: list[Shard]) -> list[dict[str, Any]]:
-    """The first ``preview_samples`` samples in shard order: synthetic scenes rendered again (the shards hold depth
-    and normals quantised), real samples read back (their rgb and caption are stored losslessly)."""
+    """The first ``preview_samples`` samples in shard order: made again by the source where its record can
+    (synthetic scenes: the shards hold depth and normals quantised), else read back (photos: their rgb and caption
+    are stored losslessly)."""
     config, out = ctx.config, ctx.output
+    render = source_of(config.prepare_data.source).render
     want = config.prepare_data.preview_samples
     samples: list[dict[str, Any]] = []
     for shard in shards:
         if len(samples) >= want:
             break
-        if config.prepare_data.source == "synthetic":
-            keys = out.get_text(shard.keys_key).split()[:want - len(samples)]
-            samples += map(_scene, _scenes(config, map(int, keys)))
+        if render:
+            samples += render(config, out.get_text(shard.keys_key).split()[:want - len(samples)])
         else:
             joined = iter_joined_shard(out, shard.split, shard.index, config.data.modalities)
             samples += [sample for _, sample in itertools.islice(joined, want - len(samples))]
@@ -381,8 +214,9 @@ def run(ctx: StageContext) -> StageResult:
     """The collect step: check the parts' shards, merge their statistics, check the bad fraction, write the
     reports."""
     config, cfg = ctx.config, ctx.config.prepare_data
-    the_plan = plan(config)
-    shards = the_plan.shards
+    source = source_of(cfg.source)
+    the_plan = source.plan(config)
+    shards = _planned_shards(the_plan.jobs)
     records = _ledger(ctx).records(shards)
     stats, skips = DatasetStats(), SkipCounter()
     splits = {split: {"samples": 0, "shards": 0, "members": Counter()} for split in SPLITS}
@@ -397,13 +231,12 @@ def run(ctx: StageContext) -> StageResult:
     shard_counts = {split: {"samples": s["samples"], "shards": s["shards"],
                             "modalities": dict(sorted(s["members"].items()))} for split, s in splits.items()}
     total = sum(s["samples"] for s in shard_counts.values())
-    real = cfg.source != "synthetic"
-    if real:
+    if source.external:
         stats.add_skipped(skips.as_dict()["by_reason"])
         skips.check(total + skips.total, cfg.max_bad_fraction, where=f"prepare-data source {cfg.source_uri}")
-    if cfg.source == "webdataset":
+    if not source.unique_keys:
         for key, where in _duplicate_keys(ctx.output, shards):
-            log.warning("prepare-data: key %r is in %s (two tars of %s hold samples of that name)", key,
+            log.warning("prepare-data: key %r is in %s (two inputs of %s hold samples of that name)", key,
                         " and ".join(map(str, where)), cfg.source_uri)
     _backfill(ctx, records)
 
@@ -423,9 +256,9 @@ def run(ctx: StageContext) -> StageResult:
         "parts": float(len(parts)),
         "parts_seconds": seconds,
     }
-    counts = {"splits": shard_counts, "skipped": skips.as_dict() if real else {"total": 0}}
+    counts = {"splits": shard_counts, "skipped": skips.as_dict() if source.external else {"total": 0}}
     sources = []
-    if real:
+    if source.external:
         listing = hashlib.sha256("".join(f"{origin}\n" for origin in the_plan.origins).encode())
         sources = [ExternalSource(cfg.source, cfg.source_uri, listing.hexdigest())]
     return StageResult(counts=counts, metrics=metrics, sources=sources)
