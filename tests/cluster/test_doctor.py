@@ -304,3 +304,22 @@ def test_an_api_server_that_does_not_answer_or_refuses_the_credentials_fails_onc
     assert found["kubernetes"].state == FAIL and host in found["kubernetes"].detail, found["kubernetes"].line()
     assert ("401" in found["kubernetes"].detail) == (problem == "bad token")
     assert "rbac" not in found and found["s3"].state == OK  # no cluster check ran; the services were still asked
+
+
+def test_an_irsa_role_on_the_runs_account_stands_in_for_the_s3_secret(setup):
+    """On EKS the pods get S3 credentials from their ServiceAccount's IAM role: with no Secret, the account's
+    ``eks.amazonaws.com/role-arn`` passes the check; without either, the fix names both ways."""
+    cluster, request, kube, kfp_client = setup
+    role = "arn:aws:iam::123456789012:role/fourm-s3"
+    _delete(cluster, "secret", "fourm-s3-credentials")
+    found = _by_name(run_doctor(request, kube, kfp_client))["s3 secret"]
+    assert found.state == FAIL and f"ServiceAccount {ACCOUNT} has no eks.amazonaws.com/role-arn" in found.detail
+    assert f"annotate serviceaccount {ACCOUNT} eks.amazonaws.com/role-arn=" in found.fix
+    core = cluster.admin().core
+    core.delete_namespaced_service_account(ACCOUNT, NAMESPACE)
+    core.create_namespaced_service_account(NAMESPACE, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {
+        "name": ACCOUNT, "annotations": {"eks.amazonaws.com/role-arn": role}}})
+    checks = run_doctor(request, kube, kfp_client)
+    found = _by_name(checks)["s3 secret"]
+    assert found.state == OK and role in found.detail and "IRSA" in found.detail, found.line()
+    assert [c.line() for c in checks if c.state == FAIL] == []

@@ -9,7 +9,6 @@ from mlflow.tracking.context.default_context import _get_user
 from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE, MLFLOW_USER
 
 from fourm_kfp.contract import lineage
-from fourm_kfp.pipeline_runs.submit import run_url
 
 
 @pytest.fixture
@@ -34,7 +33,7 @@ def test_pipeline_and_stage_runs_carry_the_context_and_the_kfp_run(tmp_path, ima
         assert tags[MLFLOW_SOURCE_NAME] == source and tags[MLFLOW_SOURCE_TYPE] == "JOB"
         assert tags[MLFLOW_GIT_COMMIT] == image_commit
     assert stage_tags[lineage.TAG_KFP_RUN_ID] == kfp_run
-    assert stage_tags[lineage.TAG_KFP_RUN_URL] == run_url(host, kfp_run)
+    assert stage_tags[lineage.TAG_KFP_RUN_URL] == f"{host}/#/runs/details/{kfp_run}"  # the KFP UI's run page
 
 
 def test_a_local_run_is_a_local_source_without_a_kfp_link(tmp_path, image_commit):

@@ -74,9 +74,11 @@ PORT_BASE, PORT_SPAN = 20000, 10000
 CREDENTIALS_SECRET = "fourm-s3-credentials"
 #: The variables that hold credentials, each read by kubernetes replicas from the same-named key of the credentials
 #: Secret and never written into the job (a value given with ``env`` or set in the launching environment is not
-#: copied). ``True``: optional, a Secret without that key still starts the pods.
-SECRET_ENV = {"AWS_ACCESS_KEY_ID": False, "AWS_SECRET_ACCESS_KEY": False, "AWS_SESSION_TOKEN": True,
-              "MLFLOW_TRACKING_TOKEN": True, "MLFLOW_TRACKING_PASSWORD": True}
+#: copied). Every one is optional (``secretKeyRef.optional``), as in the pipeline's jobs: a pod whose
+#: ServiceAccount has an IAM role (IRSA) needs no Secret at all, and the storage layer's credential chain takes
+#: whatever the pod has.
+SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "MLFLOW_TRACKING_TOKEN",
+              "MLFLOW_TRACKING_PASSWORD")
 
 
 class LaunchFailed(UserError):
@@ -222,8 +224,8 @@ def patch_volcano_job(job: dict[str, Any], params: TorchxParams) -> None:
 
     def secret_env() -> list[Any]:
         return [V1EnvVar(name=name, value_from=V1EnvVarSource(secret_key_ref=V1SecretKeySelector(
-                    name=params.credentials_secret, key=name, optional=optional or None)))
-                for name, optional in SECRET_ENV.items()]
+                    name=params.credentials_secret, key=name, optional=True)))
+                for name in SECRET_ENV]
 
     for task in job["spec"]["tasks"]:
         spec = task["template"].spec
@@ -241,11 +243,10 @@ def credentials_line(params: TorchxParams, namespace: str) -> str:
     """Where the kubernetes pods' credentials come from, naming (never showing) those given with ``env`` or set in
     this environment, which are not copied into the job."""
     found = [name for name in SECRET_ENV if name in params.env or name in os.environ]
-    required = [name for name, optional in SECRET_ENV.items() if not optional]
-    optional = [name for name, optional in SECRET_ENV.items() if optional]
     not_copied = f"{', '.join(found)} (given with --env or set here) not copied into the job; " if found else ""
-    return (f"credentials: {not_copied}the pods read {', '.join(required)} from Secret {params.credentials_secret} "
-            f"of namespace {namespace} (and {', '.join(optional)} where it holds them)")
+    return (f"credentials: {not_copied}the pods read {', '.join(SECRET_ENV)} from Secret "
+            f"{params.credentials_secret} of namespace {namespace} where it holds them (optional: without it, the "
+            "pod's own identity, e.g. an IAM role through IRSA)")
 
 
 #: The signals whose handlers torchx's local schedulers replace, for the process and for good, when they are created

@@ -9,7 +9,9 @@ and creates nothing.
   Role in ``manifests/base/rbac.yaml`` (read from that file: no second list), in the run's namespace; with a
   service account named, asked as that account by impersonation (``Impersonate-User``), as ``kubectl auth can-i
   --as`` does.
-- **Secrets and settings**: the S3 Secret and its two keys, the settings ConfigMap and the image pull secret (a
+- **Secrets and settings**: the S3 Secret and its two keys (or, for an ``s3://`` store without it, an IAM role on
+  the runs' ServiceAccount: its ``eks.amazonaws.com/role-arn`` annotation, IRSA), the settings ConfigMap and the
+  image pull secret (a
   ``kubernetes.io/dockerconfigjson`` Secret holding ``.dockerconfigjson``, the only kind the kubelet reads for
   that: ``pkg/credentialprovider/secrets/secrets.go``); the names are the pipeline's.
 - **The TrainJob's runtime** (the template's ``runtimeRef``: a ClusterTrainingRuntime unless it says otherwise).
@@ -183,22 +185,44 @@ def check_rbac(kube, service_account: str) -> Check:
     return Check("rbac", OK, f"{who} may do all {asked} things the launcher's Role grants")
 
 
-def _object_checks(kube, parameters: dict[str, Any]) -> tuple[list[Check], dict[str, str]]:
-    """The S3 Secret, the settings ConfigMap (returned: its data) and the image pull secret."""
+#: The ServiceAccount KFP runs a pipeline's pods as when the run names none (its standalone install's default).
+KFP_DEFAULT_ACCOUNT = "pipeline-runner"
+#: The annotation by which EKS's pod identity webhook gives a ServiceAccount's pods an IAM role (IRSA).
+IRSA_ANNOTATION = "eks.amazonaws.com/role-arn"
+
+
+def _irsa_role(kube, account: str) -> str:
+    """The IAM role ARN ``account``'s pods assume through IRSA ("" = none, or the account is absent)."""
+    found = _read(kube.core.read_namespaced_service_account, account, kube.namespace)
+    return (((found or {}).get("metadata") or {}).get("annotations") or {}).get(IRSA_ANNOTATION, "")
+
+
+def _object_checks(kube, parameters: dict[str, Any], service_account: str = ""
+                   ) -> tuple[list[Check], dict[str, str]]:
+    """The S3 Secret (or, in its place, an IAM role for ``service_account``'s pods), the settings ConfigMap
+    (returned: its data) and the image pull secret."""
     from kubernetes.client.exceptions import ApiException
 
     from fourm_kfp.pipelines.fourm_pretrain import S3_SECRET, S3_SECRET_ENV, SETTINGS_CONFIG_MAP
 
     ns, checks, settings = kube.namespace, [], {}
     store = str(parameters.get("store_uri", ""))
+    account = service_account or KFP_DEFAULT_ACCOUNT
     try:
         secret = _read(kube.core.read_namespaced_secret, S3_SECRET, ns)
         missing = sorted(set(S3_SECRET_ENV.values()) - set((secret or {}).get("data") or {}))
         create = (f"kubectl -n {ns} create secret generic {S3_SECRET} --from-env-file=manifests/base/"
                   "s3-credentials.env (or apply the manifests: manifests/README.md, sections 3-4)")
-        if secret is None and store.startswith("s3://"):
-            checks.append(Check("s3 secret", FAIL, f"Secret {S3_SECRET} is missing: the steps and jobs would have no "
-                                                   f"S3 credentials for {store}", create))
+        role = _irsa_role(kube, account) if secret is None and store.startswith("s3://") else ""
+        if role:
+            checks.append(Check("s3 secret", OK, f"Secret {S3_SECRET} is absent and ServiceAccount {account}'s pods "
+                                                 f"assume the IAM role {role} ({IRSA_ANNOTATION}: IRSA)"))
+        elif secret is None and store.startswith("s3://"):
+            checks.append(Check("s3 secret", FAIL, f"Secret {S3_SECRET} is missing and ServiceAccount {account} has "
+                                                   f"no {IRSA_ANNOTATION}: the steps and jobs would have no S3 "
+                                                   f"credentials for {store}",
+                                f"{create}; or, on EKS, kubectl -n {ns} annotate serviceaccount {account} "
+                                f"{IRSA_ANNOTATION}=arn:aws:iam::ACCOUNT:role/ROLE"))
         elif secret is None:
             checks.append(Check("s3 secret", WARN, f"Secret {S3_SECRET} is absent: optional, the store {store!r} is "
                                                    "not S3"))
@@ -317,7 +341,7 @@ def cluster_checks(kube, request: DoctorRequest) -> tuple[list[Check], dict[str,
     used = job_kinds_used(parameters)
     scheduler = str(parameters.get("scheduler", ""))
     checks = check_crds(kube, used) + [check_rbac(kube, request.service_account)]
-    object_checks, settings = _object_checks(kube, parameters)
+    object_checks, settings = _object_checks(kube, parameters, request.service_account)
     checks += object_checks
     checks.append(check_runtime(kube, used, job_spec.parse_scheduler(scheduler)[0]))
     checks += check_kueue(kube, used, scheduler)

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from fourm_kfp.contract.lineage import kfp_run_page
 from fourm_kfp.errors import UserError
 from fourm_kfp.pipeline_runs.follow import follow_run, stage_tasks
 from fourm_kfp.pipeline_runs.gate_verdict import read_gate
@@ -74,10 +75,6 @@ def pipeline_package(path: str = "", image_tag: str = "", workdir: str | None = 
 
 def ci_tags() -> dict[str, str]:
     return {f"fourm.ci.{name.lower()}": os.environ[name] for name in CI_VARIABLES if os.environ.get(name)}
-
-
-def run_url(host: str, run_id: str) -> str:
-    return f"{host.rstrip('/')}/#/runs/details/{run_id}"
 
 
 def shown_uri(uri: str) -> str:
@@ -156,7 +153,7 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
         if parent:
             lineage.finish_run(tracking, parent, "FAILED")  # no KFP run: nothing will ever close it
         raise
-    result = SubmitResult(run.run_id, run_url(request.host, run.run_id), mlflow_parent_run_id=parent,
+    result = SubmitResult(run.run_id, kfp_run_page(request.host, run.run_id), mlflow_parent_run_id=parent,
                           pipeline_id=pipeline_id, version_id=version_id)
     out(f"run {run.run_id} ({label}) in experiment {request.experiment}: {result.url}")
     if not request.wait:
@@ -239,7 +236,7 @@ def attach(request: SubmitRequest, run_id: str, client=None, out: Callable[[str]
     if tracking and parent:
         opened_by_submit = lineage._client(tracking).get_run(parent).data.tags.get(TAG_OPENED_BY) == OPENED_BY_SUBMIT
     reference = run.pipeline_version_reference
-    result = SubmitResult(run_id, run_url(request.host, run_id), mlflow_parent_run_id=parent,
+    result = SubmitResult(run_id, kfp_run_page(request.host, run_id), mlflow_parent_run_id=parent,
                           pipeline_id=getattr(reference, "pipeline_id", "") or "",
                           version_id=getattr(reference, "pipeline_version_id", "") or "")
     out(f"attached to run {run_id} ({run.display_name}): {result.url}")
