@@ -164,6 +164,28 @@ def test_the_top_floor_s_folders_are_checked():
     assert "fourm_kfp.launchers.kfp_runtime" in graph["fourm_kfp.components.pretrain"]
 
 
+#: The longest a component's body may be (docs/ARCHITECTURE.md): the work is in the launchers, not in the component.
+COMPONENT_BODY_LINES = 20
+
+
+def _component_bodies() -> dict[str, int]:
+    """``<file>:<function>`` -> the lines of its body (the docstring not counted), for each function of components/."""
+    lengths = {}
+    for path in sorted((REPO / "components").glob("*.py")):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.FunctionDef):
+                body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+                lengths[f"{path.name}:{node.name}"] = body[-1].end_lineno - body[0].lineno + 1 if body else 0
+    return lengths
+
+
+def test_a_component_body_is_short():
+    lengths = _component_bodies()
+    assert "pretrain.py:pretrain" in lengths
+    long = {name: lines for name, lines in lengths.items() if lines > COMPONENT_BODY_LINES}
+    assert not long, f"component bodies over {COMPONENT_BODY_LINES} lines (move the work to launchers/): {long}"
+
+
 def test_the_rules_catch_an_arrow_that_runs_up_and_a_circle():
     """The checks can fail: an added upward import, and an added import that closes a circle, are reported."""
     graph = _graph()
