@@ -31,8 +31,11 @@ demo: setup
 proof: setup
 	$(BIN)/fourm-kfp run --preset proof --root $(PROOF_ROOT) --summary $(PROOF_ROOT)/summary.json
 
+# On every CPU the machine has (pytest-xdist; `make test TEST_WORKERS=4` to choose): tests/conftest.py deals out
+# whole units (a module, the fresh smoke run's tests), slow units first; --no-loadscope-reorder keeps that order.
+TEST_WORKERS ?= logical
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The MLflow UI on the demo's store (another run folder: make ui DEMO_ROOT=runs/x). The full mlflow package, which
 # serves it, is the optional `ui` extra: installed here on first use, never in the stage images.

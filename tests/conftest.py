@@ -1,5 +1,13 @@
 """Shared fixtures: a real S3 server (``rclone serve s3``) started for the session and S3 environment helpers, and
-one fresh smoke run of the whole pipeline shared by the end-to-end and determinism tests."""
+one fresh smoke run of the whole pipeline shared by the end-to-end and determinism tests; and how ``make test``
+(``pytest -n logical --dist loadgroup --no-loadscope-reorder``) deals the tests out to its pytest-xdist workers.
+
+Each xdist worker is its own session: a session or module fixture is computed once per worker that runs a test
+needing it. So the workers get whole units (:func:`_worker_unit`): a module (its module fixtures computed once),
+split by the parameters of its module-scoped fixtures (each parameter's fixture is its own work), and one unit for
+every test of the session's fresh smoke run, which also keeps their order: the end-to-end test reruns the pipeline
+in that run's folder (``--force`` rewrites a stage, a rerun registers a new model version) after the tests that
+read it. The units holding slow tests go first, so that no long unit starts last."""
 
 from __future__ import annotations
 
@@ -25,6 +33,39 @@ for _var in ("AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_
              # and no developer's Hugging Face cache for the teachers (fourm_kfp.labelers.weights.hf_cache_dir)
              "HF_HOME", "HF_HUB_CACHE"):
     os.environ.pop(_var, None)
+
+
+#: the work unit of every test that uses the session's fresh smoke run (see the module docstring)
+FRESH_SMOKE_UNIT = "fresh-smoke-run"
+
+
+def _worker_unit(item: pytest.Item) -> str:
+    """The xdist group of ``item``: :data:`FRESH_SMOKE_UNIT`, else its module and the ids of the parameters of its
+    module- or session-scoped fixtures, by index (``tests/test_learning.py:scene_model#0``)."""
+    if "fresh_smoke_run" in item.fixturenames:
+        return FRESH_SMOKE_UNIT
+    module = item.nodeid.split("::")[0]
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return module
+    fixtures = item._fixtureinfo.name2fixturedefs
+    wide = [f"{name}#{callspec.indices[name]}" for name in sorted(callspec.params)
+            if name in fixtures and fixtures[name][-1].scope in ("module", "package", "session")]
+    return f"{module}:{','.join(wide)}" if wide else module  # no "]": xdist reads a group after the last "]"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker: each test marked with its unit's ``xdist_group``, and the units holding a ``slow`` or
+    ``learning`` test first (the fresh smoke run's first of all), each keeping its tests' order. Every worker
+    computes the same order, as xdist requires; a run without ``-n`` is left as collected."""
+    if not hasattr(config, "workerinput"):
+        return
+    units = {item: _worker_unit(item) for item in items}
+    slow = {units[item] for item in items if item.get_closest_marker("slow") or item.get_closest_marker("learning")}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(units[item]))
+    items.sort(key=lambda item: 0 if units[item] == FRESH_SMOKE_UNIT else 1 if units[item] in slow else 2)
 
 
 @pytest.fixture(scope="session")

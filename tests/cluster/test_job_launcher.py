@@ -29,6 +29,7 @@ from fourm_kfp.cluster.job_launcher import FollowSettings, run_job
 from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, KEEP_LABEL, RUN_ID_LABEL
 from fourm_kfp.cluster.kube import JobConflict
 from fourm_kfp.cluster.log_follower import parse_timestamp
+from fourm_kfp.distributed import free_port
 from fourm_kfp.launchers.stage import RunContext
 from tests.cluster.job_scripts import FAST, MASTER_LABELS, RUN_ID, Operator, job as _job, pod_labels as _pod_labels
 from tests.cluster.job_scripts import run_pods as _run_pods, wait as _wait
@@ -739,9 +740,10 @@ def test_a_job_stage_in_job_mode_plans_launches_and_reports(cluster, tmp_path, s
         argv[argv.index("--root") + 1] = str(tmp_path / "pod-root")  # the pod's emptyDir
         cluster.add_pod(pod, {**MASTER_LABELS, "training.kubeflow.org/job-name": name}, "pytorch")
         cluster.set_pod_status(pod, running_status("pytorch"))
+        port = str(free_port())  # not a fixed one: another test (an xdist worker's) may hold it
         env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29771", "WORLD_SIZE": "1", "RANK": "0",
-               "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": "29771", "PET_NNODES": "1", "PET_NODE_RANK": "0",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "1", "RANK": "0",
+               "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port, "PET_NNODES": "1", "PET_NODE_RANK": "0",
                "PET_NPROC_PER_NODE": job["spec"]["nprocPerNode"], "OMP_NUM_THREADS": "1",
                "MLFLOW_TRACKING_URI": "none"}
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

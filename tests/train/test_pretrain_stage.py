@@ -18,6 +18,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from fourm_kfp.contract.manifest import MANIFEST_NAME
+from fourm_kfp.distributed import free_port
 from fourm_kfp.model.saved_model import load_model, snapshot_steps
 from fourm_kfp.storage import open_store
 from fourm_kfp.train.checkpoint import complete_checkpoints, load_checkpoint
@@ -107,7 +108,8 @@ def test_a_killed_run_resumes_with_the_uninterrupted_losses(tmp_path, inputs):
 
 
 def test_two_processes_end_with_identical_replicas_and_a_cool_down_reshards(tmp_path, inputs):
-    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", "29731", "-m", "fourm_kfp.cli"]
+    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
+                "fourm_kfp.cli"]
     ddp = _pretrain(tmp_path / "ddp", inputs, "train.steps=4", "train.checkpoint_every=2", launcher=torchrun)
     assert ddp["metrics"]["replica_divergence"] == 0.0 and ddp["metrics"]["steps"] == 4.0
     # A cool-down on one process from the 2-process run's checkpoint (DCP reshards to the new world size).
@@ -120,7 +122,8 @@ def test_two_processes_end_with_identical_replicas_and_a_cool_down_reshards(tmp_
 
 
 def test_fsdp2_on_two_processes_trains_checkpoints_and_exports(tmp_path, inputs):
-    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", "29732", "-m", "fourm_kfp.cli"]
+    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
+                "fourm_kfp.cli"]
     fsdp = _pretrain(tmp_path, inputs, "train.steps=2", "train.checkpoint_every=1", "train.parallelism=fsdp",
                      "train.snapshot_every=1", launcher=torchrun)
     assert fsdp["metrics"]["steps"] == 2.0
