@@ -55,7 +55,7 @@ class FourMArgs:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     position_temperature: float = 10000.0  # the sin-cos tables' longest wavelength (ml-4m: 10000)
-    #: ml-4m's layout, off by default (model/ml4m.py): a bias on the decoder's context projection (ml-4m's
+    #: ml-4m's layout, off by default (model/ml4m/): a bias on the decoder's context projection (ml-4m's
     #: ``decoder_proj_context`` has one even in its bias-free models), and a modality embedding of its own for the
     #: pixel patches of a ``pixel_input`` modality (ml-4m's ``rgb@224``, apart from the tokens' ``tok_rgb@224``)
     context_bias: bool = False
