@@ -73,3 +73,36 @@ def test_labelers_move_the_label_stage_and_what_reads_the_dataset_only():
         a, b = stage_address(spec, plain, memo_a), stage_address(spec, labelled, memo_b)
         stage_address(spec, other, memo_c)
         assert (a == b) == (spec.name == "prepare-data"), spec.name  # all but prepare-data read the labels
+
+
+#: The presets that read files from outside the package, pinned with what each stage reads of them (its fingerprint:
+#: a teacher's or an ml-4m model's weights, a tokenizer file) replaced by a stand-in, so that the pin holds what
+#: their configs decide (a default that moves, a task list that grows) on a machine without those files. photos
+#: reads the photographs scikit-image ships in its wheel (the locked version): its own address covers their listing.
+STAND_INS = {
+    "photos": (),
+    "photos-4m21": ("fourm_kfp.stages.label.labelers_fingerprint",),
+    "finetune-4m": ("fourm_kfp.stages.train_tokenizers.source_fingerprint",
+                    "fourm_kfp.stages.pretrain.init_fingerprint"),
+}
+# 2026-12-02: pinned (issue 67) with the addresses these presets had before the pin (computed on 05d4a76)
+PINNED_WITH_STAND_INS = {
+    "photos": "prepare-data=16e5679e96be1c5d label=45ac9b66db76562d train-tokenizers=055662c8f40aca10 "
+              "pretokenize=4d42a7a5c6159262 pretrain=c4f1f32b2c2e0cc4 evaluate=442b155f8997ddf6",
+    "photos-4m21": "prepare-data=140c25cdac28592e label=015c5fb26bad1fa7 train-tokenizers=f94a6ac5b214e237 "
+                   "pretokenize=14c0932e5102ac18 pretrain=9df7ce9e1c098ba9 evaluate=6d29ba34458f0b41",
+    "finetune-4m": "prepare-data=884f8e8099963042 train-tokenizers=fa7f4043c20aa5f8 pretokenize=9e9ce6f4911a334e "
+                   "pretrain=3e94389087155950 evaluate=079fa614585f73ff",
+}
+
+
+@pytest.mark.parametrize("preset", sorted(PINNED_WITH_STAND_INS))
+def test_presets_that_read_outside_files_keep_their_addresses(preset, monkeypatch):
+    for fingerprint in STAND_INS[preset]:
+        monkeypatch.setattr(fingerprint, lambda config, name=fingerprint: f"stand-in for {name}")
+    assert _addresses(load_config(preset)) == PINNED_WITH_STAND_INS[preset]
+
+
+def test_every_shipped_preset_is_pinned():
+    assert set(available_presets()) == set(PINNED) | set(PINNED_WITH_STAND_INS)
+    assert set(STAND_INS) == set(PINNED_WITH_STAND_INS)
