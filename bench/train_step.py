@@ -35,7 +35,8 @@ import torch
 
 from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.config.fourm_config import OptimizerConfig
-from fourm_kfp.hardware import GPU_PEAKS, MAX_AUTO_LOADER_WORKERS, resolve_precision, reuse_freed_memory
+from fourm_kfp.hardware import (GPU_PEAKS, MAX_AUTO_LOADER_WORKERS, measured_matmul_flops, resolve_precision,
+                                reuse_freed_memory)
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
 from fourm_kfp.model import layers
@@ -81,25 +82,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def matmul_flops(device: torch.device, dtype: torch.dtype, trials: int = 5) -> dict:
-    """The best FLOP/s of a square matmul over several sizes, each the best of ``trials`` timed repetitions (one
-    timing is at the mercy of the machine's other work; the best over sizes and trials is what the matmul reaches).
+def matmul_flops(device: torch.device, dtype: torch.dtype, trials: int = 3) -> dict:
+    """The best FLOP/s of a square matmul over several sizes, each the best of ``trials`` timings of the package's
+    own matmul probe (:func:`fourm_kfp.hardware.measured_matmul_flops`, uncached; one timing is at the mercy of the
+    machine's other work, the best over sizes and trials is what the matmul reaches).
     Returns ``{"flops_per_s": best, "by_size": {size: best FLOP/s}}``."""
     sizes = (2048, 4096, 8192) if device.type == "cuda" else (1024, 2048, 3072)
-    reps = 20 if device.type == "cuda" else 2
-    by_size = {}
-    for size in sizes:
-        a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
-        a @ b
-        _sync(device)
-        best = float("inf")
-        for _ in range(trials):
-            start = time.perf_counter()
-            for _ in range(reps):
-                a @ b
-            _sync(device)
-            best = min(best, (time.perf_counter() - start) / reps)
-        by_size[size] = 2 * size**3 / best
+    by_size = {size: max(measured_matmul_flops.__wrapped__(device.type, dtype, size) for _ in range(trials))
+               for size in sizes}
     return {"flops_per_s": max(by_size.values()), "by_size": by_size}
 
 
