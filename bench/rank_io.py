@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from fourm_kfp import storage
+from fourm_kfp.distributed import free_port
 from fourm_kfp.hardware import cpu_matmul_rate
 from fourm_kfp.testing import serve_s3
 
@@ -71,14 +72,8 @@ def run(command: list[str], env: dict, log: Path, wait: bool = True) -> subproce
 
 
 def torchrun(ranks: int, args: list[str], root: Path) -> list[str]:
-    return [str(BIN / "torchrun"), "--nproc-per-node", str(ranks), "--master-port", str(_free_port()),
+    return [str(BIN / "torchrun"), "--nproc-per-node", str(ranks), "--master-port", str(free_port()),
             "--tee", "3", "--log-dir", str(root / "torchrun-logs"), "-m", "fourm_kfp.cli", *args, "--root", str(root)]
-
-
-def _free_port() -> int:
-    from fourm_kfp.distributed import free_port
-
-    return free_port()
 
 
 def loader_requests(pretokenized: str, tokenizers: str, settings: list[str], ranks: int, batches: int) -> dict:
