@@ -53,7 +53,8 @@ import yaml
 import argo_workflow_model as model
 from bench_output import emit
 from fourm_kfp.config.loader import load_config, pinned_overrides
-from fourm_kfp.launchers.kfp_runtime import pod_placement, with_dataset_layer
+from fourm_kfp.launchers.kfp_dataset import with_dataset_layer
+from fourm_kfp.launchers.kfp_placement import pod_placement
 from fourm_kfp.pipeline_runs.compile import compile_pipeline
 
 FAN_OUT_STAGES = ("prepare-data", "label", "pretokenize")
@@ -84,8 +85,8 @@ def _address(stage: str) -> str:
 
 def product_outputs(spec: dict) -> model.TaskOutputs:
     """Each step's outputs as its component returns them: the lineage step an MLflow run id, a fan-out step one
-    item per part (``kfp_runtime.fan_out_items``: the part and what the worker needs from upstream), a placement
-    step ``kfp_runtime.pod_placement``'s answer, a worker or a stage its output URI, a dataset stage the dataset
+    item per part (``kfp_placement.fan_out_items``: the part and what the worker needs from upstream), a placement
+    step ``kfp_placement.pod_placement``'s answer, a worker or a stage its output URI, a dataset stage the dataset
     with its layer (``with_dataset_layer``). Outputs no other step reads (reports, the gate) never reach Argo."""
 
     def outputs(key: str, component: str, inputs: dict[str, Any]) -> dict[str, Any]:

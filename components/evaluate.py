@@ -19,7 +19,8 @@ def evaluate(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
     import json
     from collections import namedtuple
 
-    from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_stage_component, with_stage_overrides
+    from fourm_kfp.launchers.kfp_dataset import dataset_uris
+    from fourm_kfp.launchers.kfp_steps import run_stage_component, with_stage_overrides
     from fourm_kfp.stages import GATE_FILE
     from fourm_kfp.storage import open_store
 

@@ -19,7 +19,7 @@ def fan_out(stage: str, width: int, preset: str, config_overrides: list, store_u
     """One item per part of ``stage``, each carrying what its worker needs from upstream (kfp.local resolves
     upstream outputs inside a loop of width > 1 to the loop item, so they travel in it); with ``force``, first
     clears the stage's output once, so that the workers recompute it."""
-    from fourm_kfp.launchers.kfp_runtime import fan_out_items
+    from fourm_kfp.launchers.kfp_placement import fan_out_items
 
     carried = {"parent_run_id": parent_run_id, "dataset": dataset, "tokenizers_uri": tokenizers_uri}
     return fan_out_items(stage, width, preset, config_overrides, store_uri, s3_endpoint, force, carried)
@@ -34,7 +34,7 @@ def pod_placement(stage: str, preset: str, config_overrides: list, accelerator: 
     CPU and memory limits, which the backend resolves into the pod at run time."""
     from collections import namedtuple
 
-    from fourm_kfp.launchers.kfp_runtime import pod_placement as placement
+    from fourm_kfp.launchers.kfp_placement import pod_placement as placement
 
     values = placement(stage, preset, config_overrides, accelerator, gpu_node_selector, gpu_tolerations, launcher)
     return namedtuple("Outputs", list(values))(**values)

@@ -16,7 +16,8 @@ def label_part(part: int, parts: int, preset: str, config_overrides: list, store
                mlflow_tracking_uri: str, parent_run_id: str, dataset: str, accelerator: str = "") -> str:
     """Label every ``parts``-th input shard (committed shards are skipped) in a pod that requested ``accelerator``
     ("" = none); returns the stage's output URI ("" when the stage is off)."""
-    from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_stage_part_component, stage_is_on
+    from fourm_kfp.launchers.kfp_dataset import dataset_uris
+    from fourm_kfp.launchers.kfp_steps import run_stage_part_component, stage_is_on
 
     if not stage_is_on("label", preset, config_overrides):
         return ""
@@ -36,7 +37,8 @@ def label(preset: str, config_overrides: list, store_uri: str, s3_endpoint: str,
     from collections import namedtuple
 
     from fourm_kfp.launchers.kfp_artifacts import fill_output_artifact, off_record
-    from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_stage_component, stage_is_on, with_dataset_layer
+    from fourm_kfp.launchers.kfp_dataset import dataset_uris, with_dataset_layer
+    from fourm_kfp.launchers.kfp_steps import run_stage_component, stage_is_on
 
     outputs = namedtuple("Outputs", ["output_uri", "dataset", "result"])
     if not stage_is_on("label", preset, config_overrides):

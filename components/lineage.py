@@ -9,7 +9,7 @@ from fourm_kfp.images import CPU_IMAGE
 def open_lineage_run(run_label: str, kfp_run_id: str, preset: str, config_overrides: list, store_uri: str,
                      mlflow_tracking_uri: str, mlflow_parent_run_id: str) -> str:
     """Validate the config and open the MLflow parent run (or pass the launcher's through); returns its id."""
-    from fourm_kfp.launchers.kfp_runtime import open_lineage_step
+    from fourm_kfp.launchers.kfp_lineage import open_lineage_step
 
     return open_lineage_step(run_label, kfp_run_id, preset, config_overrides, store_uri, mlflow_tracking_uri,
                              mlflow_parent_run_id)
@@ -23,10 +23,10 @@ def close_lineage_run(run_label: str, kfp_run_id: str, mlflow_tracking_uri: str,
     them, then mark the parent run FINISHED or FAILED by the run's outcome (the final state, else each stage's
     latest MLflow run)."""
     from fourm_kfp.cluster import stop_jobs
-    from fourm_kfp.launchers import kfp_runtime
+    from fourm_kfp.launchers import kfp_lineage
 
     try:
         stop_jobs.stop_run_jobs(kfp_run_id)
     finally:
-        kfp_runtime.close_lineage_step(run_label, kfp_run_id, mlflow_tracking_uri, mlflow_parent_run_id,
+        kfp_lineage.close_lineage_step(run_label, kfp_run_id, mlflow_tracking_uri, mlflow_parent_run_id,
                                        status.state)

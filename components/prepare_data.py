@@ -12,7 +12,7 @@ from fourm_kfp.images import CPU_IMAGE
 def prepare_data_part(part: int, parts: int, preset: str, config_overrides: list, store_uri: str, s3_endpoint: str,
                       mlflow_tracking_uri: str, parent_run_id: str) -> str:
     """Write every ``parts``-th output shard (committed shards are skipped); returns the stage's output URI."""
-    from fourm_kfp.launchers.kfp_runtime import run_stage_part_component
+    from fourm_kfp.launchers.kfp_steps import run_stage_part_component
 
     return run_stage_part_component("prepare-data", part, parts, preset, config_overrides, store_uri, s3_endpoint,
                                     mlflow_tracking_uri, parent_run_id)
@@ -29,7 +29,8 @@ def prepare_data(preset: str, config_overrides: list, store_uri: str, s3_endpoin
     import json
     from collections import namedtuple
 
-    from fourm_kfp.launchers.kfp_runtime import run_stage_component, with_dataset_layer
+    from fourm_kfp.launchers.kfp_dataset import with_dataset_layer
+    from fourm_kfp.launchers.kfp_steps import run_stage_component
 
     outcome = run_stage_component("prepare-data", preset, config_overrides, store_uri, s3_endpoint,
                                   mlflow_tracking_uri, parent_run_id, force=False, report_path=report.path,

@@ -13,7 +13,8 @@ def pretokenize_part(part: int, parts: int, preset: str, config_overrides: list,
                      accelerator: str = "") -> str:
     """Pretokenize every ``parts``-th input shard (committed shards are skipped) in a pod that requested
     ``accelerator`` ("" = none); returns the stage's output URI."""
-    from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_stage_part_component
+    from fourm_kfp.launchers.kfp_dataset import dataset_uris
+    from fourm_kfp.launchers.kfp_steps import run_stage_part_component
 
     return run_stage_part_component("pretokenize", part, parts, preset, config_overrides, store_uri, s3_endpoint,
                                     mlflow_tracking_uri, parent_run_id,
@@ -31,7 +32,8 @@ def pretokenize(preset: str, config_overrides: list, store_uri: str, s3_endpoint
     import json
     from collections import namedtuple
 
-    from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_stage_component
+    from fourm_kfp.launchers.kfp_dataset import dataset_uris
+    from fourm_kfp.launchers.kfp_steps import run_stage_component
 
     outcome = run_stage_component("pretokenize", preset, config_overrides, store_uri, s3_endpoint,
                                   mlflow_tracking_uri, parent_run_id, force=False,

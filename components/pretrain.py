@@ -30,7 +30,7 @@ def pretrain(preset: str, config_overrides: list, store_uri: str, s3_endpoint: s
     from collections import namedtuple
 
     from fourm_kfp.cluster.job_spec import ClusterParams, JobParams
-    from fourm_kfp.launchers.kfp_runtime import run_job_component, with_stage_overrides
+    from fourm_kfp.launchers.kfp_steps import run_job_component, with_stage_overrides
 
     job = JobParams.of(locals())  # launcher, nodes, ..., delete_job: the parameters named like its fields
     cluster = ClusterParams.of(locals())  # scheduler, ..., nccl_env: the run-wide cluster settings

@@ -32,7 +32,8 @@ def train_tokenizers(preset: str, config_overrides: list, store_uri: str, s3_end
     from collections import namedtuple
 
     from fourm_kfp.cluster.job_spec import ClusterParams, JobParams
-    from fourm_kfp.launchers.kfp_runtime import dataset_uris, run_job_component
+    from fourm_kfp.launchers.kfp_dataset import dataset_uris
+    from fourm_kfp.launchers.kfp_steps import run_job_component
 
     job = JobParams.of(locals())  # launcher, nodes, ..., delete_job: the parameters named like its fields
     cluster = ClusterParams.of(locals())  # scheduler, ..., nccl_env: the run-wide cluster settings

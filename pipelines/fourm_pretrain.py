@@ -25,7 +25,8 @@ from kfp import dsl, kubernetes
 from fourm_kfp.cluster.job_spec import DEFAULT_PULL_SECRET, IN_POD, PYTORCHJOB, ClusterParams, JobParams, param_prefix
 from fourm_kfp.components.evaluate import evaluate
 from fourm_kfp.images import IMAGE_TAG, IMAGE_TAG_ENV
-from fourm_kfp.launchers.kfp_runtime import RETRY_WINDOW_S, STEP_RESOURCES
+from fourm_kfp.launchers.kfp_placement import STEP_RESOURCES
+from fourm_kfp.launchers.kfp_retry import RETRY_WINDOW_S
 from fourm_kfp.components.fan_out import fan_out, pod_placement
 from fourm_kfp.components.label import label, label_part
 from fourm_kfp.components.lineage import close_lineage_run, open_lineage_run
@@ -50,7 +51,7 @@ LAUNCHER_POD_FIELDS = {"FOURM_POD_NAME": "metadata.name", "FOURM_POD_NAMESPACE":
 #: restart budget is separate: a retried launcher does not start a failed job again; in-pod training resumes from its
 #: newest checkpoint. KFP hands Argo the window as the retry strategy's maxDuration, counted from the first attempt's
 #: start (the SDK's default, 3600 s, would end retries, and kill a retried pod, an hour into a multi-day training):
-#: it must hold the job's queue time and deadline, which the step checks (kfp_runtime.RETRY_WINDOW_S). Cluster runs
+#: it must hold the job's queue time and deadline, which the step checks (kfp_retry.RETRY_WINDOW_S). Cluster runs
 #: only: ``fourm-kfp run`` clears them (fourm_kfp.pipeline_runs.local.without_step_retries), as kfp.local would retry
 #: a step's own error.
 LAUNCHER_RETRIES, LAUNCHER_RETRY_BACKOFF = 3, "60s"
@@ -80,7 +81,7 @@ class _Cluster:
 def _place(task: dsl.PipelineTask, accelerator, node_selector, tolerations, cpu_limit, memory_limit
            ) -> dsl.PipelineTask:
     """One accelerator of type ``accelerator`` (a channel; "" requests none), and the node selector, tolerations, CPU
-    and memory limits that go with it (:func:`fourm_kfp.launchers.kfp_runtime.pod_placement`)."""
+    and memory limits that go with it (:func:`fourm_kfp.launchers.kfp_placement.pod_placement`)."""
     task.set_accelerator_type(accelerator).set_accelerator_limit(1)
     task.set_cpu_limit(cpu_limit).set_memory_limit(memory_limit)
     kubernetes.add_node_selector_json(task, node_selector)
@@ -137,7 +138,7 @@ def _job_stage(task: dsl.PipelineTask, placement: dsl.PipelineTask, cluster: _Cl
 
 
 #: What a fan-out worker may take from its loop item (kfp.local resolves an upstream output used inside a loop of
-#: width > 1 to the loop item, so they travel in it: :func:`fourm_kfp.launchers.kfp_runtime.fan_out_items`).
+#: width > 1 to the loop item, so they travel in it: :func:`fourm_kfp.launchers.kfp_placement.fan_out_items`).
 CARRIED = ("parent_run_id", "dataset", "tokenizers_uri")
 
 

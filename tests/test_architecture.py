@@ -161,7 +161,7 @@ def test_the_top_floor_s_folders_are_checked():
     """components/ and pipelines/ live outside src/ and are installed into the package: they are in the graph."""
     graph = _graph()
     assert "fourm_kfp.components.pretrain" in graph and "fourm_kfp.pipelines.fourm_pretrain" in graph
-    assert "fourm_kfp.launchers.kfp_runtime" in graph["fourm_kfp.components.pretrain"]
+    assert "fourm_kfp.launchers.kfp_steps" in graph["fourm_kfp.components.pretrain"]
 
 
 #: The longest a component's body may be (docs/ARCHITECTURE.md): the work is in the launchers, not in the component.

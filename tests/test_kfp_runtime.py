@@ -10,8 +10,9 @@ import pytest
 from fourm_kfp.contract import lineage
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract.manifest import MANIFEST_NAME, payload_files
-from fourm_kfp.launchers.kfp_runtime import (close_lineage_step, fan_out_items, open_lineage_step,
-                                             run_stage_component, run_stage_part_component)
+from fourm_kfp.launchers.kfp_lineage import close_lineage_step, open_lineage_step
+from fourm_kfp.launchers.kfp_placement import fan_out_items
+from fourm_kfp.launchers.kfp_steps import run_stage_component, run_stage_part_component
 from fourm_kfp.storage import open_store
 
 
@@ -102,7 +103,7 @@ def test_bad_config_fails_the_first_step():
 
 def test_pretrain_config_overrides_touch_only_what_no_upstream_stage_reads():
     from fourm_kfp.config.schema import ConfigError
-    from fourm_kfp.launchers.kfp_runtime import with_stage_overrides
+    from fourm_kfp.launchers.kfp_steps import with_stage_overrides
 
     assert with_stage_overrides(["data.image_size=32"], ["train.steps=3", "evaluate.num_samples=4"]) == \
         ["data.image_size=32", "train.steps=3", "evaluate.num_samples=4"]
@@ -117,7 +118,7 @@ def test_a_stage_metric_that_is_not_finite_stays_out_of_the_kfp_metrics_artifact
     from kfp import dsl
 
     from fourm_kfp.contract.runner import StageOutcome
-    from fourm_kfp.launchers.kfp_runtime import publish_outcome
+    from fourm_kfp.launchers.kfp_steps import publish_outcome
 
     metrics = dsl.Metrics(name="metrics", uri="", metadata={})
     outcome = StageOutcome("pretrain", "ran", "/tmp/out", 1.0, "sha256:0",
@@ -196,7 +197,7 @@ def test_a_job_s_queue_time_counts_against_the_step_s_retry_window():
     so the three together must fit. A deadline that fits alone is refused once the queue time no longer does."""
     from fourm_kfp.cluster.job_launcher import FollowSettings
     from fourm_kfp.cluster.job_spec import ClusterParams, JobParams
-    from fourm_kfp.launchers.kfp_runtime import RETRY_WINDOW_S, check_retry_window
+    from fourm_kfp.launchers.kfp_retry import RETRY_WINDOW_S, check_retry_window
 
     queue_s, grace_s = ClusterParams().queue_timeout_s, int(FollowSettings.grace_s)  # a day (the default); 600 s
     job = JobParams(deadline_s=RETRY_WINDOW_S - grace_s - queue_s)

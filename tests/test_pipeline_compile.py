@@ -91,7 +91,7 @@ def test_job_stage_launcher_parameters_and_the_light_launcher_pod(tmp_path, stag
     training resources, on the run's accelerator or none."""
     import re
 
-    from fourm_kfp.launchers.kfp_runtime import pod_placement
+    from fourm_kfp.launchers.kfp_placement import pod_placement
 
     spec, platform = yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text())
     prefix = stage.replace("-", "_")
@@ -130,7 +130,7 @@ def test_job_stages_are_retried_for_longer_than_their_queue_time_and_deadline(tm
     The window holds the default queue time and deadline, and a step refuses a job that would outlast it."""
     from fourm_kfp.cluster.job_spec import ClusterParams, JobParams
     from fourm_kfp.config.schema import ConfigError
-    from fourm_kfp.launchers.kfp_runtime import RETRY_WINDOW_S, check_retry_window
+    from fourm_kfp.launchers.kfp_retry import RETRY_WINDOW_S, check_retry_window
 
     spec, _ = yaml.safe_load_all(compile_pipeline(tmp_path / "p.yaml").read_text())
     params = spec["root"]["inputDefinitions"]["parameters"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from fourm_kfp.launchers.kfp_runtime import pod_placement
+from fourm_kfp.launchers.kfp_placement import pod_placement
 from fourm_kfp.pipeline_runs.compile import compile_pipeline
 from tests.kfp_driver_emulator import (PROPAGATING_STATES, VERSIONS, DriverEmulator, Node, at_least,
                                        final_status_state, schedulable, stub_outputs)
@@ -86,7 +86,7 @@ def test_the_parent_run_closes_with_the_run_s_outcome_at_every_version(compiled,
     succeeded run FINISHED (COMPLETE from 2.17, RUNNING before it), a run whose worker or job stage failed FAILED
     (FAILED, or RUNNING where the failure does not reach the ExitHandler's DAG)."""
     from fourm_kfp.contract import lineage
-    from fourm_kfp.launchers.kfp_runtime import close_lineage_step, open_lineage_step
+    from fourm_kfp.launchers.kfp_lineage import close_lineage_step, open_lineage_step
     from fourm_kfp.stages import STAGES
 
     spec = compiled[0]

@@ -2,7 +2,7 @@
 is told, with retried and lost attempts (``tests/kfp_driver_emulator.py``: ``final_status_after_attempts`` on the
 compiled pipeline gives the ``PipelineTaskFinalStatus.state`` each version sends).
 
-Each stage's *latest* MLflow run decides (:func:`fourm_kfp.launchers.kfp_runtime.stage_runs_outcome`): a retry that
+Each stage's *latest* MLflow run decides (:func:`fourm_kfp.launchers.kfp_lineage.stage_runs_outcome`): a retry that
 succeeds closes the parent FINISHED though its failed first attempt left a FAILED stage run and, before 2.17, the
 exit handler is told FAILED; a launcher pod deleted and not retried (KFP compiles no retryPolicy: Argo's OnFailure
 does not retry its Error) closes it FAILED; a stage run that was KILLED counts as a failure.
@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from fourm_kfp.contract import lineage
-from fourm_kfp.launchers.kfp_runtime import close_lineage_step, open_lineage_step, pod_placement
+from fourm_kfp.launchers.kfp_lineage import close_lineage_step, open_lineage_step
+from fourm_kfp.launchers.kfp_placement import pod_placement
 from fourm_kfp.pipeline_runs.compile import compile_pipeline
 from fourm_kfp.stages import STAGES
 from tests.kfp_driver_emulator import (FAILS, POD_DELETED, PROPAGATING_STATES, SUCCEEDS, VERSIONS, at_least,

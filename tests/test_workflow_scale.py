@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fourm_kfp.launchers.kfp_runtime import pod_placement
+from fourm_kfp.launchers.kfp_placement import pod_placement
 from fourm_kfp.pipeline_runs.compile import compile_pipeline
 from tests import kfp_driver_emulator as emulator_module
 from tests.kfp_driver_emulator import DriverEmulator, stub_outputs
@@ -36,7 +36,7 @@ def compiled(tmp_path_factory):
 
 
 def _fan_out(**inputs):
-    """The fan-out step's items, as ``kfp_runtime.fan_out_items`` makes them: one per part, carrying the upstream
+    """The fan-out step's items, as ``kfp_placement.fan_out_items`` makes them: one per part, carrying the upstream
     values its worker needs."""
     carried = {k: inputs.get(k, "") for k in ("parent_run_id", "dataset", "tokenizers_uri")}
     return {"Output": [{"part": i, **carried} for i in range(int(inputs["width"]))]}

@@ -165,7 +165,7 @@ def test_the_pretrain_step_s_lost_launcher_at_every_version(cluster, compiled, m
     """The pretrain step as each version compiles it (retries, KFP_RETRY_INDEX): its launcher pod is deleted while
     the job trains. Under the finalizer Argo retries it, and the retry adopts the job with whatever KFP_RETRY_INDEX
     the version sets; without it the step is not retried, and the exit handler deletes the job it reports."""
-    from fourm_kfp.launchers.kfp_runtime import pod_placement
+    from fourm_kfp.launchers.kfp_placement import pod_placement
 
     spec, platform = compiled
     outputs = stub_outputs(spec, components={"comp-pod-placement": pod_placement})

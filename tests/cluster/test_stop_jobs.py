@@ -69,7 +69,7 @@ def test_outside_a_pod_there_is_nothing_to_stop(monkeypatch):
 def test_the_exit_handler_component_stops_the_run_s_jobs_then_closes_the_lineage(monkeypatch):
     """close_lineage_run (the pipeline's exit handler) deletes the jobs even when closing the lineage fails."""
     import fourm_kfp.cluster.stop_jobs as stop_jobs
-    import fourm_kfp.launchers.kfp_runtime as kfp_runtime
+    import fourm_kfp.launchers.kfp_lineage as kfp_lineage
     from components.lineage import close_lineage_run
 
     calls = []
@@ -79,7 +79,7 @@ def test_the_exit_handler_component_stops_the_run_s_jobs_then_closes_the_lineage
         calls.append(("close", args[1]))
         raise RuntimeError("tracking server down")
 
-    monkeypatch.setattr(kfp_runtime, "close_lineage_step", close)
+    monkeypatch.setattr(kfp_lineage, "close_lineage_step", close)
 
     class Status:
         state = "CANCELLED"

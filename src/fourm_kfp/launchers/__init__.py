@@ -5,7 +5,10 @@ above, in :mod:`fourm_kfp.pipeline_runs`, since they import the pipeline, whose 
 * :mod:`.stage` — one stage (or one fan-out part) in this process: config, store, distributed group, lineage;
   and the plan a launcher on other machines makes before it starts anything;
 * :mod:`.remote` — the skeleton of a launch on other machines (plan, check, start, report), one backend varying;
-* :mod:`.kfp_runtime` — what the KFP components call, in a cluster pod or under ``kfp.local``;
+* what the KFP components call, in a cluster pod or under ``kfp.local``, one concern a module: :mod:`.kfp_steps`
+  (a stage's step and its outputs), :mod:`.kfp_artifacts` (its output as a typed KFP artifact), :mod:`.kfp_lineage`
+  (the parent MLflow run, opened and closed), :mod:`.kfp_placement` (fan-out items, where a step's pod runs),
+  :mod:`.kfp_dataset` (the ``dataset`` parameter) and :mod:`.kfp_retry` (a job step's retry window);
 * :mod:`.kubernetes_job` — a job stage (pretrain, train-tokenizers) as a PyTorchJob / TrainJob (rendering, the API
   and following the job live in :mod:`fourm_kfp.cluster`);
 * :mod:`.torchx_job` — ``fourm-kfp launch``: a stage as a torchx job (local processes, Kubernetes, Slurm, ...).

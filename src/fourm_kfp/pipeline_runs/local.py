@@ -29,7 +29,7 @@ from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.console import ConsoleLog
 from fourm_kfp.contract import lineage
 from fourm_kfp.contract.spec import param_prefix
-from fourm_kfp.launchers.kfp_runtime import open_pipeline_run
+from fourm_kfp.launchers.kfp_lineage import open_pipeline_run
 from fourm_kfp.launchers.stage import apply_s3_endpoint, local_root, resolve_store_uri
 from fourm_kfp.stages import GATE_FILE, STAGES
 from fourm_kfp.storage import open_store

@@ -105,7 +105,7 @@ def submit(request: SubmitRequest, client=None, out: Callable[[str], None] = pri
     is read and before anything is created; it raises to stop the submission."""
     from fourm_kfp.config.loader import load_config, pinned_overrides
     from fourm_kfp.contract import lineage
-    from fourm_kfp.launchers.kfp_runtime import open_pipeline_run
+    from fourm_kfp.launchers.kfp_lineage import open_pipeline_run
 
     config = load_config(request.preset, overrides=list(request.overrides))  # a bad config fails here
     schedule = check_cron(request.schedule) if request.schedule else ""
@@ -220,7 +220,7 @@ def attach(request: SubmitRequest, run_id: str, client=None, out: Callable[[str]
     ``request.tracking_uri`` (else ``$MLFLOW_TRACKING_URI``) only when the run names none. The address read is
     printed."""
     from fourm_kfp.contract import lineage
-    from fourm_kfp.launchers.kfp_runtime import TAG_KFP_RUN_ID
+    from fourm_kfp.launchers.kfp_lineage import TAG_KFP_RUN_ID
 
     with kfp_api_errors(request.host):
         client = client if client is not None else make_client(request.host, request.namespace)
