@@ -1,6 +1,6 @@
 """The benchmarks' JSON output (``bench/bench_output.py``) is strict JSON: undefined metrics become null. And no
-benchmark or experiment script reaches into the test suite: what one needs from a stage is a public function of the
-package (e.g. ``fourm_kfp.pipeline_runs.run_outputs``, ``fourm_kfp.testing``)."""
+benchmark or experiment script reaches into the test suite: what one needs is a function of the package (e.g. the
+fixtures of ``fourm_kfp.testing``) or lives beside the script (``experiments/tools/run_outputs.py``)."""
 
 from __future__ import annotations
 
