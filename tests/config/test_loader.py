@@ -56,7 +56,7 @@ def test_config_is_frozen_and_round_trips_to_plain_data():
     ("data.image_sz=3", "unknown key(s) 'image_sz'"),
     ("data.image_size=8", "data.image_size: 8 is below the minimum 16"),
     ("prepare_data.max_bad_fraction=1.5", "prepare_data.max_bad_fraction: 1.5 is above the maximum 1.0"),
-    ("prepare_data.source=s3", "prepare_data.source: expected one of ['synthetic', 'image_folder', 'webdataset']"),
+    ("prepare_data.source=s3", "prepare_data.source: 's3' is not one of ['synthetic', 'image_folder', 'webdataset']"),
     ("prepare_data.source=image_folder", "source_uri is required"),
     ("train.model.heads=5", "not divisible by model.heads=5"),
     ("data.modalities=[rgb,sound]", "unknown modalities ['sound']"),
