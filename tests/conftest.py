@@ -11,8 +11,10 @@ read it. The units holding slow tests go first, so that no long unit starts last
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -37,11 +39,13 @@ for _var in ("AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_
 
 #: the work unit of every test that uses the session's fresh smoke run (see the module docstring)
 FRESH_SMOKE_UNIT = "fresh-smoke-run"
+#: in each xdist worker's base temp folder's parent (the controller's), the units that worker collected
+UNITS_FILE = "xdist-units-{worker}.json"
 
 
 def _worker_unit(item: pytest.Item) -> str:
-    """The xdist group of ``item``: :data:`FRESH_SMOKE_UNIT`, else its module and the ids of the parameters of its
-    module- or session-scoped fixtures, by index (``tests/test_learning.py:scene_model#0``)."""
+    """The work unit of ``item``: :data:`FRESH_SMOKE_UNIT`, else its module and the indices of the parameters of
+    its module- or session-scoped fixtures (``tests/test_learning.py:scene_model#0``)."""
     if "fresh_smoke_run" in item.fixturenames:
         return FRESH_SMOKE_UNIT
     module = item.nodeid.split("::")[0]
@@ -51,21 +55,46 @@ def _worker_unit(item: pytest.Item) -> str:
     fixtures = item._fixtureinfo.name2fixturedefs
     wide = [f"{name}#{callspec.indices[name]}" for name in sorted(callspec.params)
             if name in fixtures and fixtures[name][-1].scope in ("module", "package", "session")]
-    return f"{module}:{','.join(wide)}" if wide else module  # no "]": xdist reads a group after the last "]"
+    return f"{module}:{','.join(wide)}" if wide else module
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks into the node ids
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In an xdist worker: each test marked with its unit's ``xdist_group``, and the units holding a ``slow`` or
-    ``learning`` test first (the fresh smoke run's first of all), each keeping its tests' order. Every worker
-    computes the same order, as xdist requires; a run without ``-n`` is left as collected."""
+    """In an xdist worker: the units holding a ``slow`` or ``learning`` test first (the fresh smoke run's first of
+    all), each keeping its tests' order, and every test's unit written down for the controller's scheduler
+    (:func:`pytest_xdist_make_scheduler`). Every worker computes the same order, as xdist requires; a run without
+    ``-n`` is left as collected."""
     if not hasattr(config, "workerinput"):
         return
     units = {item: _worker_unit(item) for item in items}
     slow = {units[item] for item in items if item.get_closest_marker("slow") or item.get_closest_marker("learning")}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(units[item]))
     items.sort(key=lambda item: 0 if units[item] == FRESH_SMOKE_UNIT else 1 if units[item] in slow else 2)
+    written = Path(config.option.basetemp).parent / UNITS_FILE.format(worker=config.workerinput["workerid"])
+    written.with_suffix(".part").write_text(json.dumps({item.nodeid: units[item] for item in items}))
+    written.with_suffix(".part").replace(written)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup``: xdist's scope scheduling over this suite's units (:func:`_worker_unit`), which xdist's
+    own ``xdist_group`` marks cannot carry under pytest 9 (xdist 3.8 renames the node id through ``item._nodeid``,
+    which pytest 9 no longer reads). Units are dealt out in collection order (``--no-loadscope-reorder``)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    basetemp = config._tmp_path_factory.getbasetemp()
+
+    class UnitScheduling(LoadScopeScheduling):
+        units: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.units is None:  # the workers have all collected (and written their units) before this
+                written = sorted(basetemp.glob(UNITS_FILE.format(worker="*")))
+                self.units = json.loads(written[0].read_text()) if written else {}
+            return self.units.get(nodeid, nodeid.split("::")[0])
+
+    return UnitScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
