@@ -26,7 +26,8 @@ from typing import Any, Iterator
 from fourm_kfp.data.ingest import (IMAGE_EXTENSIONS, ImageFolder, SourceItem, included, iter_webdataset_tar,
                                    ordered_map, webdataset_tars)
 from fourm_kfp.data.shard_writer import SOURCE_DIR, SPLITS, encode_sample, encode_source_info
-from fourm_kfp.data.source_record import EncodedSample, Source, SourceJob, SourcePlan, chunks, split_of
+from fourm_kfp.data.source_record import (EncodedSample, ItemReader, Planner, Source, SourceJob, SourcePlan, chunks,
+                                          split_of)
 from fourm_kfp.errors import UserError
 from fourm_kfp.storage import open_store
 
@@ -78,6 +79,13 @@ def _workers(config: Any) -> int:
     return config.prepare_data.workers or os.cpu_count() or 1
 
 
+def _photo_source(name: str, description: str, plan: Planner, items: ItemReader, **more: Any) -> Source:
+    """A photo source's record: its name, plan and items, and what every photo source shares (it writes rgb and
+    caption, reads outside the config, is fingerprinted by its listing, crops as ml-4m does)."""
+    return Source(name=name, description=description, modalities=PHOTO_MODALITIES, plan=plan, items=items,
+                  fingerprint=fingerprint, processing=PHOTO_PROCESSING, external=True, unit="images", **more)
+
+
 # ------------------------------------------------------------------------------------------------ image folder
 
 
@@ -109,17 +117,7 @@ def folder_items(config: Any, the_plan: SourcePlan, jobs: list[SourceJob]) -> It
     yield from ordered_map(load, work, _workers(config))
 
 
-IMAGE_FOLDER = Source(
-    name="image_folder",
-    description="a folder of images",
-    modalities=PHOTO_MODALITIES,
-    plan=plan_folder,
-    items=folder_items,
-    fingerprint=fingerprint,
-    processing=PHOTO_PROCESSING,
-    external=True,
-    unit="images",
-)
+IMAGE_FOLDER = _photo_source("image_folder", "a folder of images", plan_folder, folder_items)
 
 
 # -------------------------------------------------------------------------------------------------- WebDataset
@@ -151,15 +149,5 @@ def webdataset_items(config: Any, the_plan: SourcePlan,
             yield pos, item
 
 
-WEBDATASET = Source(
-    name="webdataset",
-    description="an image-text WebDataset",
-    modalities=PHOTO_MODALITIES,
-    plan=plan_webdataset,
-    items=webdataset_items,
-    fingerprint=fingerprint,
-    processing=PHOTO_PROCESSING,
-    external=True,
-    unique_keys=False,
-    unit="images",
-)
+WEBDATASET = _photo_source("webdataset", "an image-text WebDataset", plan_webdataset, webdataset_items,
+                           unique_keys=False)
