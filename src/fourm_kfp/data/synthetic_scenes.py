@@ -15,7 +15,9 @@ NumPy (one ray through each pixel centre, no antialiasing) to the modalities of 
 
 :func:`synthetic_sample` is the deterministic entry point: ``(seed, index, image_size)`` fixes every output bit.
 A change to what this module renders must bump prepare-data's ``code_version`` (``fourm_kfp/stages``), so committed
-datasets of the old renderer are not reused as if they were new ones.
+datasets of the old renderer are not reused as if they were new ones. The modalities it draws are the ``synthetic``
+source's record's (:mod:`.synthetic_source`), which prepare-data's address covers; ``tests/data/test_sources.py``
+checks that they are the same, so a modality drawn here needs its place in the record.
 """
 
 from __future__ import annotations
