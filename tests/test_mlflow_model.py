@@ -11,13 +11,16 @@ import pickle
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract import lineage
+from tests.evaluation.test_model_gate import _server_missing, tracking_server  # noqa: F401 (a fixture)
 from tests.smoke_runs import CLI
 
 pytestmark = pytest.mark.slow
@@ -88,9 +91,12 @@ def test_champion_loads_as_pyfunc_and_matches_generate(fresh_smoke_run, tmp_path
 
     photo = _photo(tmp_path / "photo.png")
     rows = _predict_in_fresh_process(tracking, name, photo, tmp_path / "predicted.pkl", tmp_path)
+    _assert_rows_are_generate_s(rows, pretrain["output_uri"], photo, tmp_path / "gen")
 
-    out = tmp_path / "gen"
-    proc = subprocess.run([CLI, "generate", "--model", pretrain["output_uri"], "--from", f"rgb={photo}",
+
+def _assert_rows_are_generate_s(rows: list[dict], model_uri: str, photo: Path, out: Path) -> None:
+    """``rows`` (the pyfunc's prediction for ``photo``) hold the bytes ``fourm-kfp generate`` writes."""
+    proc = subprocess.run([CLI, "generate", "--model", model_uri, "--from", f"rgb={photo}",
                            "--to", TARGETS, "--out", str(out), "--device", "cpu"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-5000:]
@@ -99,3 +105,25 @@ def test_champion_loads_as_pyfunc_and_matches_generate(fresh_smoke_run, tmp_path
         assert row["data"] == (out / f"{row['modality']}.{row['format']}").read_bytes(), row["modality"]
     generated = json.loads((out / "generate.json").read_text())
     assert rows[1]["text"] == generated["text"]["caption"]
+
+
+def test_a_model_logged_through_a_tracking_server_loads_by_alias(fresh_smoke_run, tracking_server, tmp_path):
+    """The cluster's case: the evaluate step logs and registers through an HTTP tracking server (here MLflow's own
+    server app over SQLite), and a user loads ``models:/<name>@champion`` from that server."""
+    from fourm_kfp.evaluation.mlflow_model import log_pyfunc
+    from fourm_kfp.evaluation.model_gate import register_and_gate
+
+    stages = {s["name"]: s for s in fresh_smoke_run["stages"]}
+    client = lineage._client(tracking_server)
+    run_id = client.create_run(client.create_experiment(f"http-{time.monotonic_ns()}")).info.run_id
+    name = f"fourm-http-{time.monotonic_ns()}"
+    model_id = log_pyfunc(tracking_server, run_id, model_uri=stages["pretrain"]["output_uri"],
+                          tokenizers_uri=stages["train-tokenizers"]["output_uri"],
+                          image_size=load_config("smoke").data.image_size, target="depth")
+    decision = register_and_gate(tracking_server, model_name=name, model_uri=stages["pretrain"]["output_uri"],
+                                 run_id=run_id, metrics={"score": 1.0}, primary_metric="score",
+                                 higher_is_better=True, margin=0.0, lineage={}, logged_model_id=model_id)
+    assert decision.promoted and client.get_model_version_by_alias(name, "champion").source == f"models:/{model_id}"
+    photo = _photo(tmp_path / "photo.png")
+    rows = _predict_in_fresh_process(tracking_server, name, photo, tmp_path / "predicted.pkl", tmp_path)
+    _assert_rows_are_generate_s(rows, stages["pretrain"]["output_uri"], photo, tmp_path / "gen")
