@@ -22,10 +22,11 @@ from typing import List
 
 from kfp import dsl, kubernetes
 
-from fourm_kfp.cluster.job_spec import DEFAULT_PULL_SECRET, IN_POD, PYTORCHJOB, ClusterParams, JobParams, param_prefix
+from fourm_kfp.cluster.job_kinds import PYTORCHJOB
+from fourm_kfp.cluster.job_spec import DEFAULT_PULL_SECRET, IN_POD, ClusterParams, JobParams, param_prefix
 from fourm_kfp.components.evaluate import evaluate
 from fourm_kfp.images import IMAGE_TAG, IMAGE_TAG_ENV
-from fourm_kfp.launchers.kfp_placement import STEP_RESOURCES
+from fourm_kfp.stages import get_stage
 from fourm_kfp.launchers.kfp_retry import RETRY_WINDOW_S
 from fourm_kfp.components.fan_out import fan_out, pod_placement
 from fourm_kfp.components.label import label, label_part
@@ -172,9 +173,9 @@ def fan_out_workers(stage: str, worker, cpu_limit: str, memory_limit: str):
     return workers
 
 
-PREPARE_DATA_WORKERS = fan_out_workers("prepare-data", prepare_data_part, *STEP_RESOURCES["prepare-data"])
-LABEL_WORKERS = fan_out_workers("label", label_part, *STEP_RESOURCES["label"])
-PRETOKENIZE_WORKERS = fan_out_workers("pretokenize", pretokenize_part, *STEP_RESOURCES["pretokenize"])
+PREPARE_DATA_WORKERS = fan_out_workers("prepare-data", prepare_data_part, *get_stage("prepare-data").step_resources)
+LABEL_WORKERS = fan_out_workers("label", label_part, *get_stage("label").step_resources)
+PRETOKENIZE_WORKERS = fan_out_workers("pretokenize", pretokenize_part, *get_stage("pretokenize").step_resources)
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="Pre-train a 4M-style massively multimodal masked model.")
@@ -207,7 +208,7 @@ def fourm_pretrain(
     pretrain_force: bool = False,
     pretrain_config_overrides: list = [],
     pretrain_accelerator: str = "nvidia.com/gpu",
-    pretrain_launcher: str = PYTORCHJOB,
+    pretrain_launcher: str = PYTORCHJOB.name,
     pretrain_nodes: int = 1,
     pretrain_procs_per_node: int = 1,
     pretrain_cpu_per_node: str = "",

@@ -1,7 +1,7 @@
 """A pod that requests no accelerator never tolerates the run's GPU taints (``gpu_tolerations``), so it never takes a
 GPU node's room: the pipeline's steps as each supported KFP backend runs them (``tests/kfp_driver_emulator.py``, the
 ``pod-placement`` steps answering as their component does, :func:`fourm_kfp.launchers.kfp_placement.pod_placement`),
-and a CPU job's replicas (:func:`fourm_kfp.cluster.job_spec.render_job`).
+and a CPU job's replicas (:func:`fourm_kfp.cluster.job_kinds.render_job`).
 
 The GPU nodes here carry only the cluster's own taint (``dedicated=training:NoSchedule``), which the run's
 ``gpu_tolerations`` tolerate: a CPU pod handed those tolerations would be placed there (the accelerator's own
@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from fourm_kfp.cluster.job_spec import ClusterParams, JobRequest, render_job
+from fourm_kfp.cluster.job_kinds import render_job
+from fourm_kfp.cluster.job_spec import ClusterParams, JobRequest
 from fourm_kfp.launchers.kfp_placement import pod_placement
 from fourm_kfp.pipeline_runs.compile import compile_pipeline
 from tests.kfp_driver_emulator import VERSIONS, DriverEmulator, Node, Pod, schedulable, stub_outputs

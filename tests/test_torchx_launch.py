@@ -250,10 +250,10 @@ def test_kubernetes_pods_tolerate_the_accelerator_and_get_placement_and_pull_sec
     params = TorchxParams(scheduler="kubernetes", j="2x8", gpu=8, mem_mb=900_000, scheduler_args=["queue=default"],
                           tolerations=[own, GPU_TOLERATION], node_selector={"nvidia.com/gpu.product": "H100"},
                           image_pull_secret="regcred")
-    from fourm_kfp.cluster.job_spec import load_template
+    from fourm_kfp.cluster.job_kinds import PYTORCHJOB
 
     # the accelerator's toleration is the one the cluster's job templates carry
-    assert GPU_TOLERATION in load_template("pytorchjob")["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+    assert GPU_TOLERATION in PYTORCHJOB.load_template()["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
         "tolerations"]
     job, _ = _schedule_kubernetes(tmp_path, params)
     for task in job["spec"]["tasks"]:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
-from fourm_kfp.cluster.job_launcher import FollowSettings
-from fourm_kfp.cluster.job_spec import JobRequest, Owner, render_job
+import pytest
+
+from fourm_kfp.cluster.job_kinds import PYTORCHJOB, render_job
+from fourm_kfp.cluster.job_launcher import FollowSettings, run_job
+from fourm_kfp.cluster.job_spec import JobRequest, Owner
 from tests.cluster.kube_emulator import running_status
 
 ADDRESS = "00aa11bb22cc33dd"
@@ -62,3 +67,27 @@ def run_pods(cluster, name: str, nodes: int = 2) -> list[str]:
         cluster.set_pod_status(pod, running_status("pytorch"))
         pods.append(pod)
     return pods
+
+
+def launcher_lost(cluster, job: dict, retry_index: int | None = 0, said: str = "left running",
+                  lines: list[str] | None = None) -> str:
+    """A launcher (attempt ``retry_index`` of its step) creates the PyTorchJob ``job``, follows it until its master
+    logs ``step 1/4``, and is stopped by SIGTERM (its pod deleted: a node drain, a preemption), exiting with a message
+    that says ``said``; the job's uid (the job trains on). Its log lines go to ``lines``."""
+    name = job["metadata"]["name"]
+    pod, lines = f"{name}-master-0", [] if lines is None else lines
+
+    def operator():
+        cluster.wait_for_job(PYTORCHJOB.resource, name)
+        cluster.add_pod(pod, MASTER_LABELS, "pytorch")
+        cluster.set_pod_status(pod, running_status("pytorch"))
+        cluster.kubelet.write(pod, "pytorch", "step 1/4")
+        wait(lambda: "step 1/4" in lines)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    script = Operator(operator)
+    with pytest.raises(SystemExit, match=said):
+        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lines.append,
+                retry_index=retry_index)
+    script.finish()
+    return cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["uid"]

@@ -15,7 +15,6 @@ output."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from fourm_kfp.cluster.log_follower import parse_timestamp
 from fourm_kfp.distributed import free_port
 from fourm_kfp.launchers.stage import RunContext
 from tests.cluster.job_scripts import FAST, MASTER_LABELS, RUN_ID, Operator, job as _job, pod_labels as _pod_labels
-from tests.cluster.job_scripts import run_pods as _run_pods, wait as _wait
+from tests.cluster.job_scripts import launcher_lost, run_pods as _run_pods, wait as _wait
 from tests.cluster.kube_emulator import EmulatedCluster, TrainingOperatorV1, running_status
 
 @pytest.fixture
@@ -552,21 +551,8 @@ def test_sigterm_leaves_the_job_running_and_the_step_s_retry_adopts_it(cluster, 
     job = _job()
     name = job["metadata"]["name"]
     pod = f"{name}-master-0"
-    first: list[str] = []
-
-    def operator():
-        cluster.wait_for_job(PYTORCHJOB.resource, name)
-        cluster.add_pod(pod, MASTER_LABELS, "pytorch")
-        cluster.set_pod_status(pod, running_status("pytorch"))
-        cluster.kubelet.write(pod, "pytorch", "step 1/4")
-        _wait(lambda: "step 1/4" in first)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    script = Operator(operator)
-    with pytest.raises(SystemExit, match="retry of this step adopts it"):
-        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=first.append)
-    script.finish()
-    uid = cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["uid"]  # still there: the training goes on
+    # the job is still there: the training goes on
+    uid = launcher_lost(cluster, job, retry_index=None, said="retry of this step adopts it")
 
     monkeypatch.setenv("KFP_RETRY_INDEX", "1")
     retried: list[str] = []

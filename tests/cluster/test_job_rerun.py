@@ -18,18 +18,15 @@ retry, with the ``KFP_RETRY_INDEX`` that version gives it (none before 2.16.1), 
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 import yaml
 
-from fourm_kfp.cluster.job_kinds import PYTORCHJOB
+from fourm_kfp.cluster.job_kinds import PYTORCHJOB, render_job
 from fourm_kfp.cluster.job_launcher import run_job
-from fourm_kfp.cluster.job_spec import RUN_ID_LABEL, JobRequest, Owner, render_job
+from fourm_kfp.cluster.job_spec import RUN_ID_LABEL, JobRequest, Owner
 from fourm_kfp.cluster.stop_jobs import delete_run_jobs
-from tests.cluster.job_scripts import ADDRESS, FAST, MASTER_LABELS, Operator, wait as _wait
-from tests.cluster.kube_emulator import EmulatedCluster, running_status
+from tests.cluster.job_scripts import ADDRESS, FAST, Operator, launcher_lost, wait as _wait
+from tests.cluster.kube_emulator import EmulatedCluster
 from tests.kfp_driver_emulator import (POD_DELETED, RETRY_INDEX_ENV, SUCCEEDS, VERSIONS, DriverEmulator, at_least,
                                        step_attempts, stub_outputs)
 
@@ -49,34 +46,12 @@ def _job(run_id: str, delete_job: bool = True) -> dict:
                                                                     f"uid-{run_id}")))
 
 
-def _launcher_lost(cluster, job: dict, retry_index: int | None = 0) -> str:
-    """A launcher (attempt ``retry_index`` of its step) creates ``job``, follows it, and is stopped by SIGTERM (its pod
-    deleted); the job's uid."""
-    name = job["metadata"]["name"]
-    pod, lines = f"{name}-master-0", []
-
-    def operator():
-        cluster.wait_for_job(PYTORCHJOB.resource, name)
-        cluster.add_pod(pod, MASTER_LABELS, "pytorch")
-        cluster.set_pod_status(pod, running_status("pytorch"))
-        cluster.kubelet.write(pod, "pytorch", "step 1/4")
-        _wait(lambda: "step 1/4" in lines)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    script = Operator(operator)
-    with pytest.raises(SystemExit, match="left running"):
-        run_job(cluster.api(), PYTORCHJOB, job, deadline_s=60, settings=FAST, out=lines.append,
-                retry_index=retry_index)
-    script.finish()
-    return cluster.api().get(PYTORCHJOB.resource, name)["metadata"]["uid"]
-
-
 def test_a_kept_job_left_running_is_reported_then_adopted_by_a_rerun(cluster):
     """``pretrain_delete_job=false``: the failed run's exit handler reports the job still running and keeps it; the
     rerun (another KFP run id) adopts that very job and follows it to the end, creating none."""
     first = _job("run-1", delete_job=False)
     name = first["metadata"]["name"]
-    uid = _launcher_lost(cluster, first)
+    uid = launcher_lost(cluster, first)
 
     said: list[str] = []
     assert delete_run_jobs(cluster.api(), "run-1", out=said.append) == []
@@ -106,7 +81,7 @@ def test_a_job_left_running_is_reported_and_deleted_by_the_exit_handler(cluster)
     running and deletes it; the rerun starts a job of its own."""
     first = _job("run-1")
     name = first["metadata"]["name"]
-    uid = _launcher_lost(cluster, first)
+    uid = launcher_lost(cluster, first)
     said: list[str] = []
     assert delete_run_jobs(cluster.api(), "run-1", out=said.append) == [name]
     assert any(name in line and "still running" in line and "deleted" in line for line in said), said
@@ -182,7 +157,7 @@ def test_the_pretrain_step_s_lost_launcher_at_every_version(cluster, compiled, m
             monkeypatch.setenv("KFP_RETRY_INDEX", attempt.retry_index_env)
 
     attempt_env(attempts.attempts[0])
-    uid = _launcher_lost(cluster, job, retry_index=None)
+    uid = launcher_lost(cluster, job, retry_index=None)
     if not finalizer:
         assert not attempts.succeeded and attempts.attempts[0].message == "pod deleted"
         said: list[str] = []

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fourm_kfp.cluster.job_spec import (ADDRESS_LABEL, JOB_STAGES, KEEP_LABEL, POD_ROOT, RESTARTS, RUN_ID_LABEL,
-                                        STAGE_LABEL, TRAINJOB_RUNTIMES, ClusterParams, JobRequest, Owner, job_name,
-                                        load_template, render_job, to_yaml)
+from fourm_kfp.cluster.job_kinds import JOB_KINDS, render_job
+from fourm_kfp.cluster.job_render import to_yaml
+from fourm_kfp.cluster.job_spec import (ADDRESS_LABEL, JOB_LAUNCHERS, JOB_STAGES, KEEP_LABEL, POD_ROOT, RESTARTS,
+                                        RUN_ID_LABEL, STAGE_LABEL, TRAINJOB_RUNTIMES, ClusterParams, JobRequest, Owner,
+                                        job_name)
 from fourm_kfp.images import GPU_IMAGE
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.launchers.remote import stage_command
@@ -202,6 +204,14 @@ def test_bad_parameters_name_the_stage_s_pipeline_parameter(stage):
         render_job(dataclasses.replace(_request("pytorchjob", 2), stage="prepare-data"))
 
 
+def test_one_record_per_job_kind_named_as_the_launcher_parameter_names_it():
+    """The launcher's names for the job kinds are the records' (one record each: resource, template, renderer ...)."""
+    assert tuple(JOB_KINDS) == JOB_LAUNCHERS and all(kind.name == name for name, kind in JOB_KINDS.items())
+    assert {kind.resource.kind for kind in JOB_KINDS.values()} == {"PyTorchJob", "TrainJob"}
+    for kind in JOB_KINDS.values():  # each renders its own kind from its own template
+        assert render_job(_request(kind.name, 2))["kind"] == kind.resource.kind == kind.load_template()["kind"]
+
+
 def test_the_template_is_the_file_users_submit():
     """What the launcher renders from is manifests/base/pytorchjob-template.yaml itself (shipped as package data)."""
     from pathlib import Path
@@ -210,9 +220,10 @@ def test_the_template_is_the_file_users_submit():
 
     repo = Path(__file__).resolve().parents[2]
     for launcher, name in (("pytorchjob", "pytorchjob-template.yaml"), ("trainjob", "trainjob-template.yaml")):
-        assert load_template(launcher) == yaml.safe_load((repo / "manifests" / "base" / name).read_text())
+        assert JOB_KINDS[launcher].load_template() == yaml.safe_load(
+            (repo / "manifests" / "base" / name).read_text())
     # as written (Master + 1 Worker) the template has the restart budget the launcher renders for 2 nodes
-    template = load_template("pytorchjob")
+    template = JOB_KINDS["pytorchjob"].load_template()
     nodes = sum(r["replicas"] for r in template["spec"]["pytorchReplicaSpecs"].values())
     assert template["spec"]["runPolicy"]["backoffLimit"] == render_job(_request("pytorchjob", nodes))["spec"][
         "runPolicy"]["backoffLimit"]

@@ -50,7 +50,8 @@ import torch
 from safetensors.torch import load_file
 
 from fourm_kfp import storage
-from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, POD_ROOT, JobRequest, render_job
+from fourm_kfp.cluster.job_kinds import render_job
+from fourm_kfp.cluster.job_spec import ADDRESS_LABEL, POD_ROOT, JobRequest
 from fourm_kfp.config.loader import load_config
 from fourm_kfp.contract.addressing import stage_address
 from fourm_kfp.contract.manifest import payload_differences, read_manifest

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from fourm_kfp.cluster.job_kinds import PYTORCHJOB, JobFailed
-from fourm_kfp.cluster.job_spec import ClusterParams, JobParams, JobRequest, render_job
+from fourm_kfp.cluster.job_kinds import PYTORCHJOB, JobFailed, render_job
+from fourm_kfp.cluster.job_spec import ClusterParams, JobParams, JobRequest
 from fourm_kfp.config.schema import ConfigError
 from tests.cluster.kube_emulator import EmulatedCluster
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from fourm_kfp.cluster.job_kinds import PYTORCHJOB, TRAINJOB
-from fourm_kfp.cluster.job_spec import JobRequest, render_job
+from fourm_kfp.cluster.job_kinds import PYTORCHJOB, TRAINJOB, render_job
+from fourm_kfp.cluster.job_spec import JobRequest
 from fourm_kfp.cluster.job_spec import KEEP_LABEL
 from fourm_kfp.cluster.stop_jobs import delete_run_jobs, stop_run_jobs
 from tests.cluster.kube_emulator import EmulatedCluster

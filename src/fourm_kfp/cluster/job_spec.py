@@ -1,4 +1,6 @@
-"""Render a stage's multi-node job (a PyTorchJob or a TrainJob) from the manifest templates shipped with the package.
+"""A stage's multi-node job (a PyTorchJob or a TrainJob) as parameters: what a run may ask of it, checked before
+anything is created. The job kinds are records in :mod:`.job_kinds`, which render a request through
+:mod:`.job_render` into the manifest templates shipped with the package.
 
 Two stages can run as a job (:data:`JOB_STAGES`): pretrain (by default) and train-tokenizers (``in-pod`` by default;
 at 4m-b its ViT VQ-VAEs train for days on one GPU). Both render from the same templates through the same
@@ -6,7 +8,7 @@ at 4m-b its ViT VQ-VAEs train for days on one GPU). Both render from the same te
 
 The templates are ``manifests/base/pytorchjob-template.yaml`` and ``manifests/base/trainjob-template.yaml``, the very
 files a user may submit by hand (package data of ``fourm_kfp.manifests``); nothing here repeats their pod spec.
-:func:`render_job` fills in what changes per run:
+:func:`fourm_kfp.cluster.job_kinds.render_job` fills in what changes per run:
 
 - the name ``fourm-<stage>-<content address>`` (:func:`job_name`), so a restarted launcher finds its own job;
 - labels with the stage, the address and the KFP run id, and an ownerReference to the run's Argo Workflow
@@ -31,23 +33,20 @@ files a user may submit by hand (package data of ``fourm_kfp.manifests``); nothi
 
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass, field, fields
-from importlib import resources
 from typing import Any, Mapping, Sequence
-
-import yaml
 
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract.spec import param_prefix
+from fourm_kfp.stages import STAGES
 
-#: Where a job stage trains (``<stage>_launcher``): in its own pod, or in a multi-node job it creates and follows
-#: (a Kubeflow Training Operator PyTorchJob, or a Kubeflow Trainer v2 TrainJob).
-IN_POD, PYTORCHJOB, TRAINJOB = "in-pod", "pytorchjob", "trainjob"
-JOB_LAUNCHERS = (PYTORCHJOB, TRAINJOB)
+#: Where a job stage trains (``<stage>_launcher``): in its own pod, or in a multi-node job it creates and follows,
+#: named by its job kind (a Kubeflow Training Operator PyTorchJob, or a Kubeflow Trainer v2 TrainJob: one record each,
+#: :data:`fourm_kfp.cluster.job_kinds.JOB_KINDS`, which says all that differs between them).
+IN_POD = "in-pod"
+JOB_LAUNCHERS = ("pytorchjob", "trainjob")
 LAUNCHERS = (IN_POD, *JOB_LAUNCHERS)
-TEMPLATES = {PYTORCHJOB: "pytorchjob-template.yaml", TRAINJOB: "trainjob-template.yaml"}
 
 #: Label keys the launcher sets and reads back (adoption checks them).
 ADDRESS_LABEL = "fourm-kfp.org/address"
@@ -108,7 +107,7 @@ class JobParams:
     component's ``<field>`` parameters are these fields with the stage's defaults (:data:`JOB_STAGES`;
     ``tests/test_pipeline_compile.py`` checks both), and the component builds one with :meth:`of`."""
 
-    launcher: str = PYTORCHJOB  # IN_POD, PYTORCHJOB or TRAINJOB
+    launcher: str = "pytorchjob"  # IN_POD or a job kind's name (JOB_LAUNCHERS)
     nodes: int = 1
     procs_per_node: int = 1
     accelerator: str = "nvidia.com/gpu"  # "" or "cpu": CPU nodes (no accelerator request or toleration)
@@ -183,9 +182,10 @@ class ClusterParams:
         return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
 
-#: The stages that can run as a cluster job, each with its job's defaults: pretrain launches a PyTorchJob unless
-#: told otherwise; train-tokenizers trains in its own pod unless told otherwise.
-JOB_STAGES = {"train-tokenizers": JobParams(launcher=IN_POD), "pretrain": JobParams()}
+#: The stages that can run as a cluster job, each with its job's defaults, from the stage table
+#: (``StageSpec.job_launcher``): pretrain launches a PyTorchJob unless told otherwise; train-tokenizers trains in its
+#: own pod unless told otherwise.
+JOB_STAGES = {spec.name: JobParams(launcher=spec.job_launcher) for spec in STAGES.values() if spec.job_launcher}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,41 +260,9 @@ def parse_rdma_resource(rdma_resource: str) -> tuple[str, int] | None:
     return match.group("name"), int(match.group("count") or 1)
 
 
-def check_kueue_integration(scheduler: str, launcher: str, stage: str) -> None:
-    """Refuse a PyTorchJob queued by Kueue unless ``scheduler`` states that Kueue's PyTorchJob integration is on
-    (:data:`KUEUE_PYTORCHJOB_STATEMENT`): off (Kueue 0.19's default), the queue label is ignored and the job runs
-    unqueued, which nothing would say."""
-    kind, queue = parse_scheduler(scheduler)
-    if kind == "kueue" and launcher == PYTORCHJOB and not scheduler.endswith(f":{KUEUE_PYTORCHJOB_STATEMENT}"):
-        raise ConfigError(
-            f"scheduler={scheduler!r} with {param_prefix(stage)}_launcher=pytorchjob: Kueue >= 0.19 leaves its "
-            "PyTorchJob integration off by default (kubernetes-sigs/kueue PR #12606), and then the job runs at once, "
-            "unqueued. If your Kueue's Configuration lists kubeflow.org/pytorchjob in integrations.frameworks, say so "
-            f"with scheduler=kueue:{queue}:{KUEUE_PYTORCHJOB_STATEMENT}; or use {param_prefix(stage)}_launcher="
-            "trainjob (Kueue's TrainJob integration is on by default)")
-
-
-def rendezvous_args(req: JobRequest) -> list[str]:
-    """torchrun's options that make a started node wait ``cluster.rendezvous_timeout_s`` for the others.
-
-    A fixed-size job meets at the static rendezvous (``PET_MASTER_ADDR``/``PORT``): the Master's TCPStore waits that
-    long for every node to connect and the others keep trying to reach it that long (rendezvous option ``timeout``,
-    torchrun's default 900 s). An elastic job meets at the c10d rendezvous: ``join_timeout`` (default 600 s) bounds
-    the wait for ``min_nodes``."""
-    key = "join_timeout" if req.min_nodes else "timeout"
-    return [f"--rdzv-conf={key}={req.cluster.rendezvous_timeout_s}"]
-
-
-def load_template(launcher: str) -> dict[str, Any]:
-    """The template as shipped (a fresh copy: YAML anchors become shared objects, so nothing is edited in place)."""
-    if launcher not in JOB_LAUNCHERS:
-        raise ValueError(f"no job template for launcher {launcher!r} (one of {', '.join(JOB_LAUNCHERS)})")
-    text = resources.files("fourm_kfp.manifests").joinpath("base", TEMPLATES[launcher]).read_text()
-    return copy.deepcopy(yaml.safe_load(text))
-
-
 def validate_request(req: JobRequest) -> None:
-    """Fail on a parameter the API server or the operator would reject, naming the stage's pipeline parameter."""
+    """Fail on a parameter the API server or the operator would reject, naming the stage's pipeline parameter (what
+    depends on the job kind: :func:`fourm_kfp.cluster.job_kinds.check_kind`)."""
     if req.stage not in JOB_STAGES:
         raise ConfigError(f"stage {req.stage!r} does not run as a job (one of {', '.join(JOB_STAGES)})")
     p = param_prefix(req.stage)
@@ -309,8 +277,6 @@ def validate_request(req: JobRequest) -> None:
         raise ConfigError(f"{p}_min_nodes={req.min_nodes} with {p}_nodes={req.nodes}: an elastic job needs "
                           f"{p}_nodes >= 2 (the operator rejects an elastic PyTorchJob without Workers); "
                           f"{p}_min_nodes=0 trains on one node")
-    if req.min_nodes and req.launcher != PYTORCHJOB:
-        raise ConfigError(f"{p}_min_nodes: elastic training needs {p}_launcher=pytorchjob")
     if req.deadline_s < 1:
         raise ConfigError(f"{p}_deadline_s={req.deadline_s}: at least 1 second")
     for param, value in (("cpu_per_node", req.cpu_per_node), ("memory_per_node", req.memory_per_node)):
@@ -324,7 +290,6 @@ def validate_request(req: JobRequest) -> None:
     if not _LABEL_VALUE.match(req.kfp_run_id) or len(req.kfp_run_id) > 63:
         raise ConfigError(f"KFP run id {req.kfp_run_id!r} cannot be a label value")
     validate_cluster(req.cluster)
-    check_kueue_integration(req.cluster.scheduler, req.launcher, req.stage)
 
 
 def validate_cluster(cluster: ClusterParams) -> None:
@@ -355,184 +320,3 @@ def validate_cluster(cluster: ClusterParams) -> None:
                           "run, at least 1; 0 does not mean \"no limit\" (there is none: the job's own deadline is "
                           "<stage>_deadline_s + queue_timeout_s); give a large number instead, "
                           "e.g. 604800 for a week")
-
-
-def _pod_resources(template: dict[str, Any], req: JobRequest) -> dict[str, Any]:
-    """The template's per-node resources with the request's CPU, memory and accelerator count."""
-    resources_ = copy.deepcopy(template)
-    requests, limits = resources_.setdefault("requests", {}), resources_.setdefault("limits", {})
-    for section in (requests, limits):
-        for key in [k for k in section if k.endswith("/gpu")]:
-            del section[key]
-    if req.gpus_per_node:
-        requests[req.accelerator] = limits[req.accelerator] = req.gpus_per_node
-    if req.cpu_per_node:
-        requests["cpu"] = req.cpu_per_node
-    if req.memory_per_node:
-        requests["memory"] = limits["memory"] = req.memory_per_node
-    rdma = parse_rdma_resource(req.cluster.rdma_resource)
-    if rdma:
-        requests[rdma[0]] = limits[rdma[0]] = rdma[1]
-    return resources_
-
-
-def _network_env(env: list[dict[str, Any]], req: JobRequest) -> list[dict[str, Any]]:
-    """The container's env with the run's ``nccl_env`` added (a variable the template sets is replaced)."""
-    names = set(req.cluster.nccl_env)
-    return [e for e in env if e.get("name") not in names] + [
-        {"name": name, "value": value} for name, value in sorted(req.cluster.nccl_env.items())]
-
-
-def _rdma_capability(container: dict[str, Any], req: JobRequest) -> None:
-    """``IPC_LOCK`` added to the container's capabilities when the job requests an RDMA device."""
-    if parse_rdma_resource(req.cluster.rdma_resource):
-        capabilities = container.setdefault("securityContext", {}).setdefault("capabilities", {})
-        capabilities["add"] = sorted({*capabilities.get("add", []), RDMA_CAPABILITY})
-
-
-def _tolerations(template: list[dict[str, Any]], req: JobRequest) -> list[dict[str, Any]]:
-    """The template's accelerator toleration (retargeted to the accelerator, dropped on CPU nodes), the run's GPU
-    tolerations on accelerator nodes (less those whose key the stage's own tolerate: the stage's win), the stage's."""
-    kept = []
-    for toleration in template:
-        if str(toleration.get("key", "")).endswith("/gpu"):
-            if not req.gpus_per_node:
-                continue
-            toleration = {**toleration, "key": req.accelerator}
-        kept.append(toleration)
-    stage_keys = {t.get("key") for t in req.tolerations}
-    run_wide = [t for t in req.cluster.gpu_tolerations if t.get("key") not in stage_keys] if req.gpus_per_node else []
-    for toleration in [*run_wide, *req.tolerations]:
-        if toleration not in kept:
-            kept.append(toleration)
-    return kept
-
-
-def _place_pod(pod_spec: dict[str, Any], req: JobRequest) -> None:
-    """Where the job's pods may run and what they pull with: tolerations, node selector (the run's GPU selector on
-    accelerator nodes, the stage's winning on a key clash) and the image pull secret."""
-    pod_spec["tolerations"] = _tolerations(pod_spec.get("tolerations", []), req)
-    if not pod_spec["tolerations"]:
-        del pod_spec["tolerations"]
-    selector = {**(req.cluster.gpu_node_selector if req.gpus_per_node else {}), **req.node_selector}
-    if selector:
-        pod_spec["nodeSelector"] = selector
-    if req.cluster.image_pull_secret:
-        pod_spec["imagePullSecrets"] = [{"name": req.cluster.image_pull_secret}]
-
-
-def _metadata(obj: dict[str, Any], req: JobRequest) -> None:
-    meta = obj["metadata"]
-    meta["name"] = req.name
-    labels = meta.setdefault("labels", {})
-    labels.update(_labels(req))
-    if not req.delete_job:
-        labels[KEEP_LABEL] = "true"
-    kind, queue = parse_scheduler(req.cluster.scheduler)
-    if kind == "kueue":
-        labels[KUEUE_QUEUE_LABEL] = queue
-    if req.owner is not None and req.delete_job:  # a kept job must outlive the Workflow, which KFP deletes in a day
-        meta["ownerReferences"] = [{"apiVersion": req.owner.api_version, "kind": req.owner.kind,
-                                    "name": req.owner.name, "uid": req.owner.uid, "controller": False,
-                                    "blockOwnerDeletion": False}]
-
-
-def _labels(req: JobRequest) -> dict[str, str]:
-    return {STAGE_LABEL: req.stage, ADDRESS_LABEL: req.address, RUN_ID_LABEL: req.kfp_run_id}
-
-
-def _pod_labels(pod_metadata: dict[str, Any], req: JobRequest) -> None:
-    pod_metadata.setdefault("labels", {}).update(_labels(req))
-
-
-def render_pytorchjob(req: JobRequest) -> dict[str, Any]:
-    """The PyTorchJob of ``req`` (Training Operator ``kubeflow.org/v1``)."""
-    job = load_template("pytorchjob")
-    _metadata(job, req)
-    spec = job["spec"]
-    spec["nprocPerNode"] = str(req.procs_per_node)
-    spec["runPolicy"]["activeDeadlineSeconds"] = job_deadline_s(req)
-    spec["runPolicy"]["backoffLimit"] = backoff_limit(req.nodes)
-    if not req.delete_job:  # kept: no TTL deletes it either (the launcher deletes the jobs it does not keep)
-        spec["runPolicy"].pop("ttlSecondsAfterFinished", None)
-    pod = copy.deepcopy(spec["pytorchReplicaSpecs"]["Master"]["template"])
-    _pod_labels(pod["metadata"], req)
-    pod_spec = pod["spec"]
-    [container] = pod_spec["containers"]
-    container["image"] = req.image
-    container["args"] = _torchrun_args(req)
-    container["resources"] = _pod_resources(container["resources"], req)
-    container["env"] = _network_env(container.get("env", []), req)
-    _rdma_capability(container, req)
-    _place_pod(pod_spec, req)
-    replicas = {"Master": {**spec["pytorchReplicaSpecs"]["Master"], "template": pod}}
-    if req.nodes > 1:
-        worker = spec["pytorchReplicaSpecs"].get("Worker") or spec["pytorchReplicaSpecs"]["Master"]
-        replicas["Worker"] = {**worker, "replicas": req.nodes - 1, "template": copy.deepcopy(pod)}
-    spec["pytorchReplicaSpecs"] = replicas
-    if req.min_nodes:
-        # torchrun's --max-restarts counts per node (each agent restarts its own workers once per crash): no scaling.
-        # The rendezvous store lives on the Master (the operator's default is worker-0, a second pod whose loss would
-        # end the job): the pod the Workers' init containers wait for, reached through its per-pod Service.
-        spec["elasticPolicy"] = {"minReplicas": req.min_nodes, "maxReplicas": req.nodes, "rdzvBackend": "c10d",
-                                 "rdzvHost": f"{req.name}-master-0", "maxRestarts": RESTARTS}
-    kind, queue = parse_scheduler(req.cluster.scheduler)
-    if kind == "volcano":
-        # The operator (started with --gang-scheduler-name=volcano) makes a Volcano PodGroup of this, sets the pods'
-        # schedulerName and creates the pods once the group is admitted; minAvailable defaults to all replicas, the
-        # queue to "default". An elastic job starts with min_nodes.
-        policy: dict[str, Any] = {"minAvailable": req.min_nodes or req.nodes}
-        if queue:
-            policy["queue"] = queue
-        spec["runPolicy"]["schedulingPolicy"] = policy
-    return job
-
-
-def render_trainjob(req: JobRequest) -> dict[str, Any]:
-    """The TrainJob of ``req`` (Trainer v2 ``trainer.kubeflow.org/v1alpha1``), on the runtime of its scheduler
-    (:data:`TRAINJOB_RUNTIMES`)."""
-    job = load_template("trainjob")
-    _metadata(job, req)
-    spec = job["spec"]
-    kind, queue = parse_scheduler(req.cluster.scheduler)
-    spec["runtimeRef"]["name"] = TRAINJOB_RUNTIMES[kind]
-    spec["activeDeadlineSeconds"] = job_deadline_s(req)
-    trainer = spec["trainer"]
-    trainer.update(image=req.image, numNodes=req.nodes, numProcPerNode=req.procs_per_node, args=_torchrun_args(req))
-    trainer["resourcesPerNode"] = _pod_resources(trainer["resourcesPerNode"], req)
-    trainer["env"] = _network_env(trainer.get("env", []), req)
-    [patch] = spec["runtimePatches"]
-    if kind == "volcano" and queue:
-        # the JobSet's metadata, where Trainer's Volcano plugin reads the PodGroup's queue
-        jobset_meta = patch["trainingRuntimeSpec"]["template"].setdefault("metadata", {})
-        jobset_meta.setdefault("annotations", {})[VOLCANO_QUEUE_ANNOTATION] = queue
-    [node_job] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
-    pod = node_job["template"]["spec"]["template"]
-    _pod_labels(pod["metadata"], req)
-    _place_pod(pod["spec"], req)
-    [container] = [c for c in pod["spec"]["containers"] if c["name"] == "node"]
-    _rdma_capability(container, req)
-    return job
-
-
-def job_deadline_s(req: JobRequest) -> int:
-    """The job's own ``activeDeadlineSeconds``: the training deadline plus the queue limit. The operators count it
-    from the job's start, which a queue (a Volcano PodGroup, Kueue's suspension) may precede by up to
-    ``queue_timeout_s``; the launcher enforces each limit apart (queue time, then the deadline from the moment the pods
-    run), so this is the backstop for a job whose launcher is gone."""
-    return req.deadline_s + req.cluster.queue_timeout_s
-
-
-def _torchrun_args(req: JobRequest) -> list[str]:
-    """The container's arguments after ``torchrun``, the same on every node and for both job kinds."""
-    return [*rendezvous_args(req), "--no-python", "fourm-kfp", *req.stage_args]
-
-
-def render_job(req: JobRequest) -> dict[str, Any]:
-    """The job object for ``req.launcher``, after checking the request."""
-    validate_request(req)
-    return render_pytorchjob(req) if req.launcher == PYTORCHJOB else render_trainjob(req)
-
-
-def to_yaml(job: dict[str, Any]) -> str:
-    return yaml.safe_dump(job, sort_keys=False, default_flow_style=False)

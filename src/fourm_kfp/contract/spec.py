@@ -87,6 +87,13 @@ class StageSpec:
     #: config -> whether its work wants an accelerator (the label stage with a teacher network): the pipeline then
     #: runs its fan-out workers in GPU pods, else in CPU pods
     wants_accelerator: Callable[["FourMConfig"], bool] | None = None
+    #: CPU and memory limits (Kubernetes quantities) of the stage's pod when it does the work itself: its fan-out
+    #: workers, training in its own pod, evaluate (a job stage's step that only launches and follows its job is a
+    #: light pod: :data:`fourm_kfp.launchers.kfp_placement.LAUNCHER_RESOURCES`)
+    step_resources: tuple[str, str] = ("8", "16Gi")
+    #: A stage that can run as a multi-node cluster job: its ``<stage>_launcher`` default, ``"in-pod"`` (its own pod)
+    #: or a job kind (:data:`fourm_kfp.cluster.job_kinds.JOB_KINDS`); None: it never runs as a job
+    job_launcher: str | None = None
 
     @property
     def input_names(self) -> tuple[str, ...]:

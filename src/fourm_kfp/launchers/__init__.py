@@ -13,6 +13,6 @@ above, in :mod:`fourm_kfp.pipeline_runs`, since they import the pipeline, whose 
   and following the job live in :mod:`fourm_kfp.cluster`);
 * :mod:`.torchx_job` — ``fourm-kfp launch``: a stage as a torchx job (local processes, Kubernetes, Slurm, ...).
 
-The launcher kinds of the job stages are named in :mod:`fourm_kfp.cluster.job_spec` (``IN_POD``,
-``PYTORCHJOB``, ``TRAINJOB``), with the stages that may run as a job (``JOB_STAGES``).
+The launcher kinds of the job stages are ``IN_POD`` (:mod:`fourm_kfp.cluster.job_spec`, with the stages that may run
+as a job, ``JOB_STAGES``) and the job kinds, one record each (:data:`fourm_kfp.cluster.job_kinds.JOB_KINDS`).
 """

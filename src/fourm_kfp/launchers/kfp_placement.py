@@ -28,10 +28,8 @@ def fan_out_items(stage: str, width: int, preset: str, config_overrides: Sequenc
     return [{"part": i, **carried} for i in range(width)]
 
 
-#: CPU and memory limits of each placed step's pod when it works itself (the fan-out workers, in-pod training,
-#: evaluate), and of a job stage's step when it only launches and follows the job (``<stage>_launcher`` a job kind).
-STEP_RESOURCES = {"prepare-data": ("8", "16Gi"), "label": ("8", "32Gi"), "pretokenize": ("8", "16Gi"),
-                  "train-tokenizers": ("8", "32Gi"), "pretrain": ("16", "64Gi"), "evaluate": ("8", "32Gi")}
+#: CPU and memory limits of a job stage's step when it only launches and follows its job (``<stage>_launcher`` a job
+#: kind); a step that works itself has its stage's (``StageSpec.step_resources``).
 LAUNCHER_RESOURCES = ("1", "2Gi")
 
 
@@ -54,7 +52,7 @@ def pod_placement(stage: str, preset: str, config_overrides: Sequence[str], acce
     wants = not launches_job and (spec.wants_accelerator is None or (spec.is_enabled(config)
                                                                      and spec.wants_accelerator(config)))
     resource = "" if accelerator in ("", "cpu") or not wants else accelerator
-    cpu, memory = LAUNCHER_RESOURCES if launches_job else STEP_RESOURCES[stage]
+    cpu, memory = LAUNCHER_RESOURCES if launches_job else spec.step_resources
     return {"accelerator": resource,
             "node_selector": dict(gpu_node_selector) if resource else {},
             "tolerations": [{**GPU_TOLERATION, "key": resource}, *gpu_tolerations] if resource else [],

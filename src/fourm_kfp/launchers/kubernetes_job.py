@@ -23,9 +23,10 @@ import os
 from dataclasses import fields
 from typing import Callable, Sequence
 
+from fourm_kfp.cluster.job_kinds import render_job
 from fourm_kfp.cluster.job_launcher import JOB_KINDS, FollowSettings, run_job
-from fourm_kfp.cluster.job_spec import (POD_ROOT, ClusterParams, JobParams, JobRequest, Owner, param_prefix,
-                                        render_job, to_yaml)
+from fourm_kfp.cluster.job_render import to_yaml
+from fourm_kfp.cluster.job_spec import POD_ROOT, ClusterParams, JobParams, JobRequest, Owner, param_prefix
 from fourm_kfp.contract import StageOutcome, lineage
 from fourm_kfp.errors import UserError
 from fourm_kfp.launchers.remote import RemoteBackend, launch_remote

@@ -32,17 +32,9 @@ import yaml
 
 from fourm_kfp.cluster import job_spec
 from fourm_kfp.pipeline_runs.doctor_checks import FAIL, OK, SKIPPED, WARN, Check, DoctorRequest
-from fourm_kfp.cluster.job_kinds import JOB_KINDS
+from fourm_kfp.cluster.job_kinds import JOB_KINDS, TRAINJOB
 from fourm_kfp.contract.spec import param_prefix
 
-#: How to install each job kind's operator (manifests/README.md, Prerequisites).
-OPERATOR_INSTALL = {
-    job_spec.PYTORCHJOB: 'kubectl apply --server-side -k "github.com/kubeflow/training-operator.git/manifests/'
-                         'overlays/standalone?ref=v1.9.2"',
-    job_spec.TRAINJOB: 'kubectl apply --server-side -k "github.com/kubeflow/trainer.git/manifests/overlays/'
-                       'manager?ref=v2.2.0"'}
-#: Kueue's framework name of each job kind (``integrations.frameworks``).
-KUEUE_FRAMEWORKS = {job_spec.PYTORCHJOB: "kubeflow.org/pytorchjob", job_spec.TRAINJOB: "trainer.kubeflow.org/trainjob"}
 KUEUE_NAMESPACE, KUEUE_CONFIG_MAP, KUEUE_CONFIG_KEY = "kueue-system", "kueue-manager-config", \
     "controller_manager_config.yaml"
 KUEUE_DEFAULT_FRAMEWORKS = ["batch/job"]
@@ -118,7 +110,7 @@ def check_crds(kube, used: dict[str, list[str]]) -> list[Check]:
             checks.append(Check(name, SKIPPED, f"no stage runs as a {resource.kind}"))
             continue
         crd_name = f"{resource.plural}.{resource.group}"
-        fix = OPERATOR_INSTALL[launcher]
+        fix = kind.install
         try:
             crd = _read(extensions.read_custom_resource_definition, crd_name)
         except ApiException as exc:
@@ -135,7 +127,7 @@ def check_crds(kube, used: dict[str, list[str]]) -> list[Check]:
                                             f"{', '.join(sorted(served)) or 'nothing'})", fix))
         elif not _conditions_true(crd) & {"Established", "NamesAccepted"}:
             checks.append(Check(name, FAIL, f"CRD {crd_name} is not Established", fix))
-        elif launcher == job_spec.TRAINJOB and "runtimePatches" not in (
+        elif kind is TRAINJOB and "runtimePatches" not in (
                 (served[resource.version].get("schema") or {}).get("openAPIV3Schema", {})
                 .get("properties", {}).get("spec", {}).get("properties", {})):
             checks.append(Check(name, FAIL, f"CRD {crd_name} has no spec.runtimePatches: Trainer is older than "
@@ -271,9 +263,9 @@ def _object_checks(kube, parameters: dict[str, Any], service_account: str = ""
 def check_runtime(kube, used: dict[str, list[str]], scheduler_kind: str) -> Check:
     from kubernetes.client.exceptions import ApiException
 
-    if job_spec.TRAINJOB not in used:
+    if TRAINJOB.name not in used:
         return Check("trainer runtime", SKIPPED, "no stage runs as a TrainJob")
-    reference = job_spec.load_template(job_spec.TRAINJOB)["spec"]["runtimeRef"]
+    reference = TRAINJOB.load_template()["spec"]["runtimeRef"]
     kind, name = reference.get("kind", "ClusterTrainingRuntime"), job_spec.TRAINJOB_RUNTIMES[scheduler_kind]
     group, version = "trainer.kubeflow.org", "v1alpha1"
     try:
@@ -321,7 +313,7 @@ def check_kueue(kube, used: dict[str, list[str]], scheduler: str) -> list[Check]
         return checks
     configuration = yaml.safe_load((config_map.get("data") or {}).get(KUEUE_CONFIG_KEY) or "") or {}
     frameworks = list(((configuration.get("integrations") or {}).get("frameworks") or KUEUE_DEFAULT_FRAMEWORKS))
-    off = [KUEUE_FRAMEWORKS[launcher] for launcher in used if KUEUE_FRAMEWORKS[launcher] not in frameworks]
+    off = [JOB_KINDS[k].kueue_framework for k in used if JOB_KINDS[k].kueue_framework not in frameworks]
     if off:
         checks.append(Check("kueue jobs", FAIL, f"Kueue's integrations.frameworks lacks {', '.join(off)}: Kueue "
                                                 "ignores the queue label of those jobs, which run at once, unqueued",
@@ -329,7 +321,7 @@ def check_kueue(kube, used: dict[str, list[str]], scheduler: str) -> list[Check]
                             f"integrations.frameworks), then kubectl -n {KUEUE_NAMESPACE} rollout restart deployment "
                             "kueue-controller-manager"))
     elif used:
-        checks.append(Check("kueue jobs", OK, f"Kueue integrates {', '.join(KUEUE_FRAMEWORKS[k] for k in used)}"))
+        checks.append(Check("kueue jobs", OK, f"Kueue integrates {', '.join(JOB_KINDS[k].kueue_framework for k in used)}"))
     else:
         checks.append(Check("kueue jobs", SKIPPED, "no stage runs as a job"))
     return checks

@@ -86,7 +86,8 @@ def check_job_parameters(parameters: dict[str, Any]) -> None:
     """Refuse, before anything is created, run parameters that the run would fail on: an empty ``image_pull_secret``
     (KFP's driver fails every step that names an empty pull secret), and a PyTorchJob queued by Kueue without the
     statement that Kueue's PyTorchJob integration is on (every job stage refuses it)."""
-    from fourm_kfp.cluster.job_spec import DEFAULT_PULL_SECRET, JOB_STAGES, check_kueue_integration, param_prefix
+    from fourm_kfp.cluster.job_kinds import check_kueue_integration
+    from fourm_kfp.cluster.job_spec import DEFAULT_PULL_SECRET, JOB_STAGES, param_prefix
 
     if parameters.get("image_pull_secret", DEFAULT_PULL_SECRET) == "":
         raise UserError("--param image_pull_secret=: KFP's driver fails every step that names an empty pull secret; "

@@ -8,8 +8,10 @@ writing one content-addressed output; bump ``code_version`` when a stage's code 
 may be off under a config (``enabled``: the label stage without labelers), and then it is out of every address.
 
 Adding a stage is its body (``stages/<name>.py``), its config section (:data:`fourm_kfp.config.fourm_config.SECTIONS`),
-its KFP component, and one entry here (with its place in :data:`PIPELINE`, and in :data:`DATASET` when its output is
-a layer of the dataset): the CLI, the planner, the run follower and the downstream stages' inputs read this table.
+its KFP component, one entry here (with its place in :data:`PIPELINE`, and in :data:`DATASET` when its output is
+a layer of the dataset; its pod's CPU and memory, and its job launcher if it can run as a cluster job) and its line in
+the pipeline: the CLI, the planner, the run follower, the pods' placement, the job parameters and the downstream
+stages' inputs read this table.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def _pretokenize_view(config: Any) -> dict[str, Any]:
 
 PREPARE_DATA = StageSpec(
     name="prepare-data",
+    step_resources=("8", "16Gi"),
     dataset_layer=True,
     run=_body("prepare_data"),
     config_keys=("data.image_size", "data.modalities", "prepare_data"),
@@ -76,6 +79,7 @@ PREPARE_DATA = StageSpec(
 )
 LABEL = StageSpec(
     name="label",
+    step_resources=("8", "32Gi"),
     run=_body("label"),
     run_part=_body("label", "run_part"),
     resumable=True,  # a fan-out worker skips the output shards already committed
@@ -96,6 +100,8 @@ DATASET: tuple[StageSpec, ...] = (PREPARE_DATA, LABEL)
 
 TRAIN_TOKENIZERS = StageSpec(
     name="train-tokenizers",
+    step_resources=("8", "32Gi"),
+    job_launcher="in-pod",  # a multi-node job when told (its ViT VQ-VAEs at 4m-b take days on one GPU)
     run=_body("train_tokenizers"),
     config_keys=("data.image_size", "train_tokenizers"),
     source_fingerprint=_body("train_tokenizers", "source_fingerprint"),  # text_tokenizer_from, from_ml4m
@@ -110,6 +116,7 @@ TRAIN_TOKENIZERS = StageSpec(
 )
 PRETOKENIZE = StageSpec(
     name="pretokenize",
+    step_resources=("8", "16Gi"),
     run=_body("pretokenize"),
     run_part=_body("pretokenize", "run_part"),
     resumable=True,
@@ -120,6 +127,8 @@ PRETOKENIZE = StageSpec(
 )
 PRETRAIN = StageSpec(
     name="pretrain",
+    step_resources=("16", "64Gi"),
+    job_launcher="pytorchjob",  # a multi-node PyTorchJob unless told otherwise
     run=_body("pretrain"),
     config_keys=("train", "data", "alphas"),
     source_fingerprint=_body("pretrain", "init_fingerprint"),  # what train.init_from holds
@@ -146,6 +155,7 @@ GATE_FILE = "gate.json"
 
 EVALUATE = StageSpec(
     name="evaluate",
+    step_resources=("8", "32Gi"),
     run=_body("evaluate"),
     # train and alphas: the masked-modeling loss uses the training budgets and masking, as pretrain's validation
     config_keys=("evaluate", "data", "train", "alphas"),
