@@ -15,6 +15,9 @@ pods, which a pipeline parameter or an upstream output used inside a loop does n
 once by its fan-out step and recomputed by its workers; no step of a fan-out stage is cached (:func:`_never_cached`).
 
 Parameters are flat. The shared ones configure every stage; the ``<stage>_*`` ones touch one stage only.
+
+Over 400 lines and one concern: the pipeline, written once; most of its length is the parameters' documentation,
+which the KFP UI shows beside each parameter.
 """
 
 from dataclasses import fields

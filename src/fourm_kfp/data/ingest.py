@@ -23,6 +23,9 @@ ignored.
 Keys are ``[A-Za-z0-9_-]``: a name that had to be changed (``/``, spaces, dots, over 64 characters) gets a hash
 of the name as suffix, and a name already taken (``x.jpg`` next to ``x.png``) a hash of its origin, so keys are
 unique and the same for the same input on every run.
+
+Over 400 lines and one concern: reading external image data into samples, with the skip rules and keys the two
+source layouts share; the source records (:mod:`fourm_kfp.data.sources`) plan and fingerprint them.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ accelerator's toleration and the user's, the node selector and the image pull se
 torchx 0.7.0 is installed by ``make setup`` with ``--no-deps`` (its ``urllib3<1.27`` bound is stale and contradicts
 kfp's pin; see the Makefile); it is imported only when a launch runs, and :func:`require_torchx` tells a user
 without it the commands that install it (the ``launch`` extra holds its other requirements).
+
+Over 400 lines and one concern: the torchx backend of a remote launch, from building the app to its end, with
+the Volcano job edits that torchx itself has no option for.
 """
 
 from __future__ import annotations

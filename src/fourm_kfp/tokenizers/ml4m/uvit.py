@@ -24,6 +24,9 @@ the channels, ``cond_dim`` = the codes' ``latent_dim``, ``cond_type`` = its ``co
 its defaults (positional timestep features of ``block_out_channels[0]`` channels flipped to cosine first, a timestep
 embedding 4x as wide, SiLU, GroupNorm eps 1e-5, a 32x32 position embedding, no resolution embedding) is fixed here
 too. :func:`register_uvit_preset` adds one.
+
+Over 400 lines and one concern: one network, whose parts (the UNet blocks, the Transformer blocks, the presets) exist
+only for it and load one ml-4m file together.
 """
 
 from __future__ import annotations
