@@ -657,7 +657,7 @@ def test_dockerignore_rules_match_as_docker_s():
     for path in (".venv/bin/python", "runs/x", "src/fourm_kfp/__pycache__/a.cpython-311.pyc", "tests/test_x.py",
                  "images/Dockerfile", "manifests/base/rbac.yaml", "x/y/.env", "manifests/base/s3.env"):
         assert _dockerignored(path, rules), path
-    for path in ("src/fourm_kfp/cli.py", "manifests/__init__.py", "manifests/base/pytorchjob-template.yaml",
+    for path in ("src/fourm_kfp/cli/__init__.py", "manifests/__init__.py", "manifests/base/pytorchjob-template.yaml",
                  "images/plugins/team-0.1-py3-none-any.whl", "pyproject.toml"):
         assert not _dockerignored(path, rules), path
 
