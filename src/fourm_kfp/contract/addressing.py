@@ -62,6 +62,11 @@ def address_of(stage: str, code_version: int, config: FourMConfig, config_keys: 
     return sha256_hex(canonical_json(identity))[:HASH_LENGTH]
 
 
+def address_in(output_uri: str) -> str:
+    """The content address a stage output's URI ends with (``<store>/<stage>/<address>``)."""
+    return output_uri.rstrip("/").rsplit("/", 1)[-1]
+
+
 def stage_address(spec: "StageSpec", config: FourMConfig, _memo: dict[str, str] | None = None) -> str:
     """The address of ``spec``'s output under ``config``, derived through its upstream specs' addresses."""
     memo = {} if _memo is None else _memo

@@ -31,6 +31,7 @@ import json
 from typing import Any
 
 from fourm_kfp.contract import StageOutcome
+from fourm_kfp.contract.addressing import address_in
 
 
 def output_record(outcome: StageOutcome, preset: str, input_uris: dict[str, str] | None = None) -> dict[str, Any]:
@@ -38,7 +39,7 @@ def output_record(outcome: StageOutcome, preset: str, input_uris: dict[str, str]
     reused), its store URI and content address (the URI's last part), its manifest digest, the preset, and the
     store URIs of the outputs it was made from, by stage."""
     return {"stage": outcome.name, "status": outcome.status, "store_uri": outcome.output_uri,
-            "address": outcome.output_uri.rstrip("/").rsplit("/", 1)[-1], "digest": outcome.manifest_digest,
+            "address": address_in(outcome.output_uri), "digest": outcome.manifest_digest,
             "preset": preset, "inputs": dict(sorted((input_uris or {}).items()))}
 
 

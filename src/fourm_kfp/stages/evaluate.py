@@ -29,6 +29,7 @@ import torch
 
 from fourm_kfp.config.schema import to_dict
 from fourm_kfp.contract import StageContext, StageResult
+from fourm_kfp.contract.addressing import address_in
 from fourm_kfp.data.modalities import MODALITIES
 from fourm_kfp.evaluation import masked_modeling_stats
 from fourm_kfp.evaluation.any_to_any import AnyToAny
@@ -185,7 +186,7 @@ def _gate(ctx: StageContext, engine: AnyToAny, model_uri: str, metrics: dict[str
                "evaluate_run_id": ctx.tracker.run_id or ""}
     for name, stage_input in ctx.inputs.items():
         lineage[f"{name}.uri"] = stage_input.uri
-        lineage[f"{name}.address"] = stage_input.uri.rstrip("/").rsplit("/", 1)[-1]
+        lineage[f"{name}.address"] = address_in(stage_input.uri)
         lineage[f"{name}.manifest_digest"] = stage_input.digest
     logged_model_id = None
     targets = [m for m in engine.modalities if m != INPUT_MODALITY]
