@@ -59,7 +59,16 @@ def test_available_cpus_honours_the_pods_cpu_request(tmp_path, monkeypatch):
     assert available_cpus(tmp_path) == len(os.sched_getaffinity(0))
 
 
-def test_subnormals_count_as_zero_in_every_thread_inside_the_block_and_ieee_resumes_after():
+@pytest.fixture
+def two_threads():
+    """torch's kernels on a team of two threads, whatever share of the CPUs this test process was given."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)
+
+
+def test_subnormals_count_as_zero_in_every_thread_inside_the_block_and_ieee_resumes_after(two_threads):
     from fourm_kfp.hardware import flush_denormals
 
     many = torch.full((1 << 18,), 1e-40)  # subnormal in float32; large enough for torch to split across threads
