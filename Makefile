@@ -32,7 +32,7 @@ proof: setup
 	$(BIN)/fourm-kfp run --preset proof --root $(PROOF_ROOT) --summary $(PROOF_ROOT)/summary.json
 
 # On every CPU the machine has (pytest-xdist; `make test TEST_WORKERS=4` to choose): tests/conftest.py deals out
-# whole units (a module, the fresh smoke run's tests), slow units first; --no-loadscope-reorder keeps that order.
+# whole units (a module, the second smoke run's tests), slow units first; --no-loadscope-reorder keeps that order.
 TEST_WORKERS ?= logical
 test: setup
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder

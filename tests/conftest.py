@@ -1,13 +1,15 @@
 """Shared fixtures: a real S3 server (``rclone serve s3``) started for the session and S3 environment helpers, and
-one fresh smoke run of the whole pipeline shared by the end-to-end and determinism tests; and how ``make test``
+two fresh smoke runs of the whole pipeline: one that every test reads and none changes, and one the determinism
+test compares with it and the end-to-end test then reruns; and how ``make test``
 (``pytest -n logical --dist loadgroup --no-loadscope-reorder``) deals the tests out to its pytest-xdist workers.
 
 Each xdist worker is its own session: a session or module fixture is computed once per worker that runs a test
 needing it. So the workers get whole units (:func:`_worker_unit`): a module (its module fixtures computed once),
 split by the parameters of its module-scoped fixtures (each parameter's fixture is its own work), and one unit for
-every test of the session's fresh smoke run, which also keeps their order: the end-to-end test reruns the pipeline
-in that run's folder (``--force`` rewrites a stage, a rerun registers a new model version) after the tests that
-read it. The units holding slow tests go first, so that no long unit starts last.
+the tests of the second smoke run, which also keeps their order: the end-to-end test reruns the pipeline in that
+run's folder (``--force`` rewrites a stage, a rerun registers a new model version) after the determinism test has
+read it. The read-only run is made once for all the workers (:func:`fresh_smoke_run`). The units holding slow tests
+go first, so that no long unit starts last.
 
 Each worker, and every process its tests start, computes on its share of the CPUs (:func:`pytest_configure`): two
 workers of two torch threads each on two cores spent 8 times longer on a small tokenizer's training step than one
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from fourm_kfp import storage
 from fourm_kfp.testing import LocalS3, serve_s3
@@ -43,17 +46,17 @@ for _var in ("AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_
     os.environ.pop(_var, None)
 
 
-#: the work unit of every test that uses the session's fresh smoke run (see the module docstring)
-FRESH_SMOKE_UNIT = "fresh-smoke-run"
+#: the work unit of every test that uses the session's second smoke run (see the module docstring)
+SECOND_SMOKE_UNIT = "second-smoke-run"
 #: in each xdist worker's base temp folder's parent (the controller's), the units that worker collected
 UNITS_FILE = "xdist-units-{worker}.json"
 
 
 def _worker_unit(item: pytest.Item) -> str:
-    """The work unit of ``item``: :data:`FRESH_SMOKE_UNIT`, else its module and the indices of the parameters of
+    """The work unit of ``item``: :data:`SECOND_SMOKE_UNIT`, else its module and the indices of the parameters of
     its module- or session-scoped fixtures (``tests/test_learning.py:scene_model#0``)."""
-    if "fresh_smoke_run" in item.fixturenames:
-        return FRESH_SMOKE_UNIT
+    if "second_smoke_run" in item.fixturenames:
+        return SECOND_SMOKE_UNIT
     module = item.nodeid.split("::")[0]
     callspec = getattr(item, "callspec", None)
     if callspec is None:
@@ -77,7 +80,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In an xdist worker: the units holding a ``slow`` or ``learning`` test first (the fresh smoke run's first of
+    """In an xdist worker: the units holding a ``slow`` or ``learning`` test first (the second smoke run's first of
     all), each keeping its tests' order, and every test's unit written down for the controller's scheduler
     (:func:`pytest_xdist_make_scheduler`). Every worker computes the same order, as xdist requires; a run without
     ``-n`` is left as collected."""
@@ -85,7 +88,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     units = {item: _worker_unit(item) for item in items}
     slow = {units[item] for item in items if item.get_closest_marker("slow") or item.get_closest_marker("learning")}
-    items.sort(key=lambda item: 0 if units[item] == FRESH_SMOKE_UNIT else 1 if units[item] in slow else 2)
+    items.sort(key=lambda item: 0 if units[item] == SECOND_SMOKE_UNIT else 1 if units[item] in slow else 2)
     written = Path(config.option.basetemp).parent / UNITS_FILE.format(worker=config.workerinput["workerid"])
     written.with_suffix(".part").write_text(json.dumps({item.nodeid: units[item] for item in items}))
     written.with_suffix(".part").replace(written)
@@ -122,11 +125,29 @@ def s3_server(tmp_path_factory) -> LocalS3:
 
 
 @pytest.fixture(scope="session")
-def fresh_smoke_run(tmp_path_factory) -> dict:
-    """``fourm-kfp run --preset smoke`` from an empty run folder, once a session: its summary, with ``root``.
-    The end-to-end test reruns the pipeline in that folder (reuse, ``--force``, a parameter change: each leaves the
-    first run's payloads as they were), the determinism test compares it with a second fresh run and verifies it."""
-    return run_smoke(tmp_path_factory.mktemp("fresh-smoke"))
+def fresh_smoke_run(tmp_path_factory, worker_id) -> dict:
+    """``fourm-kfp run --preset smoke`` from an empty run folder, once for all the xdist workers (the first worker to
+    ask makes it, under a lock in the run's shared temp folder, and the others wait for it and read its summary): its
+    summary, with ``root``. No test changes it: the determinism test compares it with a second fresh run and
+    verifies it, others read its model, its MLflow records and its KFP outputs."""
+    if worker_id == "master":  # no xdist
+        return run_smoke(tmp_path_factory.mktemp("fresh-smoke"))
+    shared = tmp_path_factory.getbasetemp().parent  # the controller's base temp folder, the workers' parent
+    summary = shared / "fresh-smoke.json"
+    with FileLock(shared / "fresh-smoke.lock"):
+        if not summary.is_file():
+            made = run_smoke(shared / "fresh-smoke")
+            summary.with_suffix(".part").write_text(json.dumps(made))
+            summary.with_suffix(".part").replace(summary)
+    return json.loads(summary.read_text())
+
+
+@pytest.fixture(scope="session")
+def second_smoke_run(tmp_path_factory) -> dict:
+    """Another ``fourm-kfp run --preset smoke`` from an empty run folder, in this worker (its tests are one unit):
+    the determinism test compares it with :func:`fresh_smoke_run`, then the end-to-end test reruns the pipeline in
+    its folder (reuse, ``--force``, a parameter change: each leaves the first run's payloads as they were)."""
+    return run_smoke(tmp_path_factory.mktemp("second-smoke"))
 
 
 @pytest.fixture

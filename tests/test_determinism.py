@@ -1,8 +1,8 @@
 """Same address, same bytes: two fresh smoke runs of the whole pipeline commit byte-identical payloads, and
 ``fourm-kfp verify`` recomputes a committed stage and finds it the same (or names what is not).
 
-Each run is a new process with its own hash seeds, in its own empty run folder, one after the other on this
-machine, as a new user would try it. The payload is every committed file but the stage's run records and the
+Each run is a new process with its own hash seeds, in its own empty run folder on this machine, as a new user
+would try it (under ``make test`` the two may run at the same time, on two workers). The payload is every committed file but the stage's run records and the
 manifest (timings, run ids and where the store is live there).
 """
 
@@ -17,7 +17,7 @@ import pytest
 from fourm_kfp.contract.manifest import payload_differences, payload_files
 from fourm_kfp.stages import PIPELINE
 from fourm_kfp.storage import open_store
-from tests.smoke_runs import CLI, run_smoke
+from tests.smoke_runs import CLI
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +27,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def two_runs(fresh_smoke_run, tmp_path_factory) -> tuple[dict, dict]:
-    """The session's fresh smoke run (the end-to-end test's first run) and a second one, each from an empty folder."""
-    return fresh_smoke_run, run_smoke(tmp_path_factory.mktemp("second"))
+def two_runs(second_smoke_run, fresh_smoke_run) -> tuple[dict, dict]:
+    """The session's two fresh smoke runs, each from an empty folder: the one every test reads, and the one the
+    end-to-end test reruns after this module (made first: another worker may be making the first meanwhile)."""
+    return fresh_smoke_run, second_smoke_run
 
 
 def _manifest(uri: str) -> dict:

@@ -68,8 +68,8 @@ def _check_output(uri: str) -> None:
     assert manifest["counts"]["splits"]["val"]["samples"] == 8
 
 
-def test_smoke_pipeline_local_then_skipped(fresh_smoke_run):
-    first = fresh_smoke_run  # from an empty run folder (shared with the determinism test, which does not change it)
+def test_smoke_pipeline_local_then_skipped(second_smoke_run):
+    first = second_smoke_run  # from an empty run folder (compared before by the determinism test, which leaves it)
     root = Path(first["root"])
     assert [s["name"] for s in first["stages"]] == STAGES
     assert [s["status"] for s in first["stages"]] == ["ran"] * len(STAGES)
