@@ -1,13 +1,13 @@
 """Shared fixtures: a real S3 server (``rclone serve s3``) started for the session and S3 environment helpers, and
-two fresh smoke runs of the whole pipeline: one that every test reads and none changes, and one the determinism
-test compares with it and the end-to-end test then reruns; and how ``make test``
+two fresh smoke runs of the whole pipeline: one on local disk that every test reads and none changes, and one on the
+S3 server that the determinism test compares with it and the S3 end-to-end test then reruns; and how ``make test``
 (``pytest -n logical --dist loadgroup --no-loadscope-reorder``) deals the tests out to its pytest-xdist workers.
 
 Each xdist worker is its own session: a session or module fixture is computed once per worker that runs a test
 needing it. So the workers get whole units (:func:`_worker_unit`): a module (its module fixtures computed once),
 split by the parameters of its module-scoped fixtures (each parameter's fixture is its own work), and one unit for
-the tests of the second smoke run, which also keeps their order: the end-to-end test reruns the pipeline in that
-run's folder (``--force`` rewrites a stage, a rerun registers a new model version) after the determinism test has
+the tests of the second smoke run, which also keeps their order: the S3 end-to-end test reruns the pipeline on that
+run's store (``--force`` rewrites a stage, a rerun registers a new model version) after the determinism test has
 read it. The read-only run is made once for all the workers (:func:`fresh_smoke_run`). The units holding slow tests
 go first, so that no long unit starts last.
 
@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
-from filelock import FileLock
 
 from fourm_kfp import storage
 from fourm_kfp.testing import LocalS3, serve_s3
-from tests.smoke_runs import run_smoke
+from tests.smoke_runs import SECOND_RUN_WIDTHS, run_smoke
+from tests.worker_sharing import made_once
 
 S3_KEY, S3_SECRET = "fourm-test-key", "fourm-test-secret"
 
@@ -80,15 +81,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In an xdist worker: the units holding a ``slow`` or ``learning`` test first (the second smoke run's first of
-    all), each keeping its tests' order, and every test's unit written down for the controller's scheduler
-    (:func:`pytest_xdist_make_scheduler`). Every worker computes the same order, as xdist requires; a run without
-    ``-n`` is left as collected."""
+    """In an xdist worker: the units holding a ``slow`` or ``learning`` test first, each keeping its tests' order, and
+    every test's unit written down for the controller's scheduler (:func:`pytest_xdist_make_scheduler`). The second
+    smoke run's unit comes first of all and the units reading the shared fresh run next, so that the first two
+    workers make the two runs at the same time. Every worker computes the same order, as xdist requires; a run
+    without ``-n`` is left as collected."""
     if not hasattr(config, "workerinput"):
         return
     units = {item: _worker_unit(item) for item in items}
     slow = {units[item] for item in items if item.get_closest_marker("slow") or item.get_closest_marker("learning")}
-    items.sort(key=lambda item: 0 if units[item] == SECOND_SMOKE_UNIT else 1 if units[item] in slow else 2)
+    fresh = {units[item] for item in items if "fresh_smoke_run" in item.fixturenames} - {SECOND_SMOKE_UNIT}
+
+    def rank(item: pytest.Item) -> int:
+        unit = units[item]
+        return 0 if unit == SECOND_SMOKE_UNIT else 1 if unit in fresh else 2 if unit in slow else 3
+
+    items.sort(key=rank)
     written = Path(config.option.basetemp).parent / UNITS_FILE.format(worker=config.workerinput["workerid"])
     written.with_suffix(".part").write_text(json.dumps({item.nodeid: units[item] for item in items}))
     written.with_suffix(".part").replace(written)
@@ -126,28 +134,49 @@ def s3_server(tmp_path_factory) -> LocalS3:
 
 @pytest.fixture(scope="session")
 def fresh_smoke_run(tmp_path_factory, worker_id) -> dict:
-    """``fourm-kfp run --preset smoke`` from an empty run folder, once for all the xdist workers (the first worker to
-    ask makes it, under a lock in the run's shared temp folder, and the others wait for it and read its summary): its
-    summary, with ``root``. No test changes it: the determinism test compares it with a second fresh run and
-    verifies it, others read its model, its MLflow records and its KFP outputs."""
-    if worker_id == "master":  # no xdist
-        return run_smoke(tmp_path_factory.mktemp("fresh-smoke"))
-    shared = tmp_path_factory.getbasetemp().parent  # the controller's base temp folder, the workers' parent
-    summary = shared / "fresh-smoke.json"
-    with FileLock(shared / "fresh-smoke.lock"):
-        if not summary.is_file():
-            made = run_smoke(shared / "fresh-smoke")
-            summary.with_suffix(".part").write_text(json.dumps(made))
-            summary.with_suffix(".part").replace(summary)
-    return json.loads(summary.read_text())
+    """``fourm-kfp run --preset smoke`` from an empty run folder, once for all the xdist workers
+    (:func:`~tests.worker_sharing.made_once`): its summary, with ``root``. No test changes its payloads: the
+    determinism test compares it with a second fresh run and verifies it, others read its model, its MLflow records
+    and its KFP outputs."""
+    return made_once(tmp_path_factory, worker_id, "fresh-smoke", run_smoke,
+                     save=lambda summary, path: path.write_text(json.dumps(summary)),
+                     load=lambda path: json.loads(path.read_text()))
 
 
 @pytest.fixture(scope="session")
-def second_smoke_run(tmp_path_factory) -> dict:
-    """Another ``fourm-kfp run --preset smoke`` from an empty run folder, in this worker (its tests are one unit):
-    the determinism test compares it with :func:`fresh_smoke_run`, then the end-to-end test reruns the pipeline in
-    its folder (reuse, ``--force``, a parameter change: each leaves the first run's payloads as they were)."""
-    return run_smoke(tmp_path_factory.mktemp("second-smoke"))
+def second_smoke_run(tmp_path_factory, s3_server) -> dict:
+    """Another ``fourm-kfp run --preset smoke`` from an empty run folder, with its outputs on the S3 server (a new
+    bucket) and two workers for each fan-out stage (:data:`tests.smoke_runs.SECOND_RUN_WIDTHS`, which move no
+    address), in this worker (its tests are one unit): its summary, with ``root``, ``store`` and ``endpoint``. The
+    determinism test
+    compares it with :func:`fresh_smoke_run`, then the S3 end-to-end test reruns the pipeline on it (reuse,
+    ``--force``, a parameter change: each leaves the first run's payloads as they were)."""
+    store = f"s3://second-{uuid.uuid4().hex[:12]}/runs"
+    summary = run_smoke(tmp_path_factory.mktemp("second-smoke"), "--store", store, "--s3-endpoint", s3_server.endpoint,
+                        *SECOND_RUN_WIDTHS, env={**os.environ, **s3_server.env()})
+    return {**summary, "store": store, "endpoint": s3_server.endpoint}
+
+
+@pytest.fixture(scope="session")
+def migrated_tracking_db(tmp_path_factory, worker_id) -> Path:
+    """An empty MLflow SQLite store with every schema migration applied, made once for all the xdist workers: a new
+    store runs MLflow's migrations one by one (6 s on a loaded 2-core machine), a copy of this one opens in 0.1 s."""
+    from mlflow.tracking import MlflowClient
+
+    def make(folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").search_experiments()
+        return folder / "mlflow.db"
+
+    return made_once(tmp_path_factory, worker_id, "mlflow-store", make,
+                     save=lambda made, path: shutil.copyfile(made, path), load=lambda path: path)
+
+
+@pytest.fixture
+def tracking(tmp_path, migrated_tracking_db) -> str:
+    """A new, empty MLflow SQLite tracking store of this test's own (a copy of :func:`migrated_tracking_db`)."""
+    shutil.copyfile(migrated_tracking_db, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
 @pytest.fixture

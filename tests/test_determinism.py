@@ -1,9 +1,10 @@
-"""Same address, same bytes: two fresh smoke runs of the whole pipeline commit byte-identical payloads, and
-``fourm-kfp verify`` recomputes a committed stage and finds it the same (or names what is not).
+"""Same address, same bytes: two fresh smoke runs of the whole pipeline commit byte-identical payloads, one on local
+disk with one worker per fan-out stage, the other on the S3 server with two, and ``fourm-kfp verify`` recomputes a
+committed stage and finds it the same (or names what is not).
 
-Each run is a new process with its own hash seeds, in its own empty run folder on this machine, as a new user
-would try it (under ``make test`` the two may run at the same time, on two workers). The payload is every committed file but the stage's run records and the
-manifest (timings, run ids and where the store is live there).
+Each run is a new process with its own hash seeds, in its own empty run folder on this machine, as a new user would
+try it (under ``make test`` the two may run at the same time, on two workers). The payload is every committed file
+but the stage's run records and the manifest (timings, run ids and where the store is live there).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=600, env=dict(os.environ))
 
 
-@pytest.fixture(scope="module")
-def two_runs(second_smoke_run, fresh_smoke_run) -> tuple[dict, dict]:
-    """The session's two fresh smoke runs, each from an empty folder: the one every test reads, and the one the
-    end-to-end test reruns after this module (made first: another worker may be making the first meanwhile)."""
+@pytest.fixture
+def two_runs(second_smoke_run, fresh_smoke_run, s3_env) -> tuple[dict, dict]:
+    """The session's two fresh smoke runs, each from an empty folder: the local one every test reads, and the one
+    on the S3 server that the S3 end-to-end test reruns after this module (made first: another worker may be making
+    the first meanwhile); with this process's S3 credentials set."""
     return fresh_smoke_run, second_smoke_run
 
 
@@ -56,6 +58,8 @@ def test_two_fresh_runs_commit_the_same_bytes(two_runs):
             if key.endswith((".json", ".jsonl", ".md", ".html", ".txt")):
                 text = open_store(a["output_uri"]).get_text(key)
                 assert first["root"] not in text, f"{a['name']}/{key} names its run folder {first['root']}"
+                bucket = second["store"].split("/")[2]
+                assert bucket not in open_store(b["output_uri"]).get_text(key), f"{b['name']}/{key} names {bucket}"
 
 
 def test_the_evaluate_payload_leaves_the_gate_decision_to_run_records(two_runs):
@@ -87,8 +91,8 @@ def test_verify_names_a_corrupt_file_and_fails(two_runs, tmp_path):
     original = store.get_bytes(victim)
     store.put_bytes(victim, original[:-1] + bytes([original[-1] ^ 1]))
     try:
-        proc = _cli("verify", "pretokenize", "--preset", "smoke", "--root", second["root"],
-                    "--scratch", str(tmp_path / "scratch"))
+        proc = _cli("verify", "pretokenize", "--preset", "smoke", "--root", second["root"], "--store",
+                    second["store"], "--s3-endpoint", second["endpoint"], "--scratch", str(tmp_path / "scratch"))
     finally:
         store.put_bytes(victim, original)
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -50,6 +50,7 @@ from fourm_kfp.tokenizers import VQVAE, VQVAEConfig, fit_normalisation
 from fourm_kfp.tokenizers.training import train_vqvae
 from fourm_kfp.train.optimizer import Schedule, build_optimizer, set_learning_rate
 from fourm_kfp.train.step import StepSettings, train_step
+from tests.worker_sharing import made_once
 
 pytestmark = pytest.mark.learning
 
@@ -79,8 +80,15 @@ def render(seed: int, count: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def tokenizers() -> dict[str, VQVAE]:
-    """rgb, semseg and normal conv VQ-VAEs (256 codes, 8x8 tokens at 32 px) trained on 512 scenes."""
+def tokenizers(tmp_path_factory, worker_id) -> dict[str, VQVAE]:
+    """rgb, semseg and normal conv VQ-VAEs (256 codes, 8x8 tokens at 32 px) trained on 512 scenes, once for all
+    the xdist workers (each of this module's three units may run on another)."""
+    return made_once(tmp_path_factory, worker_id, "learning-tokenizers", lambda _folder: train_tokenizers(),
+                     save=lambda trained, path: torch.save(trained, path),
+                     load=lambda path: torch.load(path, weights_only=False))
+
+
+def train_tokenizers() -> dict[str, VQVAE]:
     scenes = render(seed=100, count=512)
     out = {}
     for modality in MODALITIES:

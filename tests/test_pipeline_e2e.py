@@ -1,15 +1,15 @@
 """End to end: `fourm-kfp run --preset smoke` through kfp.local, on local disk and on the S3 server.
 
-The second run with the same arguments must report every stage `skipped` (content-addressed reuse); a rerun that
-changes only pretrain_* parameters recomputes pretrain and evaluate alone; a forced fan-out stage is recomputed by
-its workers, not by its collect step, into the same bytes.
+The local run is the session's fresh smoke run, the S3 run its second (two workers per fan-out stage). The second run
+with the same arguments must report every stage `skipped` (content-addressed reuse); a forced fan-out stage is
+recomputed by its workers, not by its collect step, and a forced step stage by its step, into the same bytes; a rerun
+that changes only pretrain_* parameters recomputes pretrain and evaluate alone.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from fourm_kfp.hardware import resolve_precision
 from fourm_kfp.stages import PIPELINE
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers
-from tests.smoke_runs import CLI, run_smoke
+from tests.smoke_runs import CLI, SECOND_RUN_WIDTHS, run_smoke
 
 pytestmark = pytest.mark.slow
 
@@ -68,8 +68,8 @@ def _check_output(uri: str) -> None:
     assert manifest["counts"]["splits"]["val"]["samples"] == 8
 
 
-def test_smoke_pipeline_local_then_skipped(second_smoke_run):
-    first = second_smoke_run  # from an empty run folder (compared before by the determinism test, which leaves it)
+def test_smoke_pipeline_local_then_skipped(fresh_smoke_run):
+    first = fresh_smoke_run  # from an empty run folder, on local disk (shared: the rerun below only adds MLflow runs)
     root = Path(first["root"])
     assert [s["name"] for s in first["stages"]] == STAGES
     assert [s["status"] for s in first["stages"]] == ["ran"] * len(STAGES)
@@ -97,30 +97,18 @@ def test_smoke_pipeline_local_then_skipped(second_smoke_run):
     assert second["mlflow"]["parent_run_id"] != first["mlflow"]["parent_run_id"]
     _check_mlflow(second, "skipped")  # every stage reused: nothing recomputed (how fast is bench/'s business)
 
-    forced = run_smoke(root, "--force", "train-tokenizers")
-    assert [s["status"] for s in forced["stages"]] == ["skipped", "ran"] + ["skipped"] * (len(STAGES) - 2)
 
-    # A per-stage rerun, as from the UI: only pretrain_* parameters change, so pretrain and evaluate recompute and
-    # every upstream output is reused by its content address.
-    rerun = run_smoke(root, "--param", 'pretrain_config_overrides=["train.steps=3"]')
-    assert [s["status"] for s in rerun["stages"]] == ["skipped"] * 3 + ["ran", "ran"]
-    assert [s["output_uri"] for s in rerun["stages"][:3]] == [s["output_uri"] for s in first["stages"][:3]]
-    assert rerun["stages"][3]["output_uri"] != first["stages"][3]["output_uri"]
-    # The pretrain step's HTML output (the KFP UI shows it) has the loss curves inline.
-    pages = [p.read_text() for p in (root / "kfp").rglob("report_html") if p.parent.name.startswith("pretrain")]
-    assert pages and all("training_curves.png" in page and "data:image/png;base64," in page for page in pages)
-
-
-def test_smoke_pipeline_on_s3(tmp_path, s3_env):
-    bucket = f"e2e-{time.monotonic_ns()}"
-    store = f"s3://{bucket}/runs"
-    # Two prepare-data and two pretokenize workers (ParallelFor) over 3 train + 2 val shards, then the collect steps.
-    wide = ("--prepare-data-width", "2", "--pretokenize-width", "2", "--set", "prepare_data.samples_per_shard=6")
-    first = run_smoke(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide)
+def test_smoke_pipeline_on_s3(second_smoke_run, s3_env):
+    # The session's second run: on the S3 server, two prepare-data and two pretokenize workers (ParallelFor) over
+    # 2 train + 1 val shards, then the collect steps (the determinism test found its payloads the local run's).
+    first, store = second_smoke_run, second_smoke_run["store"]
+    root, bucket = Path(first["root"]), store.split("/")[2]
+    rerun_args = ("--store", store, "--s3-endpoint", s3_env.endpoint, *SECOND_RUN_WIDTHS)
+    assert [s["status"] for s in first["stages"]] == ["ran"] * len(STAGES)
     stage, tokenizers, tokens = first["stages"][:3]
-    assert stage["status"] == "ran" and stage["output_uri"].startswith(f"{store}/prepare-data/")
+    assert stage["output_uri"].startswith(f"{store}/prepare-data/")
     first_digest = json.loads(open_store(stage["output_uri"]).get_bytes("_MANIFEST.json"))["payload_digest"]
-    assert tokenizers["status"] == "ran" and tokenizers["output_uri"].startswith(f"{store}/train-tokenizers/")
+    assert tokenizers["output_uri"].startswith(f"{store}/train-tokenizers/")
     assert sorted(load_tokenizers(tokenizers["output_uri"]).image) == ["depth", "edge", "normal", "rgb", "semseg"]
     _check_output(stage["output_uri"])
     # The objects really are in the bucket on the server's disk.
@@ -130,17 +118,16 @@ def test_smoke_pipeline_on_s3(tmp_path, s3_env):
     parts = lineage.child_runs(first["mlflow"]["tracking_uri"], first["mlflow"]["parent_run_id"], kind="part")
     assert sorted(r.data.tags["fourm.stage"] for r in parts) == ["prepare-data part 1/2", "prepare-data part 2/2",
                                                                  "pretokenize part 1/2", "pretokenize part 2/2"]
-    assert tokens["status"] == "ran" and tokens["output_uri"].startswith(f"{store}/pretokenize/")
-    keys = open_store(tokens["output_uri"]).list("train/_keys")
-    assert len(keys) == 3
+    assert tokens["output_uri"].startswith(f"{store}/pretokenize/")
+    assert len(open_store(tokens["output_uri"]).list("train/_keys")) == 2
 
-    second = run_smoke(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide)
+    second = run_smoke(root, *rerun_args)
     assert [s["status"] for s in second["stages"]] == ["skipped"] * len(STAGES)
     assert "parts_seconds" not in second["stages"][2]  # reused: no parts ran
 
     # Forced, prepare-data is cleared by its fan-out step and recomputed by its two workers, each its own part; the
     # collect step commits their part records as they wrote them (it recomputed none) and the same bytes as before.
-    forced = run_smoke(tmp_path, "--store", store, "--s3-endpoint", s3_env.endpoint, *wide, "--force", "prepare-data")
+    forced = run_smoke(root, *rerun_args, "--force", "prepare-data")
     assert [s["status"] for s in forced["stages"]] == ["ran"] + ["skipped"] * (len(STAGES) - 1)
     assert forced["stages"][0]["output_uri"] == stage["output_uri"]
     workers = lineage.child_runs(forced["mlflow"]["tracking_uri"], forced["mlflow"]["parent_run_id"], kind="part")
@@ -151,6 +138,19 @@ def test_smoke_pipeline_on_s3(tmp_path, s3_env):
         name: record["seconds"] for name, record in committed.items()}
     assert json.loads(out.get_bytes("_MANIFEST.json"))["payload_digest"] == first_digest
 
+    # A forced step stage is recomputed by its step, into the same bytes: every stage after it is reused.
+    forced = run_smoke(root, *rerun_args, "--force", "train-tokenizers")
+    assert [s["status"] for s in forced["stages"]] == ["skipped", "ran"] + ["skipped"] * (len(STAGES) - 2)
+
+    # A per-stage rerun, as from the UI: only pretrain_* parameters change, so pretrain and evaluate recompute and
+    # every upstream output is reused by its content address.
+    rerun = run_smoke(root, *rerun_args, "--param", 'pretrain_config_overrides=["train.steps=3"]')
+    assert [s["status"] for s in rerun["stages"]] == ["skipped"] * 3 + ["ran", "ran"]
+    assert [s["output_uri"] for s in rerun["stages"][:3]] == [s["output_uri"] for s in first["stages"][:3]]
+    assert rerun["stages"][3]["output_uri"] != first["stages"][3]["output_uri"]
+    # The pretrain step's HTML output (the KFP UI shows it) has the loss curves inline.
+    pages = [p.read_text() for p in (root / "kfp").rglob("report_html") if p.parent.name.startswith("pretrain")]
+    assert pages and all("training_curves.png" in page and "data:image/png;base64," in page for page in pages)
 
 
 def test_bad_config_fails_before_kfp_with_a_clear_message(tmp_path):

@@ -53,11 +53,6 @@ def _pipeline_writes_gate(tracking: str, promoted: bool):
     return on_run_created
 
 
-@pytest.fixture
-def tracking(tmp_path) -> str:
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
-
-
 def _request(emulator, tracking="", **kw) -> SubmitRequest:
     return SubmitRequest(host=emulator.url, preset="smoke", overrides=["train.steps=3"],
                          parameters={"pretrain_nodes": 2, "pretrain_launcher": "pytorchjob"}, poll_s=0.01,
