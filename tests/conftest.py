@@ -148,9 +148,8 @@ def second_smoke_run(tmp_path_factory, s3_server) -> dict:
     """Another ``fourm-kfp run --preset smoke`` from an empty run folder, with its outputs on the S3 server (a new
     bucket) and two workers for each fan-out stage (:data:`tests.smoke_runs.SECOND_RUN_WIDTHS`, which move no
     address), in this worker (its tests are one unit): its summary, with ``root``, ``store`` and ``endpoint``. The
-    determinism test
-    compares it with :func:`fresh_smoke_run`, then the S3 end-to-end test reruns the pipeline on it (reuse,
-    ``--force``, a parameter change: each leaves the first run's payloads as they were)."""
+    determinism test compares it with :func:`fresh_smoke_run`, then the S3 end-to-end test reruns the pipeline on it
+    (reuse, ``--force``, a parameter change: each leaves the first run's payloads as they were)."""
     store = f"s3://second-{uuid.uuid4().hex[:12]}/runs"
     summary = run_smoke(tmp_path_factory.mktemp("second-smoke"), "--store", store, "--s3-endpoint", s3_server.endpoint,
                         *SECOND_RUN_WIDTHS, env={**os.environ, **s3_server.env()})
