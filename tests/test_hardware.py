@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fourm_kfp.hardware import MAX_AUTO_LOADER_WORKERS, available_cpus, loader_workers
+from tests.torch_threads import torch_threads
 
 CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
 
@@ -62,10 +63,8 @@ def test_available_cpus_honours_the_pods_cpu_request(tmp_path, monkeypatch):
 @pytest.fixture
 def two_threads():
     """torch's kernels on a team of two threads, whatever share of the CPUs this test process was given."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(previous)
+    with torch_threads(2):
+        yield
 
 
 def test_subnormals_count_as_zero_in_every_thread_inside_the_block_and_ieee_resumes_after(two_threads):

@@ -23,6 +23,7 @@ from fourm_kfp.contract import run_stage
 from fourm_kfp.stages import get_stage
 from fourm_kfp.storage import open_store
 from fourm_kfp.tokenizers.bundle import load_tokenizers
+from tests.torch_threads import torch_threads
 
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -88,13 +89,9 @@ def test_tokenizers_trained_side_by_side_are_those_trained_one_at_a_time(smoke_d
     side_by_side = run_stage(get_stage("train-tokenizers"), config, open_store(str(tmp_path / "a"), create=True),
                              input_uris={"prepare-data": data_uri})
     monkeypatch.setattr(parallel_training, "tokenizer_workers", lambda *_: 1)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         in_turn = run_stage(get_stage("train-tokenizers"), config, open_store(str(tmp_path / "b"), create=True),
                             input_uris={"prepare-data": data_uri})
-    finally:
-        torch.set_num_threads(threads)
     a, b = open_store(side_by_side.output_uri), open_store(in_turn.output_uri)
     for modality in IMAGE_MODALITIES:
         files = sorted(a.child("image", modality).list())

@@ -5,12 +5,11 @@ collection, so a module-level ``torch.set_num_threads(1)`` would pin the whole s
 from __future__ import annotations
 
 import pytest
-import torch
+
+from tests.torch_threads import torch_threads
 
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    with torch_threads(1):
+        yield
