@@ -46,7 +46,7 @@ scores again). ``matmul_floor_s`` is that count at the machine's square-matmul r
 products could reach against this reference on this machine (an optimistic bound: the step's thinner products
 run below the square-matmul rate, and everything else takes time).
 Both steps run in one process, so both get the allocator setting our stage runner makes
-(:func:`fourm_kfp.hardware.reuse_freed_memory`, ``--allocator reuse``, the default) or neither
+(:func:`fourm_kfp.allocator.reuse_freed_memory`, ``--allocator reuse``, the default) or neither
 (``--allocator default``).
 
     python bench/reference_compare.py [--configs tiny,base] [--rounds 5] [--steps 3] [--reference PATH]
@@ -72,7 +72,8 @@ from torch.utils import flop_counter
 
 from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.config.fourm_config import OptimizerConfig
-from fourm_kfp.hardware import cpu_has_native_bf16, cpu_matmul_rate, resolve_precision, reuse_freed_memory
+from fourm_kfp.allocator import reuse_freed_memory
+from fourm_kfp.hardware import cpu_has_native_bf16, cpu_matmul_rate, resolve_precision
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
 from fourm_kfp.model.fourm import FourM, FourMArgs

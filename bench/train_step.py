@@ -33,10 +33,10 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from fourm_kfp.allocator import reuse_freed_memory
 from fourm_kfp.batch import ModalitySpec
 from fourm_kfp.config.fourm_config import OptimizerConfig
-from fourm_kfp.hardware import (GPU_PEAKS, MAX_AUTO_LOADER_WORKERS, measured_matmul_flops, resolve_precision,
-                                reuse_freed_memory)
+from fourm_kfp.hardware import GPU_PEAKS, MAX_AUTO_LOADER_WORKERS, measured_matmul_flops, resolve_precision
 from fourm_kfp.masking.dirichlet_masking import MixtureComponent
 from fourm_kfp.masking.multimodal_masking import MaskingArgs, collate, mask_sample
 from fourm_kfp.model import layers

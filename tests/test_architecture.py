@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: The floors, lowest first (docs/ARCHITECTURE.md). A top-level name (a subpackage or a module at the package root)
 #: may import any name of a lower floor, and none of its own floor's other entries.
 FLOORS: list[set[str]] = [
-    {"__init__", "errors", "progress", "console", "distributed", "hardware", "manifests"},
+    {"__init__", "errors", "progress", "console", "distributed", "hardware", "allocator", "manifests"},
     {"images"},
     {"storage"},
     {"batch"},

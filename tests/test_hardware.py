@@ -118,7 +118,7 @@ def test_cpu_flags_are_the_kernel_s_list():
 
 _FAULTS_OF_FRESH_BLOCKS = """
 import ctypes, resource, sys, torch
-from fourm_kfp.hardware import reuse_freed_memory
+from fourm_kfp.allocator import reuse_freed_memory
 try:  # glibc's initial thresholds, made fixed (its dynamic threshold makes the default's faults vary run to run)
     mallopt = ctypes.CDLL(None).mallopt
 except AttributeError:

@@ -1,7 +1,8 @@
 """The device a rank trains on, the precision ``auto`` resolves to there, its peak FLOP/s for MFU, how many
 loader workers it gets (the CPUs a process may use, and the rule every ``-1`` worker count follows, serve the
-pretokenize stage's decode workers too), a block in which the CPU treats subnormal floats as zero for training, and
-the allocator setting that keeps freed memory for reuse.
+pretokenize stage's decode workers too), and a block in which the CPU treats subnormal floats as zero for training.
+The allocator setting that keeps freed memory for reuse is :mod:`fourm_kfp.allocator` (no torch: steps that
+compute no tensor use it too).
 
 bf16 autocast on CUDA and on CPUs with native bf16 (AVX512-BF16 or AMX); fp32 elsewhere: on AVX2-only CPUs a bf16
 matmul runs ~50x slower than fp32 (a 1024² matmul measured 0.9 GFLOP/s in bf16 against 46 GFLOP/s in fp32, torch
@@ -116,14 +117,14 @@ def resolve_precision(setting: str, device: torch.device) -> torch.dtype | None:
 
 
 @lru_cache(maxsize=None)
-def measured_matmul_flops(device_type: str, dtype: torch.dtype = torch.float32, size: int = 1024) -> float:
-    """FLOP/s of a large square matmul on this device (a few repetitions after a warm-up)."""
+def measured_matmul_flops(device_type: str, dtype: torch.dtype = torch.float32, size: int = 1024,
+                          reps: int = 10) -> float:
+    """FLOP/s of a large square matmul on this device (``reps`` repetitions after a warm-up)."""
     device = torch.device(device_type)
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     for _ in range(2):
         a @ b
-    reps = 10
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -134,12 +135,12 @@ def measured_matmul_flops(device_type: str, dtype: torch.dtype = torch.float32, 
     return 2 * size**3 * reps / (time.perf_counter() - start)
 
 
-def cpu_matmul_rate(size: int = 2048, trials: int = 3) -> dict[str, float]:
-    """This machine's fp32 matmul rate on the CPU (best of ``trials`` square matmuls of side ``size``), its bf16 rate
-    where the CPU has bf16 arithmetic (``precision: auto`` trains in bf16 there), and the threads torch uses: the
-    yardstick printed beside a run's times, since 2-core machines differ up to 2x."""
+def cpu_matmul_rate(size: int = 2048, trials: int = 3, reps: int = 10) -> dict[str, float]:
+    """This machine's fp32 matmul rate on the CPU (the best of ``trials`` timings of ``reps`` square matmuls of side
+    ``size``), its bf16 rate where the CPU has bf16 arithmetic (``precision: auto`` trains in bf16 there), and the
+    threads torch uses: the yardstick printed beside a run's times, since 2-core machines differ up to 2x."""
     def gflops(dtype: torch.dtype) -> float:
-        return round(max(measured_matmul_flops.__wrapped__("cpu", dtype, size) for _ in range(trials)) / 1e9, 1)
+        return round(max(measured_matmul_flops.__wrapped__("cpu", dtype, size, reps) for _ in range(trials)) / 1e9, 1)
 
     rate = {"fp32_matmul_gflops": gflops(torch.float32), "threads": torch.get_num_threads(), "matmul_side": size}
     if cpu_has_native_bf16():  # where precision auto trains in bf16, that rate too
@@ -217,35 +218,3 @@ def flush_denormals(device: str | torch.device) -> Iterator[None]:
         yield
     finally:
         _set_flush_denormal_on_every_thread(False)
-
-
-#: glibc ``mallopt`` parameters (``malloc.h``)
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
-#: glibc's largest mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``: 4 MiB x ``sizeof(long)``)
-MMAP_THRESHOLD_MAX = 32 << 20
-#: how much more the heap grows by than each request asks for
-HEAP_TOP_PAD = 64 << 20
-
-
-@lru_cache(maxsize=None)
-def reuse_freed_memory() -> bool:
-    """Make glibc's ``malloc`` keep the memory this process frees and hand it out again, instead of returning it to
-    the kernel and faulting fresh pages in on the next allocation. Returns whether the setting took (``False``
-    where the C library is not glibc).
-
-    By default glibc serves every allocation above a threshold (128 KiB, rising to the largest block freed so far)
-    with its own ``mmap`` and unmaps it on ``free``, and trims the heap's free top beyond twice that, so each
-    step's fresh activations, autocast's weight copies and gradients are new pages that the kernel zeroes one
-    4 KiB fault at a time: at ml-4m base's shapes in bf16 on the 2-core CPU, 142,000 faults and 0.49 s of system
-    time in a 4.7 s step (tiny: 45,000 faults, 0.08 s). With the threshold at glibc's maximum (32 MiB) and the
-    heap never trimmed, allocations up to 32 MiB come from the heap and are reused: 2 faults a step. The
-    process's resident memory stays at its peak instead of falling between steps (the peak itself is unchanged)."""
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return all(mallopt(param, value) == 1 for param, value in ((_M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX),
-                                                                (_M_TRIM_THRESHOLD, 2 ** 31 - 1),
-                                                                (_M_TOP_PAD, HEAP_TOP_PAD)))

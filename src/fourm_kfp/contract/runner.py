@@ -8,7 +8,7 @@
 3. else clear whatever a killed or forced run left there (a ``resumable`` stage keeps it unless forced), run the
    stage with a :class:`StageContext`, and commit the manifest last.
 
-A process that computes a stage keeps the memory it frees for reuse (:func:`fourm_kfp.hardware.reuse_freed_memory`:
+A process that computes a stage keeps the memory it frees for reuse (:func:`fourm_kfp.allocator.reuse_freed_memory`:
 on the CPU each training step's fresh tensors are otherwise new pages the kernel faults in).
 
 A fan-out stage (``spec.run_part``) is run as ``parts`` workers by :func:`run_stage_part`, each recording the
@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fourm_kfp import distributed
+from fourm_kfp.allocator import reuse_freed_memory
 from fourm_kfp.config.fourm_config import FourMConfig
 from fourm_kfp.config.schema import ConfigError
 from fourm_kfp.contract import lineage
@@ -175,12 +176,6 @@ def clear_output(stage: str, output: Store) -> int:
     return stale
 
 
-def _reuse_freed_memory() -> None:
-    from fourm_kfp.hardware import reuse_freed_memory  # here: hardware imports torch, the CLI's parser must not
-
-    reuse_freed_memory()
-
-
 def storage_metrics(usage: metering.Usage) -> dict[str, float]:
     """A stage's S3 usage as MLflow metrics: requests in all and by kind, bytes up and down."""
     return {"s3_requests": float(usage.total_requests), "s3_bytes_up": float(usage.bytes_up),
@@ -190,7 +185,7 @@ def storage_metrics(usage: metering.Usage) -> dict[str, float]:
 
 def _run_part(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[str, StageInput],
               tracker: lineage.Tracker, part: int, parts: int) -> None:
-    _reuse_freed_memory()
+    reuse_freed_memory()
     ctx = _context(spec, config, output, inputs, tracker, parts)
     started, usage_start = time.monotonic(), metering.snapshot()
     result = spec.run_part(ctx, part, parts)
@@ -205,7 +200,7 @@ def _run_part(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[
 def _execute(spec: StageSpec, config: FourMConfig, output: Store, inputs: dict[str, StageInput],
              tracker: lineage.Tracker, resolved: dict[str, Any], address: str, force: bool,
              parts: int, usage_start: metering.Usage) -> tuple[dict[str, Any], str]:
-    _reuse_freed_memory()
+    reuse_freed_memory()
     primary = distributed.is_primary()
     if primary and (force or not spec.resumable):
         clear_output(spec.name, output)
