@@ -107,7 +107,8 @@ def test_smoke_pipeline_on_s3(second_smoke_run, s3_env):
     assert [s["status"] for s in first["stages"]] == ["ran"] * len(STAGES)
     stage, tokenizers, tokens = first["stages"][:3]
     assert stage["output_uri"].startswith(f"{store}/prepare-data/")
-    first_digest = json.loads(open_store(stage["output_uri"]).get_bytes("_MANIFEST.json"))["payload_digest"]
+    first_digest, tokenizers_digest = (json.loads(open_store(s["output_uri"]).get_bytes("_MANIFEST.json"))[
+        "payload_digest"] for s in (stage, tokenizers))
     assert tokenizers["output_uri"].startswith(f"{store}/train-tokenizers/")
     assert sorted(load_tokenizers(tokenizers["output_uri"]).image) == ["depth", "edge", "normal", "rgb", "semseg"]
     _check_output(stage["output_uri"])
@@ -125,28 +126,24 @@ def test_smoke_pipeline_on_s3(second_smoke_run, s3_env):
     assert [s["status"] for s in second["stages"]] == ["skipped"] * len(STAGES)
     assert "parts_seconds" not in second["stages"][2]  # reused: no parts ran
 
-    # Forced, prepare-data is cleared by its fan-out step and recomputed by its two workers, each its own part; the
-    # collect step commits their part records as they wrote them (it recomputed none) and the same bytes as before.
-    forced = run_smoke(root, *rerun_args, "--force", "prepare-data")
-    assert [s["status"] for s in forced["stages"]] == ["ran"] + ["skipped"] * (len(STAGES) - 1)
-    assert forced["stages"][0]["output_uri"] == stage["output_uri"]
-    workers = lineage.child_runs(forced["mlflow"]["tracking_uri"], forced["mlflow"]["parent_run_id"], kind="part")
+    # One rerun, as from the UI, tries three things at once. Forced, prepare-data is cleared by its fan-out step and
+    # recomputed by its two workers, each its own part, and its collect step commits their part records as they
+    # wrote them (it recomputed none) and the same bytes as before. Forced, train-tokenizers is recomputed by its step
+    # into the same bytes, so pretokenize after it is reused. Only pretrain_* parameters change beyond that, so
+    # pretrain and evaluate recompute while every upstream output is reused by its content address.
+    rerun = run_smoke(root, *rerun_args, "--force", "prepare-data", "--force", "train-tokenizers",
+                      "--param", 'pretrain_config_overrides=["train.steps=3"]')
+    assert [s["status"] for s in rerun["stages"]] == ["ran", "ran", "skipped", "ran", "ran"]
+    assert [s["output_uri"] for s in rerun["stages"][:3]] == [s["output_uri"] for s in first["stages"][:3]]
+    workers = lineage.child_runs(rerun["mlflow"]["tracking_uri"], rerun["mlflow"]["parent_run_id"], kind="part")
     out = open_store(stage["output_uri"])
     committed = {f"prepare-data part {i + 1}/2": json.loads(out.get_bytes(f"_parts/part-{i:04d}-of-0002.json"))
                  for i in range(2)}
     assert {r.data.tags["fourm.stage"]: r.data.metrics["seconds"] for r in workers} == {
-        name: record["seconds"] for name, record in committed.items()}
+        name: record["seconds"] for name, record in committed.items()}  # only prepare-data's parts ran
     assert json.loads(out.get_bytes("_MANIFEST.json"))["payload_digest"] == first_digest
-
-    # A forced step stage is recomputed by its step, into the same bytes: every stage after it is reused.
-    forced = run_smoke(root, *rerun_args, "--force", "train-tokenizers")
-    assert [s["status"] for s in forced["stages"]] == ["skipped", "ran"] + ["skipped"] * (len(STAGES) - 2)
-
-    # A per-stage rerun, as from the UI: only pretrain_* parameters change, so pretrain and evaluate recompute and
-    # every upstream output is reused by its content address.
-    rerun = run_smoke(root, *rerun_args, "--param", 'pretrain_config_overrides=["train.steps=3"]')
-    assert [s["status"] for s in rerun["stages"]] == ["skipped"] * 3 + ["ran", "ran"]
-    assert [s["output_uri"] for s in rerun["stages"][:3]] == [s["output_uri"] for s in first["stages"][:3]]
+    assert (json.loads(open_store(tokenizers["output_uri"]).get_bytes("_MANIFEST.json"))["payload_digest"]
+            == tokenizers_digest)
     assert rerun["stages"][3]["output_uri"] != first["stages"][3]["output_uri"]
     # The pretrain step's HTML output (the KFP UI shows it) has the loss curves inline.
     pages = [p.read_text() for p in (root / "kfp").rglob("report_html") if p.parent.name.startswith("pretrain")]

@@ -87,6 +87,26 @@ def test_transient_errors_are_retried_then_reported(monkeypatch):
     assert len(calls) == 1  # not retried
 
 
+def test_without_a_setting_a_dead_endpoint_is_given_up_after_60_seconds(monkeypatch):
+    """The default deadline (FOURM_STORAGE_DEADLINE_S unset), on a clock that the retries' sleeps advance: calls
+    go on until the next wait would pass 60 s after the first failure, and the error says the deadline."""
+    monkeypatch.delenv("FOURM_STORAGE_DEADLINE_S", raising=False)
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    calls = []
+
+    def dead():
+        calls.append(clock[0])
+        raise ConnectionRefusedError("refused")
+
+    with pytest.raises(StorageError, match=r"FOURM_STORAGE_DEADLINE_S=60\)") as err:
+        storage.with_retries(dead, "get s3://b/k")
+    given_up = calls[-1] - calls[0]
+    assert 40 <= given_up <= 60, f"gave up {given_up:.0f}s after the first failure"  # waits of at most 15 s
+    assert f"still failing after {len(calls)} attempts, {given_up:.0f}s after the first failure" in str(err.value)
+
+
 def test_server_errors_without_an_s3_body_are_retried(monkeypatch):
     """minio raises ``InvalidResponseError`` for a status whose body is not ``application/xml``: rclone's 500
     InternalError sent as ``text/xml`` (seen once on a rank's checkpoint PUT in the pod-contract test), a proxy's
