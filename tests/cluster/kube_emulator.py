@@ -331,12 +331,16 @@ class EmulatedCluster:
         self.admin().custom.patch_namespaced_custom_object_status(resource.group, resource.version, self.namespace,
                                                                 resource.plural, name, body)
 
-    def wait_for_job(self, resource, name: str, timeout: float = 30) -> dict:
+    def wait_for_job(self, resource, name: str, timeout: float = 30,
+                     until: threading.Event | None = None) -> dict | None:
+        """The job once it exists; ``None`` if ``until`` is set first (the launcher ended without creating it)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             job = self.admin().get(resource, name)
             if job is not None:
                 return job
+            if until is not None and until.is_set():
+                return None
             time.sleep(0.02)
         raise TimeoutError(f"no {resource.kind} {name} was created")
 
