@@ -303,7 +303,8 @@ class KfpApiEmulator:
                  if part.get_param("name", header="content-disposition") == "uploadfile"]
         if not files:
             raise BadRequest("multipart field uploadfile missing")
-        spec = next(yaml.load_all(io.BytesIO(files[0]), Loader=yaml.CSafeLoader))  # libyaml: 10x the Python loader
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml where PyYAML has it: 10x the Python loader
+        spec = next(yaml.load_all(io.BytesIO(files[0]), Loader=loader))
         if not isinstance(spec, dict) or "pipelineInfo" not in spec or "root" not in spec:
             raise BadRequest("uploadfile is not a compiled pipeline spec")
         return spec
