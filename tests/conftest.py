@@ -130,6 +130,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return UnitScheduling(config, log)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _run_cache_folder(tmp_path_factory, worker_id) -> None:
+    """``XDG_CACHE_HOME`` of this test run, for every test and every process a test starts: one folder for all the
+    xdist workers, so the migrated empty MLflow store (:mod:`fourm_kfp.contract.sqlite_tracking`) is built once per
+    run, and nothing lands in the developer's own cache folder."""
+    base = tmp_path_factory.getbasetemp()
+    os.environ["XDG_CACHE_HOME"] = str((base if worker_id == "master" else base.parent) / "xdg-cache")
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> LocalS3:
     """A real S3 endpoint on loopback, backed by a temp folder; stopped at the end of the session."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import yaml
 
@@ -238,8 +240,12 @@ def test_a_resource_setter_on_a_sub_pipeline_still_names_itself_in_kfp_s_error(_
     """The pipeline module hands kfp's ``pipeline_task`` a ``stack()`` without source lines (building the pipeline
     read every frame's source file); kfp's error for a setter on a pipeline used as a component must still say which
     setter it was."""
-    import pipelines.fourm_pretrain  # noqa: F401  (what it changes in kfp is under test)
     from kfp import dsl
+    from kfp.dsl import pipeline_task
+
+    from pipelines import fourm_pretrain
+
+    assert pipeline_task.inspect is not inspect, f"{fourm_pretrain.__name__} left kfp's inspect as it was"
 
     @dsl.pipeline
     def inner():

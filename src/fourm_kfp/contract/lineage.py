@@ -139,9 +139,13 @@ def _quiet_warnings() -> Iterator[None]:
 
 @functools.lru_cache(maxsize=None)
 def _client(tracking_uri: str):
-    """One client per tracking URI and process (creating one costs seconds with a SQLite store)."""
+    """One client per tracking URI and process (creating one costs seconds with a SQLite store; a new SQLite store
+    starts migrated: :mod:`fourm_kfp.contract.sqlite_tracking`)."""
     from mlflow.tracking import MlflowClient
 
+    from fourm_kfp.contract.sqlite_tracking import prepare_new_store
+
+    prepare_new_store(tracking_uri)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     return MlflowClient(tracking_uri=tracking_uri)
 
