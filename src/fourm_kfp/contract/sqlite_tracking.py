@@ -40,7 +40,7 @@ def prepare_new_store(tracking_uri: str) -> None:
         return
     try:
         template = empty_store()
-    except OSError as err:  # an unwritable cache folder: MLflow migrates the new store itself
+    except (OSError, RuntimeError) as err:  # no home, an unwritable cache folder: MLflow migrates the store itself
         log.debug("no migrated MLflow store template (%s); MLflow builds %s", err, path)
         return
     partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
