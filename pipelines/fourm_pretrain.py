@@ -21,6 +21,7 @@ which the KFP UI shows beside each parameter.
 """
 
 import inspect
+import sys
 from dataclasses import fields
 from typing import List
 
@@ -43,21 +44,27 @@ from fourm_kfp.components.train_tokenizers import train_tokenizers
 
 
 class _InspectWithoutSourceLines:
-    """What kfp's ``pipeline_task`` module sees as ``inspect``: the same module, but ``stack()`` reads no source lines.
+    """What kfp's ``pipeline_task`` module sees as ``inspect``: the same module, but ``stack()`` looks up no files.
 
     kfp (2.15-2.17, ``kfp/dsl/pipeline_task.py``, ``PipelineTask._ensure_container_spec_exists``) calls
     ``inspect.stack()`` on every ``set_cpu_limit``, ``set_memory_limit``, ``set_accelerator_*`` and
-    ``set_env_variable`` only to name that method in an error message (``inspect.stack()[1][3]``). With its default
-    line of context, Python finds each frame's source file by scanning ``sys.modules`` once per frame: 24 calls took
-    1.5 s of building this pipeline in a process that had imported torch and MLflow (4,000 modules), on every
-    ``fourm-kfp run``, compile and submit. The frames and names are the same; only the source lines are left out."""
+    ``set_env_variable`` only to name that method in an error message (``inspect.stack()[1][3]``). ``inspect.stack``
+    finds each frame's source file, and for a frame without a file on disk (the import system's frozen frames, while
+    this module is being imported) it scans every loaded module: 24 calls took 1.5-2 s of building this pipeline in a
+    process that had imported torch and MLflow (4,000 modules), on every ``fourm-kfp run``, compile and submit. These
+    frames carry the same frame, file name, line and function name; only the source lines are left out."""
 
     def __getattr__(self, name: str):
         return getattr(inspect, name)
 
     @staticmethod
     def stack(context: int = 1) -> list[inspect.FrameInfo]:
-        return inspect.stack(0)[1:]  # from the caller's frame, as inspect.stack() called there
+        frames, frame = [], sys._getframe(1)  # from the caller's frame, as inspect.stack() called there
+        while frame is not None:
+            code = frame.f_code
+            frames.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno, code.co_name, None, None))
+            frame = frame.f_back
+        return frames
 
 
 if pipeline_task.inspect is inspect:  # a later kfp that no longer reads it keeps its own

@@ -19,7 +19,7 @@ from kfp import dsl, local
 from fourm_kfp.distributed import free_port
 from fourm_kfp.testing import serve_s3
 from fourm_kfp.pipeline_runs.local import without_step_retries
-from tests.smoke_runs import CLI, run_smoke
+from tests.smoke_runs import CLI
 
 KEY, SECRET = "fourm-fail-fast-key", "fourm-fail-fast-secret"
 
@@ -102,8 +102,8 @@ def _stop(proc: subprocess.Popen) -> None:
 def test_a_dead_s3_endpoint_fails_a_local_run_at_its_storage_deadline_naming_it(tmp_path, monkeypatch):
     """The S3 server is killed while train-tokenizers trains: the step's next S3 call fails past the storage
     deadline (FOURM_STORAGE_DEADLINE_S), and the run ends there, not after the cluster's 3 retries with 60 s
-    doubling backoff (which kept it going some 10 minutes after the kill). Nothing is half-committed, and a rerun
-    with the server back reuses prepare-data."""
+    doubling backoff (which kept it going some 10 minutes after the kill). Nothing is half-committed, and the stage
+    rerun with the server back commits on the prepare-data output the failed run committed."""
     data, port, bucket = tmp_path / "s3", free_port(), f"fail-fast-{uuid.uuid4().hex[:8]}"
     data.mkdir()
     store, summary_path = f"s3://{bucket}/runs", tmp_path / "failed-summary.json"
@@ -159,9 +159,16 @@ def test_a_dead_s3_endpoint_fails_a_local_run_at_its_storage_deadline_naming_it(
     assert len(list((runs / "prepare-data").glob("*/_MANIFEST.json"))) == 1
     assert not list((runs / "train-tokenizers").glob("*/_MANIFEST.json"))
 
+    # the failed stage again with the server back: nothing the failed attempt left blocks it, and it trains on the
+    # prepare-data output the failed run committed (a whole rerun's reuse of it is test_pipeline_e2e's)
+    outcome_path = tmp_path / "rerun.json"
     with serve_s3(data, KEY, SECRET, port=port) as s3:
-        rerun = run_smoke(tmp_path / "root", "--store", store, "--s3-endpoint", s3.endpoint)
-    statuses = {s["name"]: s["status"] for s in rerun["stages"]}
-    assert statuses.pop("prepare-data") == "skipped"
-    assert set(statuses.values()) == {"ran"}
-    assert rerun["stages"][0]["output_uri"] == summary["stages"][0]["output_uri"]
+        rerun = subprocess.run([CLI, "stage", "train-tokenizers", "--preset", "smoke", "--root", str(tmp_path / "root"),
+                                "--store", store, "--s3-endpoint", s3.endpoint, "--json", str(outcome_path)],
+                               capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout[-5000:] + rerun.stderr[-5000:]
+    outcome = json.loads(outcome_path.read_text())
+    assert outcome["status"] == "ran"
+    manifest = json.loads((data / bucket / outcome["output_uri"].removeprefix(f"s3://{bucket}/") / "_MANIFEST.json")
+                          .read_text())
+    assert [(i["name"], i["uri"]) for i in manifest["inputs"]] == [("prepare-data", summary["stages"][0]["output_uri"])]

@@ -16,7 +16,7 @@ on another world size. Ranks share no file system.
   is there, then writes ``train_state.json`` and ``_COMPLETE``, and prunes. The next save (and :meth:`wait`, which
   the trainer calls before its stage commits) first waits for the last upload, so at most one is in flight.
 * **Load.** Each rank reads ``.metadata``, then only the byte ranges of the checkpoint files that its own load plan
-  names (:class:`StoreReader`): under FSDP its shard of the state, about ``1/world`` of the checkpoint; under DDP
+  names (``_store_reader``): under FSDP its shard of the state, about ``1/world`` of the checkpoint; under DDP
   the whole (replicated) state, which every rank needs.
 
 Retention keeps the newest ``keep_last`` complete checkpoints plus every step that is a multiple of ``keep_every``.
@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
 
 from fourm_kfp import distributed
 from fourm_kfp.storage import Store
@@ -254,47 +253,54 @@ def _reproducible_writer(path: str):
     return ReproducibleWriter(path)
 
 
-class StoreReader(FileSystemReader):
-    """DCP's file reader over a checkpoint in a store: ``.metadata`` is fetched whole, then only the byte ranges
-    this rank's load plan reads (adjacent ranges merged, a few in parallel), written at their offsets into sparse
-    local files that DCP's own reader then reads. ``bytes_read`` counts what came from the store."""
+def _store_reader(store: Store, staging: str | os.PathLike):
+    """A :class:`StoreReader` (built here: ``torch.distributed.checkpoint`` takes 0.7 s to import, which a process
+    that never loads a checkpoint, such as a pretokenize or evaluate step, should not pay)."""
+    from torch.distributed.checkpoint import FileSystemReader
 
-    def __init__(self, store: Store, staging: str | os.PathLike):
-        super().__init__(staging)
-        self.store, self.staging = store, Path(staging)
-        self.bytes_read = 0
+    class StoreReader(FileSystemReader):
+        """DCP's file reader over a checkpoint in a store: ``.metadata`` is fetched whole, then only the byte ranges
+        this rank's load plan reads (adjacent ranges merged, a few in parallel), written at their offsets into sparse
+        local files that DCP's own reader then reads. ``bytes_read`` counts what came from the store."""
 
-    def read_metadata(self, *args: Any, **kwargs: Any):
-        name = Path(self._get_metadata_path(kwargs.get("rank"))).name
-        if not (self.staging / name).exists():
-            self.store.get_file(name, self.staging / name)
-            self.bytes_read += (self.staging / name).stat().st_size
-        return super().read_metadata(*args, **kwargs)
+        def __init__(self, store: Store, staging: str | os.PathLike):
+            super().__init__(staging)
+            self.store, self.staging = store, Path(staging)
+            self.bytes_read = 0
 
-    def read_data(self, plan, planner):
-        ranges: dict[str, list[tuple[int, int]]] = {}
-        for item in plan.items:
-            info = self.storage_data[item.storage_index]
-            ranges.setdefault(info.relative_path, []).append((info.offset, info.offset + info.length))
-        work = [(path, start, end) for path, spans in sorted(ranges.items()) for start, end in _merged(spans)]
-        for path in ranges:
-            (self.staging / path).touch()
+        def read_metadata(self, *args: Any, **kwargs: Any):
+            name = Path(self._get_metadata_path(kwargs.get("rank"))).name
+            if not (self.staging / name).exists():
+                self.store.get_file(name, self.staging / name)
+                self.bytes_read += (self.staging / name).stat().st_size
+            return super().read_metadata(*args, **kwargs)
 
-        def fetch(span: tuple[str, int, int]) -> int:
-            path, start, end = span
-            data = self.store.get_range(path, start, end - start)
-            if len(data) != end - start:
-                raise OSError(f"{self.store.uri_of(path)}: bytes {start}-{end} returned {len(data)} bytes")
-            fd = os.open(self.staging / path, os.O_WRONLY)
-            try:
-                os.pwrite(fd, data, start)
-            finally:
-                os.close(fd)
-            return len(data)
+        def read_data(self, plan, planner):
+            ranges: dict[str, list[tuple[int, int]]] = {}
+            for item in plan.items:
+                info = self.storage_data[item.storage_index]
+                ranges.setdefault(info.relative_path, []).append((info.offset, info.offset + info.length))
+            work = [(path, start, end) for path, spans in sorted(ranges.items()) for start, end in _merged(spans)]
+            for path in ranges:
+                (self.staging / path).touch()
 
-        with ThreadPoolExecutor(4) as pool:
-            self.bytes_read += sum(pool.map(fetch, work))
-        return super().read_data(plan, planner)
+            def fetch(span: tuple[str, int, int]) -> int:
+                path, start, end = span
+                data = self.store.get_range(path, start, end - start)
+                if len(data) != end - start:
+                    raise OSError(f"{self.store.uri_of(path)}: bytes {start}-{end} returned {len(data)} bytes")
+                fd = os.open(self.staging / path, os.O_WRONLY)
+                try:
+                    os.pwrite(fd, data, start)
+                finally:
+                    os.close(fd)
+                return len(data)
+
+            with ThreadPoolExecutor(4) as pool:
+                self.bytes_read += sum(pool.map(fetch, work))
+            return super().read_data(plan, planner)
+
+    return StoreReader(store, staging)
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -316,7 +322,7 @@ def load_checkpoint(ckpt: Checkpoint, app_state: dict[str, Any],
 
     rank = distributed.rank()
     with tempfile.TemporaryDirectory(prefix=f"fourm-ckpt-load-r{rank}-") as tmp:
-        reader = StoreReader(ckpt.store, tmp)
+        reader = _store_reader(ckpt.store, tmp)
         with _single_process_is_meant():
             dcp.load(app_state, storage_reader=reader)
     train_state_bytes = ckpt.store.get_bytes(TRAIN_STATE)
