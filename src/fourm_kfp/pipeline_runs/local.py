@@ -99,10 +99,12 @@ def run_pipeline_locally(preset: str, root: str | os.PathLike, *, store: str | N
     from fourm_kfp.hardware import cpu_matmul_rate
 
     seconds = round(time.perf_counter() - started, 1)
-    # the yardstick beside the run's time, kept short: best of 3 timings of 3 matmuls (about 1 s in fp32 on a 2-core
-    # machine, where the benches' 10 took 3.4 s); a fully reused run measured nothing heavy, so a 1024 matmul
-    # (recorded as matmul_side) keeps it in a fraction of a second
-    machine = cpu_matmul_rate(reps=3) if reusable is None else cpu_matmul_rate(size=1024, trials=2, reps=3)
+    # the yardstick beside the run's time, kept short: matmuls of side 1024 (recorded as matmul_side), best of 3
+    # timings of 6, in 0.45 s on a 2-core EPYC where the benches' side 2048 took 2.3 s with 3 a timing, for rates
+    # within 5% in fp32 (169-180 against 172-175 GFLOP/s, 2026-12-02); a fully reused run measured nothing heavy, so
+    # fewer timings keep it in a fraction of a second
+    machine = cpu_matmul_rate(size=1024, trials=3, reps=6) if reusable is None else cpu_matmul_rate(
+        size=1024, trials=2, reps=3)
     summary = {**build_summary(label, tracking, parent_run_id), "kfp_log": str(kfp_log) if kfp_log else None,
                "seconds": seconds, "machine": machine}
     if summary_path:
