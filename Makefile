@@ -35,11 +35,9 @@ demo: setup
 proof: setup
 	$(BIN)/fourm-kfp run --preset proof --root $(PROOF_ROOT) --summary $(PROOF_ROOT)/summary.json
 
-# On every CPU the machine has, with one pytest-xdist worker more than CPUs (`make test TEST_WORKERS=4` to choose):
-# tests wait (on S3 and MLflow servers, emulated clusters, another worker's shared run), and on 2 cores two workers
-# kept the CPUs busy 89% of the suite's time, three 97% (docs/records/2026-12-02-test-suite-time.md). tests/conftest.py deals out whole units (a module, the second smoke
-# run's tests), slow units first; --no-loadscope-reorder keeps that order.
-TEST_WORKERS ?= $(shell expr $$(nproc) + 1)
+# On every CPU the machine has (pytest-xdist; `make test TEST_WORKERS=4` to choose): tests/conftest.py deals out
+# whole units (a module, the second smoke run's tests), slow units first; --no-loadscope-reorder keeps that order.
+TEST_WORKERS ?= logical
 # The package's bytecode first: where PYTHONDONTWRITEBYTECODE is set, every process the suite starts (over 200:
 # pipeline steps, ranks, CLI calls) would otherwise compile the package modules it imports, up to 0.1 s each.
 test: setup

@@ -1,7 +1,7 @@
 """Shared fixtures: a real S3 server (``rclone serve s3``) started for the session and S3 environment helpers, and
 two fresh smoke runs of the whole pipeline: one on local disk that every test reads and none changes, and one on the
 S3 server that the determinism test compares with it and the S3 end-to-end test then reruns; and how ``make test``
-(``pytest -n <CPUs + 1> --dist loadgroup --no-loadscope-reorder``) deals the tests out to its pytest-xdist workers.
+(``pytest -n logical --dist loadgroup --no-loadscope-reorder``) deals the tests out to its pytest-xdist workers.
 
 Each xdist worker is its own session: a session or module fixture is computed once per worker that runs a test
 needing it. So the workers get whole units (:func:`_worker_unit`): a module (its module fixtures computed once),
