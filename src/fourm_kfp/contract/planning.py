@@ -7,7 +7,7 @@ asks a cluster for GPUs.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from fourm_kfp.config.fourm_config import FourMConfig
 from fourm_kfp.contract.addressing import stage_address
@@ -45,7 +45,14 @@ def plan_stage(spec: StageSpec, config: FourMConfig, store_root: Store, memo: di
                      manifest.get("timings", {}).get("finished_at"))
 
 
+def iter_plans(specs: Sequence[StageSpec], config: FourMConfig, store_root: Store) -> Iterator[StagePlan]:
+    """Each stage's plan in turn, ``specs`` in pipeline order: a caller that stops early addresses no later stage
+    (and imports no later stage's module)."""
+    memo: dict[str, str] = {}
+    for spec in specs:
+        yield plan_stage(spec, config, store_root, memo)
+
+
 def plan_stages(specs: Sequence[StageSpec], config: FourMConfig, store_root: Store) -> list[StagePlan]:
     """The plan of ``specs`` (pipeline order) under ``config`` against the outputs in ``store_root``."""
-    memo: dict[str, str] = {}
-    return [plan_stage(spec, config, store_root, memo) for spec in specs]
+    return list(iter_plans(specs, config, store_root))

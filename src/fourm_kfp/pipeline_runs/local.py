@@ -142,18 +142,16 @@ def _all_committed(preset: str, overrides: Sequence[str], store_uri: str, s3_end
     """``(config, store, the enabled stages' specs)`` when the run has nothing to compute: no ``--force``, no
     pipeline parameter but the fan-out widths (which move no address), and every enabled stage committed; else
     None (the pipeline runs)."""
-    from fourm_kfp.contract.planning import plan_stage
+    from fourm_kfp.contract.planning import iter_plans
     from fourm_kfp.launchers.stage import RunContext, open_run
     from fourm_kfp.stages import PIPELINE
 
     if force or any(not name.endswith("_width") for name in pipeline_arguments):
         return None
     config, store = open_run(RunContext(preset, tuple(overrides), store_uri, s3_endpoint or ""), create=False)
-    memo: dict[str, str] = {}
     enabled = []
-    for spec in PIPELINE:  # in pipeline order, stopping at the first stage to compute: a fresh run's check reads
-        plan = plan_stage(spec, config, store, memo)  # one manifest and imports no later stage's module (torch)
-        if not (plan.off or plan.committed):
+    for spec, plan in zip(PIPELINE, iter_plans(PIPELINE, config, store)):  # stops at the first stage to compute: a
+        if not (plan.off or plan.committed):  # fresh run's check reads one manifest and imports no stage's torch
             return None
         if not plan.off:
             enabled.append(spec)
