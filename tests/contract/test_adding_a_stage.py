@@ -124,11 +124,12 @@ PIPELINE_LINE = ('        _placed(cluster.env(count_scenes(force=count_scenes_fo
                  '                placement("count-scenes", "cpu")).set_display_name("count-scenes")\n')
 
 
-def _edit(path: Path, anchor: str, new: str) -> None:
-    """Put ``new`` after ``anchor``, which must occur once in ``path`` (else the test names the anchor that moved)."""
+def _edit(path: Path, anchor: str, new: str, before: bool = False) -> None:
+    """Put ``new`` after ``anchor`` (or ``before`` it), which must occur once in ``path`` (else the test names the
+    anchor that moved)."""
     text = path.read_text()
     assert text.count(anchor) == 1, f"{path.name}: {anchor!r} is not there once any more: update this test"
-    path.write_text(text.replace(anchor, anchor + new))
+    path.write_text(text.replace(anchor, new + anchor if before else anchor + new))
 
 
 def _package_with_a_new_stage(root: Path) -> Path:
@@ -144,9 +145,7 @@ def _package_with_a_new_stage(root: Path) -> Path:
     _edit(table, "    run_records=(GATE_FILE, \"reports/model_gate.md\"),\n)\n\n", ENTRY)
     _edit(table, "PRETRAIN, EVALUATE", ", COUNT_SCENES")
     config = package / "config" / "fourm_config.py"
-    text = config.read_text()
-    assert text.count("\nSECTIONS: dict[str, type] = {") == 1, "fourm_config.py's SECTIONS moved: update this test"
-    config.write_text(text.replace("\nSECTIONS: dict[str, type] = {", "\n" + SECTION + "SECTIONS: dict[str, type] = {"))
+    _edit(config, "SECTIONS: dict[str, type] = {\n", SECTION, before=True)
     _edit(config, '    "evaluate": EvaluateConfig,\n', '    "count_scenes": CountScenesConfig,\n')
     _edit(config, "    evaluate: EvaluateConfig\n", "    count_scenes: CountScenesConfig\n")
     pipeline = package / "pipelines" / "fourm_pretrain.py"

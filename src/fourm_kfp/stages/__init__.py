@@ -7,11 +7,12 @@ pipeline compiler) imports neither torch nor the data libraries. Each stage is a
 writing one content-addressed output; bump ``code_version`` when a stage's code changes what it writes. A stage
 may be off under a config (``enabled``: the label stage without labelers), and then it is out of every address.
 
-Adding a stage is its body (``stages/<name>.py``), its config section (:data:`fourm_kfp.config.fourm_config.SECTIONS`),
-its KFP component, one entry here (with its place in :data:`PIPELINE`, and in :data:`DATASET` when its output is
-a layer of the dataset; its pod's CPU and memory, and its job launcher if it can run as a cluster job) and its line in
-the pipeline: the CLI, the planner, the run follower, the pods' placement, the job parameters and the downstream
-stages' inputs read this table.
+Adding a stage is its body (``stages/<name>.py``), its config section (a dataclass in
+:data:`fourm_kfp.config.fourm_config.SECTIONS` and its field in ``FourMConfig``), its KFP component, one entry here
+(with its place in :data:`PIPELINE`, and in :data:`DATASET` when its output is a layer of the dataset; its pod's CPU
+and memory, and its job launcher if it can run as a cluster job) and its line in the pipeline (its task and its
+``<stage>_force`` parameter): the CLI, the planner, the run follower, the pods' placement, the job parameters and the
+downstream stages' inputs read this table.
 """
 
 from __future__ import annotations
